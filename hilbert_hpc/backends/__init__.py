@@ -1,0 +1,47 @@
+"""Compute backends: each turns serialized (N, H, D) arrays into the serialized output.
+
+A backend is looked up by name; importing its module is deferred so that a
+missing optional dependency (torch, cupy) only matters when that backend is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Protocol, Sequence
+
+from ..errors import ConfigError
+from ..patterns import Pattern
+
+BACKENDS = {
+    "numpy": "hilbert_hpc.backends.numpy_backend",
+    "torch": "hilbert_hpc.backends.torch_peer",
+}
+
+
+class Backend(Protocol):
+    """What every backend module provides."""
+
+    name: str
+
+    def to_device(self, x: Any, dtype: Any) -> Any:
+        """Move a NumPy array to the backend's array type (and device)."""
+
+    def to_numpy(self, x: Any) -> Any:
+        """Bring a backend array back to a NumPy array."""
+
+    def synchronize(self) -> None:
+        """Wait until queued device work has finished (for timing)."""
+
+    def serialized_attention(self, qs: Any, ks: Any, vs: Any, patterns: Sequence[Pattern], causal: bool,
+                             scale: float) -> Any:
+        """Dilated attention of serialized (N, H, D) arrays -> serialized output (N, H, Dv)."""
+
+
+def get_backend(name: str, param: str = "backend") -> Backend:
+    """Import and return the backend called ``name``; a clear error if unknown or unavailable."""
+    if name not in BACKENDS:
+        raise ConfigError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}", param)
+    try:
+        return importlib.import_module(BACKENDS[name])
+    except ImportError as exc:
+        raise ConfigError(f"backend {name!r} is not available here ({exc})", param) from None

@@ -1,0 +1,81 @@
+"""PyTorch peer baseline: what a PyTorch user writes for the same computation.
+
+Gather the dilated rows of each pattern and head offset, run
+``scaled_dot_product_attention``'s kernels (the variants that also return the
+log-sum-exp), and merge patterns by log-sum-exp. Same semantics as every other
+backend; it is the baseline every benchmark compares against.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from ..patterns import Pattern
+
+name = "torch"
+
+_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64,
+           np.dtype(np.float16): torch.float16}
+
+
+def device() -> torch.device:
+    """The GPU this rank uses if CUDA is available, else the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def to_device(x: Any, dtype: Any) -> torch.Tensor:
+    """A NumPy array (or tensor) as a contiguous tensor of ``dtype`` on ``device()``."""
+    t = x if isinstance(x, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(x))
+    return t.to(device=device(), dtype=_DTYPES[np.dtype(dtype)]).contiguous()
+
+
+def to_numpy(x: torch.Tensor) -> np.ndarray:
+    """Copy a tensor back to host memory as a NumPy array."""
+    return x.detach().cpu().numpy()
+
+
+def synchronize() -> None:
+    """Wait for queued CUDA work (no-op on the CPU)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def sdpa_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                  scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``scaled_dot_product_attention`` on (B, H, L, D) tensors, also returning the log-sum-exp (B, H, L)."""
+    if q.is_cuda:
+        out, lse, *_ = torch.ops.aten._scaled_dot_product_efficient_attention(
+            q, k, v, None, True, 0.0, causal, scale=scale)
+        return out, lse[..., : q.shape[-2]]
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, 0.0, causal, attn_mask=None, scale=scale)
+    return out, lse
+
+
+def serialized_attention(qs: torch.Tensor, ks: torch.Tensor, vs: torch.Tensor, patterns: Sequence[Pattern],
+                         causal: bool, scale: float) -> torch.Tensor:
+    """Dilated attention of serialized (N, H, D) tensors -> serialized output (N, H, Dv)."""
+    n, heads, _ = qs.shape
+    acc = torch.promote_types(qs.dtype, torch.float32)
+    out = torch.zeros((n, heads, vs.shape[-1]), dtype=acc, device=qs.device)
+    lse = torch.full((n, heads), float("-inf"), dtype=acc, device=qs.device)
+    for p in patterns:
+        nseg, m, r = n // p.segment, p.selected, p.dilation
+
+        def rows(x: torch.Tensor, o: int) -> torch.Tensor:
+            # (segments, heads with offset o, selected rows, D): one SDPA batch entry per segment/head
+            return x.view(nseg, m, r, heads, x.shape[-1])[:, :, o, o::r].permute(0, 2, 1, 3).contiguous()
+
+        for o in range(min(r, heads)):
+            part, part_lse = sdpa_with_lse(rows(qs, o), rows(ks, o), rows(vs, o), causal, scale)
+            dst = out.view(nseg, m, r, heads, -1)[:, :, o, o::r]
+            dst_lse = lse.view(nseg, m, r, heads)[:, :, o, o::r]
+            part = part.permute(0, 2, 1, 3).to(acc)
+            part_lse = part_lse.permute(0, 2, 1).to(acc)
+            new_lse = torch.logaddexp(dst_lse, part_lse)
+            dst.copy_(dst * torch.exp(dst_lse - new_lse)[..., None] + part * torch.exp(part_lse - new_lse)[..., None])
+            dst_lse.copy_(new_lse)
+    return out

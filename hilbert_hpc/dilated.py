@@ -1,0 +1,55 @@
+"""Dilated attention on a serialized sequence held by one process (DESIGN section 2, steps 2-3).
+
+Works for any NumPy-like array module: the selection of a pattern/offset is a
+strided view (segments x selected rows x heads), never a gathered index list.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .blockwise import accumulator_dtype, array_module, attend, merge_lse
+from .patterns import Pattern
+
+Array = Any
+AttendFn = Callable[..., tuple[Array, Array]]
+
+
+def offset_groups(pattern: Pattern, heads: int) -> list[tuple[int, slice]]:
+    """Heads grouped by their offset ``h mod r``: ``[(offset, slice of heads), ...]``."""
+    return [(o, slice(o, heads, pattern.dilation)) for o in range(min(pattern.dilation, heads))]
+
+
+def segment_view(x: Array, pattern: Pattern) -> Array:
+    """View (N, H, ...) as (segments, selected, dilation, H, ...) without copying."""
+    n = x.shape[0]
+    return x.reshape(n // pattern.segment, pattern.selected, pattern.dilation, *x.shape[1:])
+
+
+def local_dilated_attention(qs: Array, ks: Array, vs: Array, patterns: Sequence[Pattern], causal: bool,
+                            scale: float, attend_fn: AttendFn = attend) -> Array:
+    """Dilated attention of serialized (N, H, D) arrays; returns the serialized output (N, H, Dv).
+
+    Every pattern acts on every head (offset ``h mod r``); partial results merge by
+    log-sum-exp in the accumulator dtype; positions no pattern selects stay 0.
+    """
+    xp = array_module(qs)
+    n, heads, _ = qs.shape
+    dv = vs.shape[-1]
+    acc = accumulator_dtype(qs.dtype)
+    out = xp.zeros((n, heads, dv), dtype=acc)
+    lse = xp.full((n, heads), -np.inf, dtype=acc)
+    for p in patterns:
+        q_seg, k_seg, v_seg = segment_view(qs, p), segment_view(ks, p), segment_view(vs, p)
+        o_seg, l_seg = segment_view(out, p), segment_view(lse, p)
+        for o, hs in offset_groups(p, heads):
+            # (segments, heads in group, selected, D): one attention problem per segment and head
+            q = xp.ascontiguousarray(q_seg[:, :, o, hs].transpose(0, 2, 1, 3))
+            k = xp.ascontiguousarray(k_seg[:, :, o, hs].transpose(0, 2, 1, 3))
+            v = xp.ascontiguousarray(v_seg[:, :, o, hs].transpose(0, 2, 1, 3))
+            part_out, part_lse = attend_fn(q, k, v, scale, 0 if causal else None)
+            merge_lse(o_seg[:, :, o, hs], l_seg[:, :, o, hs],
+                      part_out.transpose(0, 2, 1, 3), part_lse.transpose(0, 2, 1))
+    return out

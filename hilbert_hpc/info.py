@@ -1,0 +1,28 @@
+"""``hilbert-hpc info``: what this process would run on."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from .provenance import cpu_model, git_hash, gpu_devices, library_versions
+
+
+def print_info() -> None:
+    """Print CPU, GPUs (with compute capability), MPI library and library versions."""
+    try:
+        from mpi4py import MPI  # noqa: F401  (imported so the MPI library version is reported)
+    except ImportError:
+        pass
+    print(f"cpu:      {cpu_model()} ({os.cpu_count()} logical cores)")
+    gpus = gpu_devices()
+    if gpus:
+        for g in gpus:
+            print(f"gpu {g['index']}:    {g['name']}, compute capability {g['compute_capability']}, "
+                  f"{g['memory_bytes'] / 2**30:.1f} GiB, {g['multiprocessors']} SMs")
+    else:
+        print("gpu:      none visible (CuPy missing or no CUDA device)")
+    versions = library_versions()
+    print(f"mpi:      {versions.get('mpi_library', 'mpi4py not installed')}")
+    print(f"git:      {git_hash()}")
+    print("versions: " + json.dumps({k: v for k, v in versions.items() if k != "mpi_library"}))

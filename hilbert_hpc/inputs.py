@@ -1,0 +1,55 @@
+"""Counter-based random inputs: every value is a pure function of (seed, tensor, natural position).
+
+So any rank count, any ordering and any subset of rows see exactly the same global
+problem, and each rank generates only the rows it owns, without communication.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+STREAMS = {"q": 1, "k": 2, "v": 3}
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _splitmix64(x: Any, xp: ModuleType) -> Any:
+    """The SplitMix64 finalizer: a bijective 64-bit mixing function (element-wise)."""
+    x = x + _GOLDEN
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def _uniform(counters: Any, key: np.uint64, xp: ModuleType) -> Any:
+    """Uniform doubles in (0, 1) from 53 random bits of each counter's hash."""
+    bits = _splitmix64(counters ^ key, xp) >> np.uint64(11)
+    return (bits.astype(np.float64) + 0.5) * (1.0 / 9007199254740992.0)
+
+
+def random_rows(seed: int, tensor: str, positions: Any, heads: int, head_dim: int,
+                dtype: Any = np.float32, xp: ModuleType = np) -> Any:
+    """Standard-normal rows (len(positions), heads, head_dim) for natural token positions.
+
+    ``tensor`` is ``"q"``, ``"k"`` or ``"v"``. Box-Muller over two SplitMix64 streams
+    keyed by (seed, tensor); element (n, h, d) uses counter ``(n*heads + h)*head_dim + d``.
+    """
+    with np.errstate(over="ignore"):
+        key = _splitmix64(np.uint64(seed & 0xFFFFFFFFFFFFFFFF) * np.uint64(4) + np.uint64(STREAMS[tensor]), np)
+        pos = xp.asarray(positions, dtype=np.uint64).reshape(-1, 1, 1)
+        h = xp.arange(heads, dtype=np.uint64).reshape(1, -1, 1)
+        d = xp.arange(head_dim, dtype=np.uint64).reshape(1, 1, -1)
+        counter = ((pos * np.uint64(heads) + h) * np.uint64(head_dim) + d) * np.uint64(2)
+        u1 = _uniform(counter, key, xp)
+        u2 = _uniform(counter + np.uint64(1), key, xp)
+    z = xp.sqrt(-2.0 * xp.log(u1)) * xp.cos((2.0 * np.pi) * u2)
+    return z.astype(dtype)
+
+
+def random_qkv(seed: int, positions: Any, heads: int, head_dim: int, dtype: Any = np.float32,
+               xp: ModuleType = np) -> tuple[Any, Any, Any]:
+    """Q, K and V rows for the given natural positions (see ``random_rows``)."""
+    return tuple(random_rows(seed, t, positions, heads, head_dim, dtype, xp) for t in ("q", "k", "v"))

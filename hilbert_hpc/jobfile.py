@@ -1,0 +1,287 @@
+"""Job files: TOML study descriptions, validated strictly, expanded into cases.
+
+Format (see docs/jobs.md)::
+
+    [job]                 # run-wide settings
+    name = "quickstart"
+    output = "results/quickstart.h5"
+    seed = 2026
+    repeats = 3
+    warmup = 1
+    accuracy_rows = 32
+    save_output = false
+
+    [defaults]            # case parameters shared by every case
+    heads = 4
+
+    [[cases]]             # one or more case tables; scalar keys are fixed ...
+    name = "grid2d"
+    grid = [64, 64]
+    patterns = [[256, 1], [1024, 4]]
+    [cases.sweep]         # ... and keys under sweep take each listed value (Cartesian product)
+    ordering = ["natural", "hilbert"]
+
+Every problem is reported as a ``JobFileError`` naming the parameter
+(``cases[0].sweep.ordering[1]``), before any work is done.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from .errors import ConfigError, JobFileError
+from .ordering import ORDERINGS
+from .patterns import Pattern, check_problem, parse_grid, parse_patterns
+
+DTYPES = ("float32", "float64")
+
+
+def _int(lo: int = 1) -> Callable[[Any, str], int]:
+    def check(value: Any, where: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise JobFileError(f"expected an integer, got {value!r}", where)
+        if value < lo:
+            raise JobFileError(f"must be at least {lo}, got {value}", where)
+        return value
+    return check
+
+
+def _bool(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise JobFileError(f"expected true or false, got {value!r}", where)
+    return value
+
+
+def _str(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise JobFileError(f"expected a non-empty string, got {value!r}", where)
+    return value
+
+
+def _choice(options: tuple[str, ...]) -> Callable[[Any, str], str]:
+    def check(value: Any, where: str) -> str:
+        if value not in options:
+            raise JobFileError(f"expected one of {', '.join(options)}, got {value!r}", where)
+        return value
+    return check
+
+
+def _scale(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or not math.isfinite(value):
+        raise JobFileError(f"expected a positive number, got {value!r}", where)
+    return float(value)
+
+
+def _grid(value: Any, where: str) -> tuple[int, ...]:
+    try:
+        return parse_grid(value, None, where)
+    except ConfigError as exc:
+        raise JobFileError(exc.message, where) from None
+
+
+def _patterns(value: Any, where: str) -> tuple[Pattern, ...]:
+    if not isinstance(value, list):
+        raise JobFileError(f"expected a list of [segment, dilation] pairs, got {value!r}", where)
+    try:
+        return parse_patterns(value, where)
+    except ConfigError as exc:
+        raise JobFileError(exc.message, exc.param) from None
+
+
+def _backend(value: Any, where: str) -> str:
+    from .backends import BACKENDS
+
+    return _choice(tuple(BACKENDS))(value, where)
+
+
+#: Job-wide settings: key -> (validator, default)
+JOB_KEYS: dict[str, tuple[Callable[[Any, str], Any], Any]] = {
+    "name": (_str, "job"),
+    "output": (_str, None),
+    "seed": (_int(0), 2026),
+    "repeats": (_int(1), 3),
+    "warmup": (_int(0), 1),
+    "accuracy_rows": (_int(0), 32),
+    "save_output": (_bool, False),
+}
+
+#: Case parameters: key -> (validator, default); ``grid`` or ``tokens`` is required.
+CASE_KEYS: dict[str, tuple[Callable[[Any, str], Any], Any]] = {
+    "grid": (_grid, None),
+    "tokens": (_int(1), None),
+    "patterns": (_patterns, None),
+    "batch": (_int(1), 1),
+    "heads": (_int(1), 8),
+    "head_dim": (_int(1), 64),
+    "causal": (_bool, False),
+    "ordering": (_choice(ORDERINGS), "natural"),
+    "segment": (_int(1), None),
+    "dtype": (_choice(DTYPES), "float32"),
+    "backend": (_backend, "numpy"),
+    "scale": (_scale, None),
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One fully resolved problem to run and time."""
+
+    case_id: str
+    name: str
+    grid: tuple[int, ...]
+    patterns: tuple[Pattern, ...]
+    batch: int = 1
+    heads: int = 8
+    head_dim: int = 64
+    causal: bool = False
+    ordering: str = "natural"
+    segment: int | None = None
+    dtype: str = "float32"
+    backend: str = "numpy"
+    scale: float | None = None
+
+    @property
+    def tokens(self) -> int:
+        """Sequence length N = prod(grid)."""
+        return math.prod(self.grid)
+
+    @property
+    def softmax_scale(self) -> float:
+        """The scale applied to QK^T (1/sqrt(D) unless set)."""
+        return self.scale if self.scale is not None else 1.0 / math.sqrt(self.head_dim)
+
+    def params(self) -> dict[str, Any]:
+        """Every parameter as plain values (for HDF5 attributes and matching)."""
+        return {
+            "name": self.name, "tokens": self.tokens, "grid": list(self.grid),
+            "patterns": [[p.segment, p.dilation] for p in self.patterns], "batch": self.batch,
+            "heads": self.heads, "head_dim": self.head_dim, "causal": self.causal, "ordering": self.ordering,
+            "segment": self.segment or 0, "dtype": self.dtype, "backend": self.backend,
+            "scale": self.softmax_scale,
+        }
+
+
+@dataclass(frozen=True)
+class Job:
+    """A validated job: run-wide settings plus the expanded list of cases."""
+
+    name: str
+    output: str
+    seed: int
+    repeats: int
+    warmup: int
+    accuracy_rows: int
+    save_output: bool
+    cases: tuple[Case, ...]
+    text: str = ""
+    path: str = ""
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+def _check_table(table: Any, where: str) -> dict:
+    if not isinstance(table, dict):
+        raise JobFileError(f"expected a table, got {table!r}", where)
+    return table
+
+
+def _unknown(table: dict, allowed: set[str], where: str) -> None:
+    for key in table:
+        if key not in allowed:
+            near = ", ".join(sorted(allowed))
+            raise JobFileError(f"unknown key {key!r} (allowed: {near})", f"{where}.{key}" if where else key)
+
+
+def _resolve_case(values: dict[str, Any], where: str, case_id: str, name: str) -> Case:
+    """Validate one combination of case parameters, including cross-parameter rules."""
+    grid = values.get("grid")
+    tokens = values.get("tokens")
+    if grid is None and tokens is None:
+        raise JobFileError("give either 'grid' (token grid) or 'tokens' (1-D length)", where)
+    if grid is not None and tokens is not None and math.prod(grid) != tokens:
+        raise JobFileError(f"grid product {math.prod(grid)} does not equal tokens = {tokens}", f"{where}.grid")
+    grid = grid if grid is not None else (tokens,)
+    if values.get("patterns") is None:
+        raise JobFileError("'patterns' is required: a list of [segment, dilation] pairs", where)
+    patterns = values["patterns"]
+    try:
+        check_problem(math.prod(grid), patterns, f"{where}.patterns")
+    except ConfigError as exc:
+        raise JobFileError(exc.message, exc.param) from None
+    ordering = values.get("ordering", "natural")
+    segment = values.get("segment")
+    if ordering == "hilbert-segment":
+        segment = segment or min(p.segment for p in patterns)
+        if math.prod(grid) % segment:
+            raise JobFileError(f"segment {segment} does not divide the sequence length {math.prod(grid)}",
+                               f"{where}.segment")
+    elif segment is not None:
+        raise JobFileError("'segment' only applies to ordering = \"hilbert-segment\"", f"{where}.segment")
+    kwargs = {k: v for k, v in values.items() if k not in ("grid", "tokens", "patterns", "segment")}
+    return Case(case_id=case_id, name=name, grid=tuple(grid), patterns=patterns, segment=segment, **kwargs)
+
+
+def expand_cases(raw_cases: Any, defaults: dict[str, Any]) -> list[Case]:
+    """Expand the ``[[cases]]`` tables (with their sweeps) into validated Cases."""
+    if not isinstance(raw_cases, list) or not raw_cases:
+        raise JobFileError("at least one [[cases]] table is required", "cases")
+    cases: list[Case] = []
+    for ci, raw in enumerate(raw_cases):
+        where = f"cases[{ci}]"
+        raw = dict(_check_table(raw, where))
+        name = _str(raw.pop("name", f"case{ci}"), f"{where}.name")
+        sweep = _check_table(raw.pop("sweep", {}), f"{where}.sweep")
+        _unknown(raw, set(CASE_KEYS), where)
+        _unknown(sweep, set(CASE_KEYS), f"{where}.sweep")
+        fixed = dict(defaults)
+        for key, value in raw.items():
+            fixed[key] = CASE_KEYS[key][0](value, f"{where}.{key}")
+        axes = []
+        for key, values in sweep.items():
+            if not isinstance(values, list) or not values:
+                raise JobFileError(f"a sweep takes a non-empty list of values, got {values!r}",
+                                   f"{where}.sweep.{key}")
+            axes.append([(key, CASE_KEYS[key][0](v, f"{where}.sweep.{key}[{i}]")) for i, v in enumerate(values)])
+        for combo in itertools.product(*axes) if axes else [()]:
+            values = dict(fixed)
+            values.update(combo)
+            case_id = f"{len(cases):04d}-{name}"
+            cases.append(_resolve_case(values, where, case_id, name))
+    return cases
+
+
+def load_job(path: str | Path, text: str | None = None) -> Job:
+    """Read, validate and expand a job file; raises JobFileError naming the problem."""
+    path = Path(path)
+    if text is None:
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise JobFileError(f"cannot read job file: {exc.strerror}", str(path)) from None
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise JobFileError(f"not valid TOML: {exc}", str(path)) from None
+    _unknown(doc, {"job", "defaults", "cases"}, "")
+    job_table = dict(_check_table(doc.get("job", {}), "job"))
+    _unknown(job_table, set(JOB_KEYS), "job")
+    settings = {key: (check(job_table[key], f"job.{key}") if key in job_table else default)
+                for key, (check, default) in JOB_KEYS.items()}
+    defaults_table = _check_table(doc.get("defaults", {}), "defaults")
+    _unknown(defaults_table, set(CASE_KEYS), "defaults")
+    defaults = {key: CASE_KEYS[key][0](value, f"defaults.{key}") for key, value in defaults_table.items()}
+    cases = expand_cases(doc.get("cases"), defaults)
+    output = settings["output"] or f"results/{settings['name']}.h5"
+    return Job(name=settings["name"], output=output, seed=settings["seed"], repeats=settings["repeats"],
+               warmup=settings["warmup"], accuracy_rows=settings["accuracy_rows"],
+               save_output=settings["save_output"], cases=tuple(cases), text=text, path=str(path),
+               settings=settings)

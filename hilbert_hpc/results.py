@@ -1,0 +1,88 @@
+"""HDF5 results: provenance at the root, one group per case under ``/cases``.
+
+Layout (docs/results.md)::
+
+    /                     attrs: program, version, git_hash, command_line, job_text, job_path,
+                                 started_utc, finished_utc, host, cpu, versions (JSON), gpus (JSON), ...
+    /cases/<case-id>/     attrs: every case parameter, complete (bool), finished_utc
+        timings/<phase>   float64 (ranks, repeats) seconds, attrs units="s"
+        metrics           attrs: tokens_per_s, useful_tflops, ... (median over repeats)
+        accuracy          attrs: rows, max_abs_err, max_rel_err, rel_l2_err (vs float64 reference)
+        output            (B, N, H, Dv) in natural order, only when the job saves outputs
+
+A case's ``complete`` attribute is set only after its data have been flushed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from .jobfile import Case, Job
+from .provenance import utc_now
+
+
+def _attr(value: Any) -> Any:
+    """Convert a Python value to something h5py stores as an attribute."""
+    if isinstance(value, (dict, list, tuple)) and not (
+        isinstance(value, (list, tuple)) and value and all(isinstance(v, (int, float)) for v in value)
+    ):
+        if isinstance(value, (list, tuple)) and value and all(isinstance(v, (list, tuple)) for v in value):
+            return np.asarray(value)
+        return json.dumps(value)
+    if value is None:
+        return ""
+    return value
+
+
+class ResultsFile:
+    """Writer for one results file (used by the rank that owns the file)."""
+
+    def __init__(self, path: str | Path, job: Job, provenance: dict[str, Any]) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.h5 = h5py.File(self.path, "w")
+        for key, value in provenance.items():
+            self.h5.attrs[key] = _attr(value)
+        self.h5.attrs["job_name"] = job.name
+        self.h5.attrs["job_path"] = job.path
+        self.h5.attrs["job_text"] = job.text
+        self.h5.attrs["job_settings"] = json.dumps(job.settings)
+        self.h5.create_group("cases")
+        self.h5.flush()
+
+    def write_case(self, case: Case, record: dict[str, Any]) -> None:
+        """Store one case (parameters, timings, metrics, accuracy, optional output), then mark it complete."""
+        group = self.h5["cases"].create_group(case.case_id)
+        for key, value in case.params().items():
+            group.attrs[key] = _attr(value)
+        for key, value in record.get("attrs", {}).items():
+            group.attrs[key] = _attr(value)
+        timings = group.create_group("timings")
+        for phase, values in record["timings"].items():
+            ds = timings.create_dataset(phase, data=np.asarray(values, dtype=np.float64))
+            ds.attrs["units"] = "s"
+            ds.attrs["axes"] = "rank, repeat"
+        for name in ("metrics", "accuracy"):
+            g = group.create_group(name)
+            for key, value in record[name].items():
+                g.attrs[key] = value
+        group["metrics"].attrs["units"] = json.dumps(record.get("units", {}))
+        if record.get("output") is not None:
+            ds = group.create_dataset("output", data=record["output"])
+            ds.attrs["order"] = "natural"
+            ds.attrs["axes"] = "batch, token, head, dim"
+        self.h5.flush()
+        group.attrs["finished_utc"] = utc_now()
+        group.attrs["complete"] = True
+        self.h5.flush()
+
+    def close(self) -> None:
+        """Record the finish time and close the file."""
+        if self.h5.id.valid:
+            self.h5.attrs["finished_utc"] = utc_now()
+            self.h5.close()

@@ -1,0 +1,51 @@
+"""Shared test helpers: random problem configurations."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+GRIDS = [(384,), (512,), (16, 24), (32, 16), (8, 6, 8), (4, 8, 16), (10, 12)]
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def random_config(seed: int, max_heads: int = 12, dims=(8, 16, 32, 64, 128)) -> dict:
+    """A random valid problem: grid (1-D/2-D/3-D), 1-3 patterns, dilation 1-8, causal, H, D, ordering."""
+    rng = np.random.default_rng(seed)
+    grid = GRIDS[rng.integers(len(GRIDS))]
+    n = math.prod(grid)
+    patterns = []
+    for _ in range(rng.integers(1, 4)):
+        r = int(rng.choice([x for x in range(1, 9) if n % x == 0]))
+        ws = [w for w in divisors(n) if w % r == 0 and w >= 2 * r] or [n]
+        patterns.append((int(rng.choice(ws)), r))
+    return dict(
+        grid=grid,
+        patterns=patterns,
+        causal=bool(rng.integers(2)),
+        heads=int(rng.integers(1, max_heads + 1)),
+        head_dim=int(rng.choice(dims)),
+        ordering=str(rng.choice(["natural", "hilbert"])),
+    )
+
+
+def random_qkv(cfg: dict, seed: int, dtype=np.float64, magnitude: float = 1.0):
+    rng = np.random.default_rng(seed + 1000)
+    n = math.prod(cfg["grid"])
+    shape = (n, cfg["heads"], cfg["head_dim"])
+    return tuple((magnitude * rng.standard_normal(shape)).astype(dtype) for _ in range(3))
+
+
+def rel_err(a, b) -> float:
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+@pytest.fixture
+def config_factory():
+    return random_config
