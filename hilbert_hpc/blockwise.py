@@ -14,10 +14,15 @@ from typing import Any
 
 import numpy as np
 
+from .threads import run_parallel
+
 Array = Any
 
 #: Maximum number of score elements held at once (per call of ``attend``).
-SCORE_TILE_ELEMENTS = 1 << 21
+SCORE_TILE_ELEMENTS = 1 << 18
+
+#: Keys per score tile: whole rows up to this length need no online rescaling.
+KEY_TILE = 4096
 
 
 def array_module(x: Array) -> ModuleType:
@@ -49,7 +54,8 @@ def attend(q: Array, k: Array, v: Array, scale: float, causal_shift: int | None 
     only if ``j <= i + c`` (for a diagonal block ``c = 0``). Returns the normalized
     output (..., M, Dv) and the log-sum-exp (..., M) of the scaled scores in the
     accumulator dtype; rows that see no key get output 0 and log-sum-exp -inf.
-    Score tiles hold at most ``tile_elements`` entries.
+    Score tiles hold at most ``tile_elements`` entries. On the CPU the independent
+    (batch, query) tiles are spread over :func:`~hilbert_hpc.threads.cpu_threads` threads.
     """
     xp = array_module(q)
     acc = accumulator_dtype(q.dtype)
@@ -65,42 +71,52 @@ def attend(q: Array, k: Array, v: Array, scale: float, causal_shift: int | None 
     if M == 0 or Nk == 0:
         return out.reshape(*batch, M, Dv), lse.reshape(*batch, M)
 
-    tk = min(Nk, 1024)
+    tk = min(Nk, KEY_TILE)
     tq = max(1, min(M, tile_elements // tk))
     tb = max(1, min(nb, tile_elements // (tq * tk)))
     scale = q.dtype.type(scale)
-    for b0 in range(0, nb, tb):
-        b1 = min(nb, b0 + tb)
-        for i0 in range(0, M, tq):
-            i1 = min(M, i0 + tq)
-            j_end = Nk if causal_shift is None else max(0, min(Nk, i1 - 1 + causal_shift + 1))
-            if j_end == 0:
-                continue
-            qt = q3[b0:b1, i0:i1] * scale
-            m_run = xp.full((b1 - b0, i1 - i0), -np.inf, dtype=acc)
-            l_run = xp.zeros((b1 - b0, i1 - i0), dtype=acc)
-            o_run = xp.zeros((b1 - b0, i1 - i0, Dv), dtype=acc)
-            for j0 in range(0, j_end, tk):
-                j1 = min(j_end, j0 + tk)
-                s = xp.matmul(qt, k3[b0:b1, j0:j1].swapaxes(-1, -2))
-                if s.dtype != acc:
-                    s = s.astype(acc)
-                if causal_shift is not None and j1 - 1 > i0 + causal_shift:
-                    rows = xp.arange(i0, i1)[:, None] + causal_shift
-                    cols = xp.arange(j0, j1)[None, :]
-                    s = xp.where(cols > rows, -np.inf, s)
-                m_new = xp.maximum(m_run, s.max(axis=-1))
-                m_safe = _safe_max(m_new, xp)
-                s -= m_safe[..., None]
-                p = xp.exp(s, out=s)
+
+    def tile(b0: int, b1: int, i0: int, i1: int) -> None:
+        j_end = Nk if causal_shift is None else max(0, min(Nk, i1 + causal_shift))
+        if j_end == 0:
+            return
+        qt = q3[b0:b1, i0:i1] * scale
+        m_run = xp.full((b1 - b0, i1 - i0), -np.inf, dtype=acc)
+        l_run = xp.zeros((b1 - b0, i1 - i0), dtype=acc)
+        o_run = None
+        for j0 in range(0, j_end, tk):
+            j1 = min(j_end, j0 + tk)
+            s = xp.matmul(qt, k3[b0:b1, j0:j1].swapaxes(-1, -2))
+            if s.dtype != acc:
+                s = s.astype(acc)
+            if causal_shift is not None and j1 - 1 > i0 + causal_shift:
+                rows = xp.arange(i0, i1)[:, None] + causal_shift
+                cols = xp.arange(j0, j1)[None, :]
+                s = xp.where(cols > rows, -np.inf, s)
+            m_new = xp.maximum(m_run, s.max(axis=-1))
+            m_safe = _safe_max(m_new, xp)
+            s -= m_safe[..., None]
+            p = xp.exp(s, out=s)
+            pv = xp.matmul(p.astype(v.dtype, copy=False), v3[b0:b1, j0:j1]).astype(acc, copy=False)
+            if o_run is None:
+                l_run = p.sum(axis=-1)
+                o_run = pv
+            else:
                 alpha = xp.exp(m_run - m_safe)
                 l_run = l_run * alpha + p.sum(axis=-1)
                 o_run *= alpha[..., None]
-                o_run += xp.matmul(p.astype(v.dtype, copy=False), v3[b0:b1, j0:j1]).astype(acc, copy=False)
-                m_run = m_new
-            seen = l_run > 0
-            out[b0:b1, i0:i1] = o_run / xp.where(seen, l_run, 1)[..., None]
-            lse[b0:b1, i0:i1] = xp.where(seen, _safe_max(m_run, xp) + xp.log(xp.where(seen, l_run, 1)), -np.inf)
+                o_run += pv
+            m_run = m_new
+        seen = l_run > 0
+        out[b0:b1, i0:i1] = o_run / xp.where(seen, l_run, 1)[..., None]
+        lse[b0:b1, i0:i1] = xp.where(seen, _safe_max(m_run, xp) + xp.log(xp.where(seen, l_run, 1)), -np.inf)
+
+    tiles = [(b0, min(nb, b0 + tb), i0, min(M, i0 + tq)) for b0 in range(0, nb, tb) for i0 in range(0, M, tq)]
+    if xp is np:
+        run_parallel(tile, tiles)
+    else:
+        for t in tiles:
+            tile(*t)
     return out.reshape(*batch, M, Dv), lse.reshape(*batch, M)
 
 

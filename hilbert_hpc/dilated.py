@@ -28,19 +28,16 @@ def segment_view(x: Array, pattern: Pattern) -> Array:
     return x.reshape(n // pattern.segment, pattern.selected, pattern.dilation, *x.shape[1:])
 
 
-def local_dilated_attention(qs: Array, ks: Array, vs: Array, patterns: Sequence[Pattern], causal: bool,
-                            scale: float, attend_fn: AttendFn = attend) -> Array:
-    """Dilated attention of serialized (N, H, D) arrays; returns the serialized output (N, H, Dv).
+def accumulate_patterns(qs: Array, ks: Array, vs: Array, patterns: Sequence[Pattern], causal: bool,
+                        scale: float, out: Array, lse: Array, attend_fn: AttendFn = attend) -> None:
+    """Merge the dilated attention of ``patterns`` (segments inside these arrays) into ``out``/``lse``.
 
-    Every pattern acts on every head (offset ``h mod r``); partial results merge by
-    log-sum-exp in the accumulator dtype; positions no pattern selects stay 0.
+    ``qs``, ``ks``, ``vs``: serialized (n, H, D) rows whose first row starts a
+    segment of every pattern; ``out`` (n, H, Dv) and ``lse`` (n, H) hold earlier
+    partial results in the accumulator dtype and are updated in place by log-sum-exp.
     """
     xp = array_module(qs)
-    n, heads, _ = qs.shape
-    dv = vs.shape[-1]
-    acc = accumulator_dtype(qs.dtype)
-    out = xp.zeros((n, heads, dv), dtype=acc)
-    lse = xp.full((n, heads), -np.inf, dtype=acc)
+    heads = qs.shape[1]
     for p in patterns:
         q_seg, k_seg, v_seg = segment_view(qs, p), segment_view(ks, p), segment_view(vs, p)
         o_seg, l_seg = segment_view(out, p), segment_view(lse, p)
@@ -52,4 +49,22 @@ def local_dilated_attention(qs: Array, ks: Array, vs: Array, patterns: Sequence[
             part_out, part_lse = attend_fn(q, k, v, scale, 0 if causal else None)
             merge_lse(o_seg[:, :, o, hs], l_seg[:, :, o, hs],
                       part_out.transpose(0, 2, 1, 3), part_lse.transpose(0, 2, 1))
+
+
+def empty_accumulators(xp: Any, n: int, heads: int, dv: int, dtype: Any) -> tuple[Array, Array]:
+    """Output zeros (n, H, Dv) and log-sum-exp -inf (n, H) in the accumulator dtype of ``dtype``."""
+    acc = accumulator_dtype(dtype)
+    return xp.zeros((n, heads, dv), dtype=acc), xp.full((n, heads), -np.inf, dtype=acc)
+
+
+def local_dilated_attention(qs: Array, ks: Array, vs: Array, patterns: Sequence[Pattern], causal: bool,
+                            scale: float, attend_fn: AttendFn = attend) -> Array:
+    """Dilated attention of serialized (N, H, D) arrays; returns the serialized output (N, H, Dv).
+
+    Every pattern acts on every head (offset ``h mod r``); partial results merge by
+    log-sum-exp in the accumulator dtype; positions no pattern selects stay 0.
+    """
+    xp = array_module(qs)
+    out, lse = empty_accumulators(xp, qs.shape[0], qs.shape[1], vs.shape[-1], qs.dtype)
+    accumulate_patterns(qs, ks, vs, patterns, causal, scale, out, lse, attend_fn)
     return out

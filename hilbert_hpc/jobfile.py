@@ -41,6 +41,7 @@ else:  # pragma: no cover
 
 from .errors import ConfigError, JobFileError
 from .ordering import ORDERINGS
+from .transports import TRANSPORTS
 from .patterns import Pattern, check_problem, parse_grid, parse_patterns
 
 DTYPES = ("float32", "float64")
@@ -129,6 +130,7 @@ CASE_KEYS: dict[str, tuple[Callable[[Any, str], Any], Any]] = {
     "dtype": (_choice(DTYPES), "float32"),
     "backend": (_backend, "numpy"),
     "scale": (_scale, None),
+    "transport": (_choice(TRANSPORTS), "auto"),
 }
 
 
@@ -149,6 +151,7 @@ class Case:
     dtype: str = "float32"
     backend: str = "numpy"
     scale: float | None = None
+    transport: str = "auto"
 
     @property
     def tokens(self) -> int:
@@ -167,7 +170,7 @@ class Case:
             "patterns": [[p.segment, p.dilation] for p in self.patterns], "batch": self.batch,
             "heads": self.heads, "head_dim": self.head_dim, "causal": self.causal, "ordering": self.ordering,
             "segment": self.segment or 0, "dtype": self.dtype, "backend": self.backend,
-            "scale": self.softmax_scale,
+            "scale": self.softmax_scale, "transport": self.transport,
         }
 
 

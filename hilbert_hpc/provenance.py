@@ -95,9 +95,12 @@ def slurm_variables() -> dict[str, str]:
     return {k: v for k, v in sorted(os.environ.items()) if k.startswith(SLURM_PREFIXES)}
 
 
-def provenance() -> dict[str, Any]:
-    """Everything recorded at the top of a results file."""
+def provenance(comm: Any = None) -> dict[str, Any]:
+    """Everything recorded at the top of a results file (collective over ``comm`` when given)."""
+    hosts = [socket.gethostname()] if comm is None else comm.allgather(socket.gethostname())
     return {
+        "ranks": len(hosts),
+        "hosts": sorted(set(hosts)),
         "program": "hilbert-hpc",
         "version": __version__,
         "git_hash": git_hash(),

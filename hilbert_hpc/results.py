@@ -5,7 +5,7 @@ Layout (docs/results.md)::
     /                     attrs: program, version, git_hash, command_line, job_text, job_path,
                                  started_utc, finished_utc, host, cpu, versions (JSON), gpus (JSON), ...
     /cases/<case-id>/     attrs: every case parameter, complete (bool), finished_utc
-        timings/<phase>   float64 (ranks, repeats) seconds, attrs units="s"
+        timings/<name>    float64 (ranks, repeats): phases and ring counters in seconds, bytes_sent in B
         metrics           attrs: tokens_per_s, useful_tflops, ... (median over repeats)
         accuracy          attrs: rows, max_abs_err, max_rel_err, rel_l2_err (vs float64 reference)
         output            (B, N, H, Dv) in natural order, only when the job saves outputs
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import h5py
 import numpy as np
@@ -55,8 +55,13 @@ class ResultsFile:
         self.h5.create_group("cases")
         self.h5.flush()
 
-    def write_case(self, case: Case, record: dict[str, Any]) -> None:
-        """Store one case (parameters, timings, metrics, accuracy, optional output), then mark it complete."""
+    def write_case(self, case: Case, record: dict[str, Any], output_parts: Iterable | None = None,
+                   output_shape: tuple[int, ...] | None = None) -> None:
+        """Store one case (parameters, timings, metrics, accuracy, optional output), then mark it complete.
+
+        ``output_parts`` yields ``(batch, natural indices, rows)`` pieces of the
+        output (any order, one shard at a time); they are written in natural order.
+        """
         group = self.h5["cases"].create_group(case.case_id)
         for key, value in case.params().items():
             group.attrs[key] = _attr(value)
@@ -65,17 +70,22 @@ class ResultsFile:
         timings = group.create_group("timings")
         for phase, values in record["timings"].items():
             ds = timings.create_dataset(phase, data=np.asarray(values, dtype=np.float64))
-            ds.attrs["units"] = "s"
+            ds.attrs["units"] = "B" if phase.startswith("bytes") else "s"
             ds.attrs["axes"] = "rank, repeat"
         for name in ("metrics", "accuracy"):
             g = group.create_group(name)
             for key, value in record[name].items():
                 g.attrs[key] = value
         group["metrics"].attrs["units"] = json.dumps(record.get("units", {}))
-        if record.get("output") is not None:
-            ds = group.create_dataset("output", data=record["output"])
-            ds.attrs["order"] = "natural"
-            ds.attrs["axes"] = "batch, token, head, dim"
+        if output_parts is not None:
+            ds = None
+            for b, natural, rows in output_parts:
+                if ds is None:
+                    ds = group.create_dataset("output", shape=output_shape, dtype=rows.dtype)
+                    ds.attrs["order"] = "natural"
+                    ds.attrs["axes"] = "batch, token, head, dim"
+                order = np.argsort(natural, kind="stable")
+                ds[b, natural[order]] = rows[order]
         self.h5.flush()
         group.attrs["finished_utc"] = utc_now()
         group.attrs["complete"] = True

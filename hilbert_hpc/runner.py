@@ -1,116 +1,248 @@
-"""Runs the cases of a job: inputs, timed repeats by phase, accuracy, results file, summary table."""
+"""Runs the cases of a job on every rank: inputs, timed repeats by phase, ring counters, accuracy, results.
+
+One code path for 1..P ranks. Each rank makes only its own shard of the inputs
+(counter-based, a function of the seed and the natural position), runs the
+timed repeats, measures its share of the sampled accuracy rows, and sends its
+timings (and output rows, when saved) to rank 0, which writes the results file.
+"""
 
 from __future__ import annotations
 
 import sys
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Iterator, TextIO
 
 import numpy as np
 
+from .attention import resolve_ordering
 from .backends import get_backend
+from .errors import ConfigError
 from .inputs import random_rows
 from .jobfile import Case, Job
-from .ordering import inverse_order
-from .attention import problem_order
 from .patterns import useful_flops
 from .provenance import provenance
 from .reference import reference_rows
 from .results import ResultsFile
+from .ring import RingStats, ring_dilated_attention, ring_transfer_only
+from .sharding import IndexView, Layout, check_distribution
 from .table import SummaryTable
 
 PHASES = ("serialize", "attention", "unserialize", "total")
+RING_COUNTERS = ("local_s", "compute_s", "wait_s", "pack_s", "transfer_only_s", "bytes_sent")
 
 UNITS = {"tokens_per_s": "1/s", "attention_tokens_per_s": "1/s", "useful_tflops": "TFLOP/s",
-         "useful_flops": "FLOP", "median_attention_s": "s", "median_total_s": "s"}
+         "useful_flops": "FLOP", "median_attention_s": "s", "median_total_s": "s", "ring_gb_per_s": "GB/s",
+         "overlap": "1", "bytes_sent_per_rank": "B"}
 
 
-def case_inputs(case: Case, seed: int, batch_index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Q, K, V of one batch element in natural order (counter-based, see inputs.py)."""
-    positions = batch_index * case.tokens + np.arange(case.tokens)
-    return tuple(random_rows(seed, t, positions, case.heads, case.head_dim, case.dtype) for t in ("q", "k", "v"))
+def case_layout(case: Case, ranks: int) -> Layout:
+    """The serialization of ``case`` split over ``ranks`` shards (validates the distribution)."""
+    check_distribution(case.tokens, ranks, case.patterns)
+    ordering, segment = resolve_ordering(case.ordering, case.patterns, case.segment)
+    return Layout(case.grid, ordering, ranks, segment)
 
 
-def measure_accuracy(case: Case, seed: int, rows: int, output: np.ndarray, perm: np.ndarray,
-                     inverse: np.ndarray) -> dict[str, float]:
-    """Compare sampled output rows of batch element 0 with the float64 reference."""
-    if rows == 0:
-        return {"rows": 0, "max_abs_err": np.nan, "max_rel_err": np.nan, "rel_l2_err": np.nan}
+def check_case(case: Case, ranks: int) -> None:
+    """Everything that can be refused before any work, identically on every rank."""
+    case_layout(case, ranks)
+    be = get_backend(case.backend)
+    if ranks > 1 and be.attend_fn is None:
+        raise ConfigError(f"backend {case.backend!r} is the single-process baseline; run it with one rank "
+                          f"or choose numpy/cupy", f"{case.case_id}.backend")
+
+
+def shard_inputs(case: Case, seed: int, layout: Layout, rank: int, batch_index: int) -> list[np.ndarray]:
+    """This rank's Q, K, V shard of one batch element, already in serialized order."""
+    positions = batch_index * case.tokens + layout.shard_natural(rank)
+    return [random_rows(seed, t, positions, case.heads, case.head_dim, case.dtype) for t in ("q", "k", "v")]
+
+
+def local_accuracy(case: Case, seed: int, rows: int, output: np.ndarray, layout: Layout, rank: int) -> dict:
+    """Error sums of the sampled rows (batch element 0) that this rank owns, against float64."""
     picked = np.sort(np.random.default_rng(seed).choice(case.tokens, min(rows, case.tokens), replace=False))
+    serial = layout.serialized_of(picked)
+    mine = layout.owner(serial) == rank
+    result = {"rows": int(mine.sum()), "max_abs": 0.0, "max_ref": 0.0, "sq_err": 0.0, "sq_ref": 0.0}
+    if not mine.any():
+        return result
 
     def source(name: str, idx: np.ndarray) -> np.ndarray:
         return random_rows(seed, name, idx, case.heads, case.head_dim, case.dtype).astype(np.float64)
 
-    ref = reference_rows(picked, source=source, perm=perm, inverse=inverse, heads=case.heads,
-                         patterns=case.patterns, causal=case.causal, scale=case.softmax_scale)
-    got = output[picked].astype(np.float64)
-    diff = np.abs(got - ref)
-    scale = max(float(np.abs(ref).max()), np.finfo(np.float64).tiny)
-    return {"rows": len(picked), "max_abs_err": float(diff.max()), "max_rel_err": float(diff.max() / scale),
-            "rel_l2_err": float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), np.finfo(float).tiny))}
+    ref = reference_rows(picked[mine], source=source, perm=IndexView(layout.natural_of),
+                         inverse=IndexView(layout.serialized_of), heads=case.heads, patterns=case.patterns,
+                         causal=case.causal, scale=case.softmax_scale)
+    got = output[serial[mine] - rank * layout.shard].astype(np.float64)
+    diff = got - ref
+    result.update(max_abs=float(np.abs(diff).max()), max_ref=float(np.abs(ref).max()),
+                  sq_err=float((diff ** 2).sum()), sq_ref=float((ref ** 2).sum()))
+    return result
 
 
-def run_case(case: Case, job: Job) -> dict[str, Any]:
-    """Run one case on this process: warm-up, timed repeats, accuracy; returns the record to store."""
-    be = get_backend(case.backend)
-    t0 = time.perf_counter()
-    perm = np.asarray(problem_order(case.grid, case.ordering, case.segment))
-    inverse = inverse_order(perm)
-    order_s = time.perf_counter() - t0
-    timings = {phase: [] for phase in PHASES}
-    outputs = []
-    inputs = [case_inputs(case, job.seed, b) for b in range(case.batch)]
-    for rep in range(job.warmup + job.repeats):
-        phase_s = dict.fromkeys(PHASES, 0.0)
-        outputs = []
-        for q, k, v in inputs:
-            t0 = time.perf_counter()
-            qs, ks, vs = (be.to_device(x[perm], case.dtype) for x in (q, k, v))
-            be.synchronize()
-            t1 = time.perf_counter()
-            out_s = be.serialized_attention(qs, ks, vs, case.patterns, case.causal, case.softmax_scale)
-            be.synchronize()
-            t2 = time.perf_counter()
-            outputs.append(be.to_numpy(out_s)[inverse])
-            t3 = time.perf_counter()
-            phase_s["serialize"] += t1 - t0
-            phase_s["attention"] += t2 - t1
-            phase_s["unserialize"] += t3 - t2
-            phase_s["total"] += t3 - t0
-        if rep >= job.warmup:
-            for phase, value in phase_s.items():
-                timings[phase].append(value)
-    accuracy = measure_accuracy(case, job.seed, job.accuracy_rows, outputs[0], perm, inverse)
-    flops = useful_flops(case.tokens, case.heads, case.head_dim, case.patterns, case.causal, case.batch)
-    att = float(np.median(timings["attention"]))
-    tot = float(np.median(timings["total"]))
+def combine_accuracy(parts: list[dict]) -> dict[str, float]:
+    """Global accuracy from every rank's error sums."""
+    rows = sum(p["rows"] for p in parts)
+    if rows == 0:
+        return {"rows": 0, "max_abs_err": np.nan, "max_rel_err": np.nan, "rel_l2_err": np.nan}
+    tiny = np.finfo(np.float64).tiny
+    max_abs = max(p["max_abs"] for p in parts)
+    return {"rows": rows, "max_abs_err": max_abs, "max_rel_err": max_abs / max(max(p["max_ref"] for p in parts), tiny),
+            "rel_l2_err": float(np.sqrt(sum(p["sq_err"] for p in parts)) / max(np.sqrt(sum(p["sq_ref"] for p in parts)), tiny))}
+
+
+class CaseRun:
+    """One case on this rank: the backend, the shard, the transport, and the timed repeats."""
+
+    def __init__(self, case: Case, job: Job, comm: Any, transport: str | None) -> None:
+        from .transports import resolve_transport
+
+        self.case, self.job, self.comm = case, job, comm
+        self.rank, self.ranks = comm.Get_rank(), comm.Get_size()
+        self.be = get_backend(case.backend)
+        self.layout = case_layout(case, self.ranks)
+        self.transport, self.transport_reason = (None, "single rank: no communication")
+        if self.ranks > 1:
+            self.transport, self.transport_reason = resolve_transport(transport or case.transport,
+                                                                      self.be.on_gpu, comm)
+
+    def attention(self, qs: Any, ks: Any, vs: Any, stats: RingStats) -> Any:
+        """Dilated attention of this rank's shard (the whole sequence on one rank)."""
+        c = self.case
+        if self.ranks == 1:
+            return self.be.serialized_attention(qs, ks, vs, c.patterns, c.causal, c.softmax_scale)
+        return ring_dilated_attention(qs, ks, vs, patterns=c.patterns, comm=self.comm, causal=c.causal,
+                                      scale=c.softmax_scale, transport=self.transport,
+                                      attend_fn=self.be.attend_fn, stats=stats)
+
+    def run(self) -> tuple[dict, list[np.ndarray], dict]:
+        """Warm-up and timed repeats; returns (per-repeat timings, host outputs, accuracy sums)."""
+        c, job, be = self.case, self.job, self.be
+        inputs = [shard_inputs(c, job.seed, self.layout, self.rank, b) for b in range(c.batch)]
+        timings = {name: [] for name in PHASES + RING_COUNTERS}
+        outputs: list[np.ndarray] = []
+        for rep in range(job.warmup + job.repeats):
+            phase_s = dict.fromkeys(PHASES, 0.0)
+            stats = RingStats()
+            transfer_only = 0.0
+            outputs = []
+            self.comm.Barrier()
+            for q, k, v in inputs:
+                t0 = time.perf_counter()
+                qs, ks, vs = (be.to_device(x, c.dtype) for x in (q, k, v))
+                be.synchronize()
+                t1 = time.perf_counter()
+                out_s = self.attention(qs, ks, vs, stats)
+                be.synchronize()
+                t2 = time.perf_counter()
+                outputs.append(be.to_numpy(out_s))
+                t3 = time.perf_counter()
+                phase_s["serialize"] += t1 - t0
+                phase_s["attention"] += t2 - t1
+                phase_s["unserialize"] += t3 - t2
+                phase_s["total"] += t3 - t0
+                if self.ranks > 1:
+                    self.comm.Barrier()
+                    t4 = time.perf_counter()
+                    ring_transfer_only(ks, vs, patterns=c.patterns, comm=self.comm, causal=c.causal,
+                                       transport=self.transport)
+                    transfer_only += time.perf_counter() - t4
+            if rep >= job.warmup:
+                for name, value in phase_s.items():
+                    timings[name].append(value)
+                timings["local_s"].append(stats.local_s)
+                timings["compute_s"].append(stats.compute_s)
+                timings["wait_s"].append(stats.wait_s)
+                timings["pack_s"].append(stats.pack_s)
+                timings["bytes_sent"].append(float(stats.bytes_sent))
+                timings["transfer_only_s"].append(transfer_only)
+        accuracy = local_accuracy(c, job.seed, job.accuracy_rows, outputs[0], self.layout, self.rank) \
+            if job.accuracy_rows else {"rows": 0, "max_abs": 0.0, "max_ref": 0.0, "sq_err": 0.0, "sq_ref": 0.0}
+        return timings, outputs, accuracy
+
+
+def derive_metrics(case: Case, timings: dict[str, np.ndarray]) -> dict[str, float]:
+    """Medians over repeats of the slowest rank, throughput, ring bandwidth and overlap."""
+    att = float(np.median(timings["attention"].max(axis=0)))
+    tot = float(np.median(timings["total"].max(axis=0)))
     tokens = case.tokens * case.batch
+    flops = useful_flops(case.tokens, case.heads, case.head_dim, case.patterns, case.causal, case.batch)
     metrics = {"tokens_per_s": tokens / tot, "attention_tokens_per_s": tokens / att,
                "useful_tflops": flops / att / 1e12, "useful_flops": float(flops),
-               "median_attention_s": att, "median_total_s": tot}
-    return {
-        "timings": {phase: np.asarray(values)[None, :] for phase, values in timings.items()},
-        "metrics": metrics,
+               "median_attention_s": att, "median_total_s": tot,
+               "ring_gb_per_s": np.nan, "overlap": np.nan, "bytes_sent_per_rank": 0.0}
+    sent = timings["bytes_sent"]
+    if sent.max() > 0:
+        only = timings["transfer_only_s"]
+        metrics["bytes_sent_per_rank"] = float(np.median(sent.max(axis=0)))
+        # bandwidth of the busiest rank when blocks only travel; overlap: share of that hidden behind compute
+        per_rank_bw = np.where(only > 0, sent / np.maximum(only, 1e-30), np.nan)
+        metrics["ring_gb_per_s"] = float(np.nanmedian(per_rank_bw[sent.argmax(axis=0), np.arange(sent.shape[1])])) / 1e9
+        hidden = 1.0 - np.clip(timings["wait_s"] / np.maximum(only, 1e-30), 0.0, 1.0)
+        metrics["overlap"] = float(np.median(hidden.min(axis=0)))
+    return metrics
+
+
+def output_parts(comm: Any, layout: Layout, outputs: list[np.ndarray]) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """On rank 0: every rank's (batch, natural indices, rows), one rank at a time (O(L) memory)."""
+    rank = comm.Get_rank()
+    for src in range(comm.Get_size()):
+        nat = layout.shard_natural(src)
+        for b in range(len(outputs)):
+            rows = outputs[b] if src == rank else comm.recv(source=src, tag=7)
+            yield b, nat, rows
+
+
+def run_case(case: Case, job: Job, comm: Any, results: ResultsFile | None, table: SummaryTable | None,
+             transport: str | None = None) -> dict | None:
+    """Run one case on every rank; rank 0 writes it and prints its row. Returns the record on rank 0."""
+    run = CaseRun(case, job, comm, transport)
+    t0 = time.perf_counter()
+    timings, outputs, accuracy = run.run()
+    all_timings = comm.gather(timings, root=0)
+    all_accuracy = comm.gather(accuracy, root=0)
+    if run.rank != 0:
+        if job.save_output:
+            for out in outputs:
+                comm.send(out.astype(case.dtype, copy=False), dest=0, tag=7)
+        return None
+    stacked = {name: np.asarray([t[name] for t in all_timings], dtype=np.float64) for name in timings}
+    record = {
+        "timings": stacked,
+        "metrics": derive_metrics(case, stacked),
         "units": UNITS,
-        "accuracy": accuracy,
-        "attrs": {"ranks": 1, "order_s": order_s},
-        "output": np.stack(outputs).astype(case.dtype) if job.save_output else None,
+        "accuracy": combine_accuracy(all_accuracy),
+        "attrs": {"ranks": run.ranks, "transport": "none" if run.transport is None else run.transport.name,
+                  "transport_reason": run.transport_reason, "wall_s": time.perf_counter() - t0},
     }
+    parts = output_parts(comm, run.layout, [o.astype(case.dtype, copy=False) for o in outputs]) \
+        if job.save_output else None
+    results.write_case(case, record, parts, (case.batch, case.tokens, case.heads, case.head_dim))
+    table.row(case, record)
+    return record
 
 
-def run_job(job: Job, output: str | None = None, stream: TextIO = sys.stdout) -> Path:
-    """Run every case of ``job``, write the results file and print the summary table."""
+def run_job(job: Job, output: str | None = None, stream: TextIO = sys.stdout, comm: Any = None,
+            transport: str | None = None) -> Path:
+    """Run every case of ``job`` on every rank of ``comm``; rank 0 writes the file and prints the table."""
+    from .mpi import world
+
+    comm = comm or world()
+    for case in job.cases:
+        check_case(case, comm.Get_size())
     path = Path(output or job.output)
-    table = SummaryTable(stream)
-    results = ResultsFile(path, job, provenance())
+    rank0 = comm.Get_rank() == 0
+    prov = provenance(comm)
+    results = ResultsFile(path, job, prov) if rank0 else None
+    table = SummaryTable(stream) if rank0 else None
     try:
-        print(f"hilbert-hpc: job {job.name!r}, {len(job.cases)} case(s), results -> {path}", file=stream)
-        table.header()
+        if rank0:
+            print(f"hilbert-hpc: job {job.name!r}, {len(job.cases)} case(s) on {comm.Get_size()} rank(s), "
+                  f"results -> {path}", file=stream)
+            table.header()
         for case in job.cases:
-            record = run_case(case, job)
-            results.write_case(case, record)
-            table.row(case, record)
+            run_case(case, job, comm, results, table, transport)
     finally:
-        results.close()
+        if results is not None:
+            results.close()
     return path

@@ -7,7 +7,7 @@ if [[ $(id -u) == 0 ]]; then  # Open MPI refuses root unless told; containers an
 fi
 export OMPI_MCA_rmaps_base_oversubscribe=1 PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-python -m pytest -q -p no:cacheprovider "$@" tests
+python -m pytest -q -p no:cacheprovider -m "not mpi" "$@" tests
 for n in 2 4; do
   echo "== MPI tests on $n ranks"
   mpiexec -n "$n" --oversubscribe python -m pytest -q -p no:cacheprovider --with-mpi -m mpi \

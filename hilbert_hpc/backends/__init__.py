@@ -15,6 +15,7 @@ from ..patterns import Pattern
 BACKENDS = {
     "numpy": "hilbert_hpc.backends.numpy_backend",
     "torch": "hilbert_hpc.backends.torch_peer",
+    "cupy": "hilbert_hpc.backends.cupy_backend",
 }
 
 
@@ -22,6 +23,10 @@ class Backend(Protocol):
     """What every backend module provides."""
 
     name: str
+    #: the per-block attention used by the ring, or None for single-process-only backends
+    attend_fn: Any
+    #: True when arrays live on a GPU (the ring then needs a device transport)
+    on_gpu: bool
 
     def to_device(self, x: Any, dtype: Any) -> Any:
         """Move a NumPy array to the backend's array type (and device)."""

@@ -6,10 +6,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..blockwise import attend
 from ..dilated import local_dilated_attention
 from ..patterns import Pattern
 
 name = "numpy"
+attend_fn = attend
+on_gpu = False
 
 
 def to_device(x: Any, dtype: Any) -> np.ndarray:

@@ -16,6 +16,9 @@ import torch
 from ..patterns import Pattern
 
 name = "torch"
+#: the peer runs on one process: it is the single-device baseline
+attend_fn = None
+on_gpu = torch.cuda.is_available()
 
 _DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64,
            np.dtype(np.float16): torch.float16}

@@ -1,0 +1,86 @@
+"""OSU-style bandwidth sweep of the ring exchange: what a transport can move, without attention.
+
+Every rank sends a message of ``size`` bytes to ``rank + 1`` and receives one
+from ``rank - 1`` (the ring's pattern), through the same transport objects the
+ring uses; the reported figure is bytes sent per rank / time per exchange (the
+slowest rank), the number ring transfers are compared with.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+MIN_BYTES = 1 << 10
+
+
+def sweep_sizes(max_bytes: int) -> list[int]:
+    """Message sizes from 1 KiB doubling up to ``max_bytes``."""
+    sizes, s = [], MIN_BYTES
+    while s <= max_bytes:
+        sizes.append(s)
+        s *= 2
+    return sizes
+
+
+def exchange_seconds(comm: Any, transport: Any, send: Any, recv: Any, iterations: int, sync) -> float:
+    """Median seconds of one ring exchange (after one warm-up), slowest rank."""
+    size = comm.Get_size()
+    rank = comm.Get_rank()
+    nxt, prv = (rank + 1) % size, (rank - 1) % size
+    times = []
+    for i in range(iterations + 1):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        transport.start(send, nxt, recv, prv, tag=9).wait()
+        sync()
+        if i:
+            times.append(time.perf_counter() - t0)
+    return max(comm.allgather(float(np.median(times))))
+
+
+def run_bandwidth(comm: Any, transport_name: str, device: str, max_bytes: int, iterations: int,
+                  output: str | None = None) -> list[tuple[int, float]]:
+    """Print (rank 0) and return ``[(bytes, GB/s), ...]`` for the chosen transport and memory."""
+    from .transports import resolve_transport
+
+    on_gpu = device == "gpu"
+    if on_gpu:
+        import cupy as xp
+
+        from .mpi import bind_gpu
+
+        bind_gpu(comm)
+
+        def sync() -> None:
+            xp.cuda.get_current_stream().synchronize()
+    else:
+        xp = np
+
+        def sync() -> None:
+            return None
+
+    transport, reason = resolve_transport(transport_name, on_gpu, comm)
+    rows = []
+    if comm.Get_rank() == 0:
+        print(f"# ring exchange bandwidth, {comm.Get_size()} ranks, {device} buffers, transport "
+              f"{transport.name} ({reason})")
+        print(f"# {'bytes':>12}  {'GB/s':>10}  {'us':>10}")
+    for nbytes in sweep_sizes(max_bytes):
+        send = xp.ones(nbytes // 4, dtype=np.float32)
+        recv = xp.empty_like(send)
+        iters = iterations if nbytes < (64 << 20) else max(3, iterations // 2)
+        seconds = exchange_seconds(comm, transport, send, recv, iters, sync)
+        rows.append((nbytes, nbytes / seconds / 1e9))
+        if comm.Get_rank() == 0:
+            print(f"  {nbytes:>12}  {nbytes / seconds / 1e9:>10.3f}  {seconds * 1e6:>10.1f}", flush=True)
+    if output and comm.Get_rank() == 0:
+        import h5py
+
+        with h5py.File(output, "w") as f:
+            ds = f.create_dataset("bandwidth", data=np.asarray(rows, dtype=np.float64))
+            ds.attrs.update({"columns": "bytes, GB/s", "transport": transport.name, "reason": reason,
+                             "device": device, "ranks": comm.Get_size()})
+    return rows

@@ -1,0 +1,123 @@
+"""MPI bootstrap: the world communicator, node-local rank, GPU binding, abort on any rank's failure.
+
+MPI is initialized only by commands that need it (``run``, ``bandwidth``); when
+mpi4py is missing a single-process communicator stands in, so the CPU package
+works without an MPI library.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from typing import Any, Callable
+
+LOCAL_RANK_VARIABLES = ("OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID", "MPI_LOCAL_RANK",
+                        "PMI_LOCAL_RANK")
+
+
+class SingleProcessComm:
+    """The subset of an mpi4py communicator used here, for one process without MPI."""
+
+    def Get_rank(self) -> int:  # noqa: N802 - mpi4py spelling
+        return 0
+
+    def Get_size(self) -> int:  # noqa: N802
+        return 1
+
+    def bcast(self, obj: Any, root: int = 0) -> Any:
+        return obj
+
+    def gather(self, obj: Any, root: int = 0) -> list:
+        return [obj]
+
+    def allgather(self, obj: Any) -> list:
+        return [obj]
+
+    def allreduce(self, obj: Any, op: Any = None) -> Any:
+        return obj
+
+    def Barrier(self) -> None:  # noqa: N802
+        return None
+
+    def Abort(self, code: int = 1) -> None:  # noqa: N802
+        os._exit(code)
+
+
+def world() -> Any:
+    """``MPI.COMM_WORLD`` (initializing MPI), or a single-process stand-in without mpi4py."""
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        return SingleProcessComm()
+    return MPI.COMM_WORLD
+
+
+def launched_by_mpi() -> bool:
+    """True when a launcher (mpirun/mpiexec/srun) started this process as one of several ranks."""
+    for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"):
+        if var in os.environ:
+            return True
+    return int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_STEP_ID" in os.environ
+
+
+def local_rank(comm: Any) -> tuple[int, str]:
+    """Node-local rank and where it came from (launcher variable, else a shared-memory split)."""
+    for var in LOCAL_RANK_VARIABLES:
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var]), var
+    if isinstance(comm, SingleProcessComm):
+        return 0, "single process"
+    from mpi4py import MPI
+
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return node.Get_rank(), "COMM_TYPE_SHARED split"
+    finally:
+        node.Free()
+
+
+def bind_gpu(comm: Any) -> tuple[int, str]:
+    """Select GPU ``local_rank mod visible GPUs`` for this rank; returns (device id, reason)."""
+    import cupy
+
+    lrank, source = local_rank(comm)
+    ndev = cupy.cuda.runtime.getDeviceCount()
+    dev = lrank % ndev
+    cupy.cuda.Device(dev).use()
+    return dev, f"local rank {lrank} ({source}) of {ndev} visible GPU(s)"
+
+
+def abort_on_exception(comm: Any) -> None:
+    """Make an unhandled exception on any rank print once for that rank and abort every rank."""
+    if comm.Get_size() == 1:
+        return
+    previous: Callable = sys.excepthook
+
+    def hook(exc_type, exc, tb) -> None:
+        if issubclass(exc_type, KeyboardInterrupt):
+            previous(exc_type, exc, tb)
+        else:
+            text = "".join(traceback.format_exception(exc_type, exc, tb))
+            sys.stderr.write(f"hilbert-hpc: rank {comm.Get_rank()}: internal error, aborting all ranks\n{text}")
+        sys.stderr.flush()
+        comm.Abort(1)
+
+    sys.excepthook = hook
+
+
+def agree(comm: Any, error: Exception | None) -> Exception | None:
+    """Collective: the first rank's error (by rank order) if any rank had one, on every rank."""
+    errors = comm.allgather(None if error is None else (type(error).__name__, str(error),
+                                                       getattr(error, "param", None)))
+    for item in errors:
+        if item is not None:
+            return error if error is not None else _rebuild(item)
+    return None
+
+
+def _rebuild(item: tuple) -> Exception:
+    from .errors import ConfigError
+
+    _, message, param = item
+    return ConfigError(message, param)
