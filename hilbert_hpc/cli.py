@@ -40,13 +40,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     comm = _world()
     job = _collectively(comm, load_job, args.job)
+    if args.transport:
+        job = job.with_transport(args.transport)
 
     def check_all() -> None:
         for case in job.cases:
             check_case(case, comm.Get_size())
 
     _collectively(comm, check_all)
-    run_job(job, output=args.output, comm=comm, transport=args.transport)
+    run_job(job, output=args.output, comm=comm)
     return 0
 
 

@@ -24,5 +24,9 @@ def print_info() -> None:
         print("gpu:      none visible (CuPy missing or no CUDA device)")
     versions = library_versions()
     print(f"mpi:      {versions.get('mpi_library', 'mpi4py not installed')}")
+    from .cuda_aware import cuda_aware_support
+
+    known, why = cuda_aware_support()
+    print(f"transport (auto, GPU arrays): {'cuda-aware' if known else 'staged'} ({why})")
     print(f"git:      {git_hash()}")
     print("versions: " + json.dumps({k: v for k, v in versions.items() if k != "mpi_library"}))

@@ -190,6 +190,13 @@ class Job:
     path: str = ""
     settings: dict[str, Any] = field(default_factory=dict)
 
+    def with_transport(self, transport: str) -> "Job":
+        """The same job with every case's transport overridden (command-line ``--transport``)."""
+        import dataclasses
+
+        cases = tuple(dataclasses.replace(c, transport=transport) for c in self.cases)
+        return dataclasses.replace(self, cases=cases, settings={**self.settings, "transport_override": transport})
+
 
 def _check_table(table: Any, where: str) -> dict:
     if not isinstance(table, dict):

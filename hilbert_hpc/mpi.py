@@ -78,13 +78,21 @@ def local_rank(comm: Any) -> tuple[int, str]:
 
 
 def bind_gpu(comm: Any) -> tuple[int, str]:
-    """Select GPU ``local_rank mod visible GPUs`` for this rank; returns (device id, reason)."""
-    import cupy
-
+    """Select GPU ``local_rank mod visible GPUs`` for this rank (CuPy and, if loaded, torch)."""
     lrank, source = local_rank(comm)
-    ndev = cupy.cuda.runtime.getDeviceCount()
-    dev = lrank % ndev
-    cupy.cuda.Device(dev).use()
+    try:
+        import cupy
+
+        ndev = cupy.cuda.runtime.getDeviceCount()
+        dev = lrank % ndev
+        cupy.cuda.Device(dev).use()
+    except ImportError:
+        import torch
+
+        ndev = torch.cuda.device_count()
+        dev = lrank % ndev
+    if "torch" in sys.modules:
+        sys.modules["torch"].cuda.set_device(dev)
     return dev, f"local rank {lrank} ({source}) of {ndev} visible GPU(s)"
 
 

@@ -47,6 +47,14 @@ def check_case(case: Case, ranks: int) -> None:
     """Everything that can be refused before any work, identically on every rank."""
     case_layout(case, ranks)
     be = get_backend(case.backend)
+    if ranks > 1 and be.on_gpu and case.transport == "cuda-aware":
+        from .cuda_aware import cuda_aware_support
+
+        known, why = cuda_aware_support()
+        if not known:
+            raise ConfigError(f"transport 'cuda-aware' requested but the MPI library is not known to be CUDA-aware "
+                              f"({why}); use staged, or see 'hilbert-hpc cuda-env' "
+                              f"(HILBERT_HPC_CUDA_AWARE=1 forces it)", f"{case.case_id}.transport")
     if ranks > 1 and be.attend_fn is None:
         raise ConfigError(f"backend {case.backend!r} is the single-process baseline; run it with one rank "
                           f"or choose numpy/cupy", f"{case.case_id}.backend")
@@ -94,7 +102,7 @@ def combine_accuracy(parts: list[dict]) -> dict[str, float]:
 class CaseRun:
     """One case on this rank: the backend, the shard, the transport, and the timed repeats."""
 
-    def __init__(self, case: Case, job: Job, comm: Any, transport: str | None) -> None:
+    def __init__(self, case: Case, job: Job, comm: Any) -> None:
         from .transports import resolve_transport
 
         self.case, self.job, self.comm = case, job, comm
@@ -103,8 +111,7 @@ class CaseRun:
         self.layout = case_layout(case, self.ranks)
         self.transport, self.transport_reason = (None, "single rank: no communication")
         if self.ranks > 1:
-            self.transport, self.transport_reason = resolve_transport(transport or case.transport,
-                                                                      self.be.on_gpu, comm)
+            self.transport, self.transport_reason = resolve_transport(case.transport, self.be.on_gpu, comm)
 
     def attention(self, qs: Any, ks: Any, vs: Any, stats: RingStats) -> Any:
         """Dilated attention of this rank's shard (the whole sequence on one rank)."""
@@ -193,10 +200,10 @@ def output_parts(comm: Any, layout: Layout, outputs: list[np.ndarray]) -> Iterat
             yield b, nat, rows
 
 
-def run_case(case: Case, job: Job, comm: Any, results: ResultsFile | None, table: SummaryTable | None,
-             transport: str | None = None) -> dict | None:
+def run_case(case: Case, job: Job, comm: Any, results: ResultsFile | None,
+             table: SummaryTable | None) -> dict | None:
     """Run one case on every rank; rank 0 writes it and prints its row. Returns the record on rank 0."""
-    run = CaseRun(case, job, comm, transport)
+    run = CaseRun(case, job, comm)
     t0 = time.perf_counter()
     timings, outputs, accuracy = run.run()
     all_timings = comm.gather(timings, root=0)
@@ -225,11 +232,15 @@ def run_case(case: Case, job: Job, comm: Any, results: ResultsFile | None, table
 def run_job(job: Job, output: str | None = None, stream: TextIO = sys.stdout, comm: Any = None,
             transport: str | None = None) -> Path:
     """Run every case of ``job`` on every rank of ``comm``; rank 0 writes the file and prints the table."""
-    from .mpi import world
+    from .mpi import bind_gpu, world
 
     comm = comm or world()
+    if transport:
+        job = job.with_transport(transport)
     for case in job.cases:
         check_case(case, comm.Get_size())
+    if any(get_backend(c.backend).on_gpu for c in job.cases):
+        bind_gpu(comm)
     path = Path(output or job.output)
     rank0 = comm.Get_rank() == 0
     prov = provenance(comm)
@@ -241,7 +252,7 @@ def run_job(job: Job, output: str | None = None, stream: TextIO = sys.stdout, co
                   f"results -> {path}", file=stream)
             table.header()
         for case in job.cases:
-            run_case(case, job, comm, results, table, transport)
+            run_case(case, job, comm, results, table)
     finally:
         if results is not None:
             results.close()
