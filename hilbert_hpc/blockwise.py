@@ -18,8 +18,11 @@ from .threads import run_parallel
 
 Array = Any
 
-#: Maximum number of score elements held at once (per call of ``attend``).
+#: Maximum number of score elements held at once per CPU thread (cache-sized tiles).
 SCORE_TILE_ELEMENTS = 1 << 18
+
+#: Score elements per tile on a GPU: large tiles keep kernel launches few.
+GPU_SCORE_TILE_ELEMENTS = 1 << 25
 
 #: Keys per score tile: whole rows up to this length need no online rescaling.
 KEY_TILE = 4096
@@ -46,7 +49,7 @@ def _safe_max(m: Array, xp: ModuleType) -> Array:
 
 
 def attend(q: Array, k: Array, v: Array, scale: float, causal_shift: int | None = None,
-           tile_elements: int = SCORE_TILE_ELEMENTS) -> tuple[Array, Array]:
+           tile_elements: int | None = None) -> tuple[Array, Array]:
     """Softmax attention of ``q`` over ``k``/``v`` with its log-sum-exp.
 
     Shapes: ``q`` (..., M, D), ``k`` (..., Nk, D), ``v`` (..., Nk, Dv), identical
@@ -58,6 +61,8 @@ def attend(q: Array, k: Array, v: Array, scale: float, causal_shift: int | None 
     (batch, query) tiles are spread over :func:`~hilbert_hpc.threads.cpu_threads` threads.
     """
     xp = array_module(q)
+    if tile_elements is None:
+        tile_elements = SCORE_TILE_ELEMENTS if xp is np else GPU_SCORE_TILE_ELEMENTS
     acc = accumulator_dtype(q.dtype)
     *batch, M, D = q.shape
     Nk = k.shape[-2]

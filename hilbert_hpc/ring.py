@@ -33,6 +33,8 @@ class RingStats:
     local_s: float = 0.0
     compute_s: float = 0.0
     wait_s: float = 0.0
+    exchange_s: float = 0.0
+    imbalance_s: float = 0.0
     pack_s: float = 0.0
     bytes_sent: int = 0
     messages: int = 0
@@ -41,13 +43,23 @@ class RingStats:
 
     def add(self, other: "RingStats") -> None:
         """Accumulate another call's counters."""
-        for name in ("local_s", "compute_s", "wait_s", "pack_s", "bytes_sent", "messages", "ring_steps"):
+        for name in ("local_s", "compute_s", "wait_s", "exchange_s", "imbalance_s", "pack_s", "bytes_sent",
+                     "messages", "ring_steps"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
 def _sync(xp: Any) -> None:
     if xp.__name__ == "cupy":
         xp.cuda.get_current_stream().synchronize()
+
+
+def _progress_until_done(xp: Any, exchange: Any) -> None:
+    """Wait for queued GPU work while driving MPI progress, so transfers advance during compute."""
+    if xp.__name__ != "cupy":
+        return
+    done = xp.cuda.get_current_stream().record()
+    while not done.done:
+        exchange.test()
 
 
 class RingPattern:
@@ -155,6 +167,7 @@ def ring_attention(qs: Array, ks: Array, vs: Array, geom: RingPattern, causal: b
     for t, (src, send, recv) in enumerate(schedule):
         incoming_pos = (src - 1) % g
         nxt_buf = bufs[(t + 1) % 2][: geom.block_size(incoming_pos)] if recv else None
+        t_start = time.perf_counter()
         exchange = transport.start(cur if send else None, nxt, nxt_buf, prv, tag)
         if send:
             stats.bytes_sent += cur.size * cur.dtype.itemsize
@@ -172,12 +185,13 @@ def ring_attention(qs: Array, ks: Array, vs: Array, geom: RingPattern, causal: b
                 part_out, part_lse = attend_fn(q, xp.ascontiguousarray(k), xp.ascontiguousarray(v), scale, shift)
                 rows, hs = geom.rows(pos, o), geom.heads_of(o)
                 merge_lse(out[rows, hs], lse[rows, hs], part_out.transpose(1, 0, 2), part_lse.transpose(1, 0))
-            _sync(xp)
+            _progress_until_done(xp, exchange)
         t2 = time.perf_counter()
         exchange.wait()
         t3 = time.perf_counter()
         stats.compute_s += t2 - t1
-        stats.wait_s += t3 - t2
+        stats.wait_s += t3 - t2 + (t1 - t_start)
+        stats.exchange_s += (t1 - t_start) + (t3 - t2)
         stats.ring_steps += 1
         stats.step_log.append((t2 - t1, t3 - t2))
         if recv:
@@ -187,14 +201,17 @@ def ring_attention(qs: Array, ks: Array, vs: Array, geom: RingPattern, causal: b
 
 def ring_dilated_attention(qs: Array, ks: Array, vs: Array, *, patterns: Sequence[Pattern], comm: Any,
                            causal: bool = False, scale: float | None = None, transport: Any = None,
-                           attend_fn: AttendFn = attend, stats: RingStats | None = None) -> Array:
+                           attend_fn: AttendFn = attend, stats: RingStats | None = None,
+                           sync_rings: bool = False) -> Array:
     """Dilated attention of this rank's serialized shard (L, H, D); returns its output shard (L, H, Dv).
 
     Every rank of ``comm`` calls this with its shard (rank ``p`` owns serialized
     positions ``[p*L, (p+1)*L)``). Patterns must satisfy
     :func:`hilbert_hpc.sharding.check_distribution`. ``transport`` defaults to
     plain MPI on the arrays as given (host arrays, or a CUDA-aware MPI).
-    Counters are added to ``stats`` when given.
+    Counters are added to ``stats`` when given. ``sync_rings`` puts a barrier
+    before each ring (timing studies: waits then measure communication, and the
+    barrier time, ``imbalance_s``, the load imbalance).
     """
     import math
 
@@ -216,6 +233,10 @@ def ring_dilated_attention(qs: Array, ks: Array, vs: Array, *, patterns: Sequenc
     for i, p in enumerate(patterns):
         if p.segment > shard:
             geom = RingPattern(p, shard, heads, dk, dv)
+            if sync_rings:
+                t1 = time.perf_counter()
+                comm.Barrier()
+                stats.imbalance_s += time.perf_counter() - t1
             stats.add(ring_attention(qs, ks, vs, geom, causal, scale, out, lse, comm, transport, tag=100 + i,
                                      attend_fn=attend_fn))
     return out
@@ -223,11 +244,15 @@ def ring_dilated_attention(qs: Array, ks: Array, vs: Array, *, patterns: Sequenc
 
 def ring_transfer_only(ks: Array, vs: Array, *, patterns: Sequence[Pattern], comm: Any, causal: bool,
                        transport: Any) -> RingStats:
-    """Move the K/V blocks of every long pattern exactly as the ring does, without computing."""
+    """Move the K/V blocks of every long pattern exactly as the ring does, without computing.
+
+    ``exchange_s`` of the result is the time in the transfers themselves (packing excluded).
+    """
     shard, heads, dk = ks.shape
     stats = RingStats()
     for i, p in enumerate(patterns):
         if p.segment > shard:
+            comm.Barrier()
             geom = RingPattern(p, shard, heads, dk, vs.shape[-1])
             stats.add(ring_attention(ks, ks, vs, geom, causal, 1.0, None, None, comm, transport, tag=100 + i,
                                      compute=False))

@@ -29,7 +29,7 @@ from .sharding import IndexView, Layout, check_distribution
 from .table import SummaryTable
 
 PHASES = ("serialize", "attention", "unserialize", "total")
-RING_COUNTERS = ("local_s", "compute_s", "wait_s", "pack_s", "transfer_only_s", "bytes_sent")
+RING_COUNTERS = ("local_s", "compute_s", "wait_s", "imbalance_s", "pack_s", "transfer_only_s", "bytes_sent")
 
 UNITS = {"tokens_per_s": "1/s", "attention_tokens_per_s": "1/s", "useful_tflops": "TFLOP/s",
          "useful_flops": "FLOP", "median_attention_s": "s", "median_total_s": "s", "ring_gb_per_s": "GB/s",
@@ -120,7 +120,7 @@ class CaseRun:
             return self.be.serialized_attention(qs, ks, vs, c.patterns, c.causal, c.softmax_scale)
         return ring_dilated_attention(qs, ks, vs, patterns=c.patterns, comm=self.comm, causal=c.causal,
                                       scale=c.softmax_scale, transport=self.transport,
-                                      attend_fn=self.be.attend_fn, stats=stats)
+                                      attend_fn=self.be.attend_fn, stats=stats, sync_rings=True)
 
     def run(self) -> tuple[dict, list[np.ndarray], dict]:
         """Warm-up and timed repeats; returns (per-repeat timings, host outputs, accuracy sums)."""
@@ -150,16 +150,15 @@ class CaseRun:
                 phase_s["total"] += t3 - t0
                 if self.ranks > 1:
                     self.comm.Barrier()
-                    t4 = time.perf_counter()
-                    ring_transfer_only(ks, vs, patterns=c.patterns, comm=self.comm, causal=c.causal,
-                                       transport=self.transport)
-                    transfer_only += time.perf_counter() - t4
+                    transfer_only += ring_transfer_only(ks, vs, patterns=c.patterns, comm=self.comm,
+                                                        causal=c.causal, transport=self.transport).exchange_s
             if rep >= job.warmup:
                 for name, value in phase_s.items():
                     timings[name].append(value)
                 timings["local_s"].append(stats.local_s)
                 timings["compute_s"].append(stats.compute_s)
                 timings["wait_s"].append(stats.wait_s)
+                timings["imbalance_s"].append(stats.imbalance_s)
                 timings["pack_s"].append(stats.pack_s)
                 timings["bytes_sent"].append(float(stats.bytes_sent))
                 timings["transfer_only_s"].append(transfer_only)

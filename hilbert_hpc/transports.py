@@ -35,6 +35,12 @@ class Exchange:
         self.requests = requests
         self.finish = finish
 
+    def test(self) -> bool:
+        """Drive MPI progress without blocking; True once the posted requests have completed."""
+        from mpi4py import MPI
+
+        return bool(MPI.Request.Testall(self.requests)) if self.requests else True
+
     def wait(self) -> None:
         """Block until the send has left and the received block is usable."""
         from mpi4py import MPI
