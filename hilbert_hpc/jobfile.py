@@ -131,6 +131,7 @@ CASE_KEYS: dict[str, tuple[Callable[[Any, str], Any], Any]] = {
     "backend": (_backend, "numpy"),
     "scale": (_scale, None),
     "transport": (_choice(TRANSPORTS), "auto"),
+    "input": (_str, None),
 }
 
 
@@ -152,6 +153,7 @@ class Case:
     backend: str = "numpy"
     scale: float | None = None
     transport: str = "auto"
+    input: str | None = None
 
     @property
     def tokens(self) -> int:
@@ -170,7 +172,7 @@ class Case:
             "patterns": [[p.segment, p.dilation] for p in self.patterns], "batch": self.batch,
             "heads": self.heads, "head_dim": self.head_dim, "causal": self.causal, "ordering": self.ordering,
             "segment": self.segment or 0, "dtype": self.dtype, "backend": self.backend,
-            "scale": self.softmax_scale, "transport": self.transport,
+            "scale": self.softmax_scale, "transport": self.transport, "input": self.input or "",
         }
 
 
@@ -211,8 +213,33 @@ def _unknown(table: dict, allowed: set[str], where: str) -> None:
             raise JobFileError(f"unknown key {key!r} (allowed: {near})", f"{where}.{key}" if where else key)
 
 
+def _apply_input(values: dict[str, Any], where: str) -> None:
+    """Take tokens, grid, batch, heads and head_dim from an input file; refuse contradictions."""
+    from .datafile import describe_input
+
+    try:
+        info = describe_input(values["input"], f"{where}.input")
+    except ConfigError as exc:
+        raise JobFileError(exc.message, exc.param) from None
+    if info["v_dim"] != info["head_dim"]:
+        raise JobFileError("input files need v with the head dimension of q and k", f"{where}.input")
+    if values.get("grid") is None and values.get("tokens") is None:
+        values["grid"] = info["grid"] or (info["tokens"],)
+    for key in ("batch", "heads", "head_dim"):
+        given = values.get(key)
+        if given is not None and given != info[key]:
+            raise JobFileError(f"{key} = {given} contradicts the input file ({info[key]})", f"{where}.{key}")
+        values[key] = info[key]
+    n = math.prod(values["grid"]) if values.get("grid") is not None else values["tokens"]
+    if n != info["tokens"]:
+        raise JobFileError(f"the case has {n} tokens, the input file {info['tokens']}", f"{where}.input")
+
+
 def _resolve_case(values: dict[str, Any], where: str, case_id: str, name: str) -> Case:
     """Validate one combination of case parameters, including cross-parameter rules."""
+    if values.get("input") is not None:
+        values = dict(values)
+        _apply_input(values, where)
     grid = values.get("grid")
     tokens = values.get("tokens")
     if grid is None and tokens is None:

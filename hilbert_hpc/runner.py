@@ -18,6 +18,7 @@ import numpy as np
 from .attention import resolve_ordering
 from .backends import get_backend
 from .errors import ConfigError
+from .datafile import read_rows, read_shard
 from .inputs import random_rows
 from .jobfile import Case, Job
 from .patterns import useful_flops
@@ -60,9 +61,14 @@ def check_case(case: Case, ranks: int) -> None:
                           f"or choose numpy/cupy", f"{case.case_id}.backend")
 
 
-def shard_inputs(case: Case, seed: int, layout: Layout, rank: int, batch_index: int) -> list[np.ndarray]:
-    """This rank's Q, K, V shard of one batch element, already in serialized order."""
-    positions = batch_index * case.tokens + layout.shard_natural(rank)
+def shard_inputs(case: Case, seed: int, layout: Layout, comm: Any, batch_index: int) -> list[np.ndarray]:
+    """This rank's Q, K, V shard of one batch element, already in serialized order.
+
+    From the case's input file (redistributed in parallel), else counter-based random rows.
+    """
+    if case.input:
+        return [read_shard(case.input, t, batch_index, layout, comm, case.dtype) for t in ("q", "k", "v")]
+    positions = batch_index * case.tokens + layout.shard_natural(comm.Get_rank())
     return [random_rows(seed, t, positions, case.heads, case.head_dim, case.dtype) for t in ("q", "k", "v")]
 
 
@@ -76,6 +82,8 @@ def local_accuracy(case: Case, seed: int, rows: int, output: np.ndarray, layout:
         return result
 
     def source(name: str, idx: np.ndarray) -> np.ndarray:
+        if case.input:
+            return read_rows(case.input, name, 0, idx, np.float64)
         return random_rows(seed, name, idx, case.heads, case.head_dim, case.dtype).astype(np.float64)
 
     ref = reference_rows(picked[mine], source=source, perm=IndexView(layout.natural_of),
@@ -125,7 +133,7 @@ class CaseRun:
     def run(self) -> tuple[dict, list[np.ndarray], dict]:
         """Warm-up and timed repeats; returns (per-repeat timings, host outputs, accuracy sums)."""
         c, job, be = self.case, self.job, self.be
-        inputs = [shard_inputs(c, job.seed, self.layout, self.rank, b) for b in range(c.batch)]
+        inputs = [shard_inputs(c, job.seed, self.layout, self.comm, b) for b in range(c.batch)]
         timings = {name: [] for name in PHASES + RING_COUNTERS}
         outputs: list[np.ndarray] = []
         for rep in range(job.warmup + job.repeats):

@@ -90,3 +90,21 @@ def test_exception_on_one_rank_ends_every_rank(tmp_path):
     assert time.monotonic() - t0 < 30
     assert res.returncode != 0
     assert "injected failure on rank 1" in res.stderr
+
+
+def test_file_input_on_two_ranks_equals_one_rank(tmp_path):
+    job = JOB.replace('[[cases]]\nname = "grid"\ngrid = [16, 16]\npatterns = [[64, 1], [128, 4], [256, 8]]',
+                      f'[[cases]]\nname = "file"\ninput = "{ROOT / "data" / "grid32x32.h5"}"\n'
+                      'patterns = [[64, 1], [256, 4], [1024, 16]]').replace("heads = 3\nhead_dim = 8\n", "")
+    assert "grid32x32" in job
+    (tmp_path / "job.toml").write_text(job)
+    one = mpirun(1, "-m", "hilbert_hpc", "run", "job.toml", "-o", "one.h5", cwd=tmp_path)
+    two = mpirun(2, "-m", "hilbert_hpc", "run", "job.toml", "-o", "two.h5", cwd=tmp_path)
+    assert one.returncode == 0 and two.returncode == 0, one.stderr + two.stderr
+    with h5py.File(tmp_path / "one.h5") as a, h5py.File(tmp_path / "two.h5") as b:
+        assert len(b["cases"]) == 4
+        for cid in a["cases"]:
+            out_a, out_b = a["cases"][cid]["output"][...], b["cases"][cid]["output"][...]
+            assert out_a.shape == (1, 1024, 4, 16)
+            assert np.abs(out_a - out_b).max() <= 1e-12 * np.abs(out_a).max()
+            assert b["cases"][cid]["accuracy"].attrs["max_rel_err"] < 1e-12
