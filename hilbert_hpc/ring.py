@@ -138,7 +138,7 @@ def ring_schedule(pos: int, group: int, causal: bool) -> list[tuple[int, bool, b
 
 def ring_attention(qs: Array, ks: Array, vs: Array, geom: RingPattern, causal: bool, scale: float,
                    out: Array, lse: Array, comm: Any, transport: Any, tag: int,
-                   attend_fn: AttendFn = attend, compute: bool = True) -> RingStats:
+                   attend_fn: AttendFn = attend, compute: bool = True, kernels: Any = None) -> RingStats:
     """One long pattern around its ring; merges into ``out``/``lse`` in place. Returns the counters.
 
     With ``compute=False`` only the blocks travel (the same schedule and sizes):
@@ -157,7 +157,7 @@ def ring_attention(qs: Array, ks: Array, vs: Array, geom: RingPattern, causal: b
     t0 = time.perf_counter()
     cur = geom.pack(ks, vs, pos, bufs[0])
     queries = []
-    for o in geom.offsets:
+    for o in geom.offsets if (compute and kernels is None) else ():
         rows, hs = geom.rows(pos, o), geom.heads_of(o)
         queries.append(xp.ascontiguousarray(qs[rows, hs].transpose(1, 0, 2)))
     _sync(xp)
@@ -173,7 +173,10 @@ def ring_attention(qs: Array, ks: Array, vs: Array, geom: RingPattern, causal: b
             stats.bytes_sent += cur.size * cur.dtype.itemsize
             stats.messages += 1
         t1 = time.perf_counter()
-        if compute:
+        if compute and kernels is not None:
+            kernels.ring_block(qs, cur, geom, pos, src, 0 if (causal and src == pos) else None, scale, out, lse)
+            _progress_until_done(xp, exchange)
+        elif compute:
             shift = 0 if (causal and src == pos) else None
             for i, o in enumerate(geom.offsets):
                 q = queries[i]
@@ -202,7 +205,7 @@ def ring_attention(qs: Array, ks: Array, vs: Array, geom: RingPattern, causal: b
 def ring_dilated_attention(qs: Array, ks: Array, vs: Array, *, patterns: Sequence[Pattern], comm: Any,
                            causal: bool = False, scale: float | None = None, transport: Any = None,
                            attend_fn: AttendFn = attend, stats: RingStats | None = None,
-                           sync_rings: bool = False) -> Array:
+                           sync_rings: bool = False, kernels: Any = None) -> Array:
     """Dilated attention of this rank's serialized shard (L, H, D); returns its output shard (L, H, Dv).
 
     Every rank of ``comm`` calls this with its shard (rank ``p`` owns serialized
@@ -211,7 +214,8 @@ def ring_dilated_attention(qs: Array, ks: Array, vs: Array, *, patterns: Sequenc
     plain MPI on the arrays as given (host arrays, or a CUDA-aware MPI).
     Counters are added to ``stats`` when given. ``sync_rings`` puts a barrier
     before each ring (timing studies: waits then measure communication, and the
-    barrier time, ``imbalance_s``, the load imbalance).
+    barrier time, ``imbalance_s``, the load imbalance). ``kernels`` (e.g.
+    :mod:`hilbert_hpc.fused`) replaces ``attend_fn`` + merge with fused kernels.
     """
     import math
 
@@ -226,7 +230,9 @@ def ring_dilated_attention(qs: Array, ks: Array, vs: Array, *, patterns: Sequenc
     out, lse = empty_accumulators(xp, shard, heads, dv, qs.dtype)
     local = [p for p in patterns if p.segment <= shard]
     t0 = time.perf_counter()
-    if local:
+    if local and kernels is not None:
+        kernels.local_patterns(qs, ks, vs, local, causal, scale, out, lse)
+    elif local:
         accumulate_patterns(qs, ks, vs, local, causal, scale, out, lse, attend_fn)
     _sync(xp)
     stats.local_s += time.perf_counter() - t0
@@ -238,7 +244,7 @@ def ring_dilated_attention(qs: Array, ks: Array, vs: Array, *, patterns: Sequenc
                 comm.Barrier()
                 stats.imbalance_s += time.perf_counter() - t1
             stats.add(ring_attention(qs, ks, vs, geom, causal, scale, out, lse, comm, transport, tag=100 + i,
-                                     attend_fn=attend_fn))
+                                     attend_fn=attend_fn, kernels=kernels))
     return out
 
 

@@ -128,7 +128,8 @@ class CaseRun:
             return self.be.serialized_attention(qs, ks, vs, c.patterns, c.causal, c.softmax_scale)
         return ring_dilated_attention(qs, ks, vs, patterns=c.patterns, comm=self.comm, causal=c.causal,
                                       scale=c.softmax_scale, transport=self.transport,
-                                      attend_fn=self.be.attend_fn, stats=stats, sync_rings=True)
+                                      attend_fn=self.be.attend_fn, stats=stats, sync_rings=True,
+                                      kernels=getattr(self.be, "kernels", None))
 
     def run(self) -> tuple[dict, list[np.ndarray], dict]:
         """Warm-up and timed repeats; returns (per-repeat timings, host outputs, accuracy sums)."""

@@ -16,6 +16,7 @@ BACKENDS = {
     "numpy": "hilbert_hpc.backends.numpy_backend",
     "torch": "hilbert_hpc.backends.torch_peer",
     "cupy": "hilbert_hpc.backends.cupy_backend",
+    "cuda-fp32": "hilbert_hpc.backends.cuda_fp32",
 }
 
 

@@ -1,0 +1,35 @@
+"""CUDA FP32 backend: the fused RawKernel (sm_60 features only: Pascal and newer) on CuPy arrays."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import cupy
+import numpy as np
+
+from .. import fused
+from ..blockwise import attend
+from ..dilated import empty_accumulators
+from ..patterns import Pattern
+from .cupy_backend import synchronize, to_numpy  # noqa: F401  (same array handling as the cupy backend)
+
+name = "cuda-fp32"
+attend_fn = attend
+on_gpu = True
+#: the ring uses these instead of attend + merge
+kernels = fused
+
+
+def to_device(x: Any, dtype: Any) -> cupy.ndarray:
+    """Copy to the current GPU as float32 (the only dtype of this backend)."""
+    if np.dtype(dtype) != np.float32:
+        raise ValueError("backend 'cuda-fp32' computes in float32; use dtype = \"float32\" or backend 'cupy'")
+    return cupy.ascontiguousarray(cupy.asarray(x, dtype=np.float32))
+
+
+def serialized_attention(qs: cupy.ndarray, ks: cupy.ndarray, vs: cupy.ndarray, patterns: Sequence[Pattern],
+                         causal: bool, scale: float) -> cupy.ndarray:
+    """Dilated attention of a whole serialized sequence with the fused kernel."""
+    out, lse = empty_accumulators(cupy, qs.shape[0], qs.shape[1], vs.shape[-1], qs.dtype)
+    fused.local_patterns(qs, ks, vs, patterns, causal, scale, out, lse)
+    return out

@@ -1,0 +1,45 @@
+"""Compile every kernel source for the checked architectures with NVRTC, without a GPU.
+
+``python -m hilbert_hpc.kernels.check`` (CI runs it through the tests) needs
+``cupy-cuda12x`` and ``nvidia-cuda-nvrtc-cu12``; NVRTC 12 still targets compute_61.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from . import CHECK_ARCHS, FP32_SOURCE, OPTIONS, QUERIES_PER_WARP, kernel_name, source
+
+
+def compile_ptx(arch: str, name: str = FP32_SOURCE) -> dict[str, str]:
+    """PTX size and lowered name of every instantiation of ``name`` for ``arch`` (e.g. ``compute_61``)."""
+    from cupy.cuda import nvrtc
+
+    prog = nvrtc.createProgram(source(name), name, [], [])
+    try:
+        names = [kernel_name(d) for d in QUERIES_PER_WARP]
+        for n in names:
+            nvrtc.addNameExpression(prog, n)
+        try:
+            nvrtc.compileProgram(prog, [*OPTIONS, f"-arch={arch}"])
+        except nvrtc.NVRTCError as exc:
+            raise RuntimeError(f"{name} for {arch}: {exc}\n{nvrtc.getProgramLog(prog)}") from None
+        ptx = nvrtc.getPTX(prog)
+        return {n: nvrtc.getLoweredName(prog, n) for n in names} | {"ptx_bytes": str(len(ptx))}
+    finally:
+        nvrtc.destroyProgram(prog)
+
+
+def main() -> int:
+    """Compile for every architecture in CHECK_ARCHS; print one line each."""
+    from cupy.cuda import nvrtc
+
+    print(f"NVRTC {'.'.join(map(str, nvrtc.getVersion()))}")
+    for arch in CHECK_ARCHS:
+        info = compile_ptx(arch)
+        print(f"{FP32_SOURCE} {arch}: ok, {info['ptx_bytes']} bytes of PTX")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
