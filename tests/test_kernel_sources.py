@@ -34,6 +34,21 @@ def test_fp32_kernel_compiles(arch):
     assert all(v for k, v in info.items())
 
 
+@pytest.mark.skipif(not HAVE_NVRTC, reason="needs cupy-cuda12x and nvidia-cuda-nvrtc-cu12")
+@pytest.mark.parametrize("arch", kernels.CHECK_ARCHS)
+def test_hilbert_key_kernel_compiles(arch):
+    from hilbert_hpc.kernels.check import PLAIN_SOURCES, compile_plain
+
+    assert all(compile_plain(arch, name) > 1000 for name in PLAIN_SOURCES)
+
+
+def test_every_kernel_source_is_checked():
+    from hilbert_hpc.kernels.check import PLAIN_SOURCES
+
+    on_disk = {p.name for p in kernels.KERNEL_DIR.glob("*.cu")}
+    assert on_disk == {kernels.FP32_SOURCE, *PLAIN_SOURCES}
+
+
 def test_unsupported_head_dim_is_a_clear_error():
     with pytest.raises(ValueError, match="head_dim"):
         kernels.kernel_name(48)

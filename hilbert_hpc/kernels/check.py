@@ -30,6 +30,24 @@ def compile_ptx(arch: str, name: str = FP32_SOURCE) -> dict[str, str]:
         nvrtc.destroyProgram(prog)
 
 
+def compile_plain(arch: str, name: str) -> int:
+    """Compile a source without templates for ``arch``; returns the PTX size."""
+    from cupy.cuda import nvrtc
+
+    prog = nvrtc.createProgram(source(name), name, [], [])
+    try:
+        try:
+            nvrtc.compileProgram(prog, [*OPTIONS, f"-arch={arch}"])
+        except nvrtc.NVRTCError as exc:
+            raise RuntimeError(f"{name} for {arch}: {exc}\n{nvrtc.getProgramLog(prog)}") from None
+        return len(nvrtc.getPTX(prog))
+    finally:
+        nvrtc.destroyProgram(prog)
+
+
+PLAIN_SOURCES = ("hilbert_keys.cu",)
+
+
 def main() -> int:
     """Compile for every architecture in CHECK_ARCHS; print one line each."""
     from cupy.cuda import nvrtc
@@ -38,6 +56,8 @@ def main() -> int:
     for arch in CHECK_ARCHS:
         info = compile_ptx(arch)
         print(f"{FP32_SOURCE} {arch}: ok, {info['ptx_bytes']} bytes of PTX")
+        for name in PLAIN_SOURCES:
+            print(f"{name} {arch}: ok, {compile_plain(arch, name)} bytes of PTX")
     return 0
 
 
