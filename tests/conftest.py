@@ -49,3 +49,13 @@ def rel_err(a, b) -> float:
 @pytest.fixture
 def config_factory():
     return random_config
+
+
+def gpu_available() -> bool:
+    """True when CuPy is installed and sees at least one NVIDIA GPU."""
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # noqa: BLE001 - ImportError, or CuPy without a driver (CUDARuntimeError)
+        return False

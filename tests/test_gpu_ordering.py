@@ -8,11 +8,10 @@ import pytest
 from hilbert_hpc import serialization_order
 from hilbert_hpc.hilbert import bits_for, hilbert_encode
 
+from conftest import gpu_available  # noqa: E402
+
 cupy = pytest.importorskip("cupy")
-try:
-    HAVE_GPU = cupy.cuda.runtime.getDeviceCount() > 0
-except Exception:  # noqa: BLE001 - CuPy without a driver raises CUDARuntimeError
-    HAVE_GPU = False
+HAVE_GPU = gpu_available()
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAVE_GPU, reason="needs an NVIDIA GPU")]
 

@@ -5,14 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import random_config, random_qkv, rel_err
+from conftest import gpu_available, random_config, random_qkv, rel_err
 from dense_reference import dense_dilated_attention
 
 cupy = pytest.importorskip("cupy")
-try:
-    HAVE_GPU = cupy.cuda.runtime.getDeviceCount() > 0
-except Exception:  # noqa: BLE001 - CuPy without a driver raises CUDARuntimeError
-    HAVE_GPU = False
+HAVE_GPU = gpu_available()
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAVE_GPU, reason="needs an NVIDIA GPU")]
 

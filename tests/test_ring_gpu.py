@@ -10,11 +10,10 @@ from hilbert_hpc.patterns import Pattern
 from hilbert_hpc.ring import RingStats, ring_dilated_attention
 from hilbert_hpc.sharding import Layout
 
+from conftest import gpu_available  # noqa: E402
+
 cupy = pytest.importorskip("cupy")
-try:
-    HAVE_GPU = cupy.cuda.runtime.getDeviceCount() > 0
-except Exception:  # noqa: BLE001 - CuPy without a driver raises CUDARuntimeError
-    HAVE_GPU = False
+HAVE_GPU = gpu_available()
 
 pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.gpu,
               pytest.mark.skipif(not HAVE_GPU, reason="needs an NVIDIA GPU")]
