@@ -4,7 +4,7 @@ NumPy's element-wise operations run on one core while BLAS threads only its
 own calls; spreading independent tiles over threads (NumPy releases the GIL)
 uses every core for both. The thread count is ``HILBERT_HPC_THREADS`` if set,
 else the number of cores this process may run on (so an MPI rank bound to one
-core uses one thread).
+core uses one thread), shared among the node's ranks when they are not bound.
 """
 
 from __future__ import annotations
@@ -17,15 +17,25 @@ from typing import Callable, Sequence
 from threadpoolctl import threadpool_limits
 
 
+#: launcher variables giving the number of ranks on this node
+LOCAL_SIZE_VARIABLES = ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE")
+
+
 def cpu_threads() -> int:
     """Worker threads for CPU tiles: ``HILBERT_HPC_THREADS`` or the cores in this process's affinity mask."""
     env = os.environ.get("HILBERT_HPC_THREADS")
     if env:
         return max(1, int(env))
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
-        return max(1, os.cpu_count() or 1)
+        cores = os.cpu_count() or 1
+    if cores == (os.cpu_count() or cores):
+        # not bound to a subset: share the node's cores with the other ranks on it
+        for var in LOCAL_SIZE_VARIABLES:
+            if os.environ.get(var, "").isdigit() and int(os.environ[var]) > 0:
+                return max(1, cores // int(os.environ[var]))
+    return max(1, cores)
 
 
 @lru_cache(maxsize=4)
