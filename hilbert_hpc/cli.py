@@ -48,7 +48,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             check_case(case, comm.Get_size())
 
     _collectively(comm, check_all)
-    run_job(job, output=args.output, comm=comm)
+    run_job(job, output=args.output, comm=comm, resume=args.resume)
     return 0
 
 
@@ -94,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("job", help="job file (TOML), e.g. jobs/quickstart.toml")
     run.add_argument("-o", "--output", help="results file (default: the job's [job].output)")
     run.add_argument("--transport", choices=TRANSPORTS, help="override every case's K/V transport")
+    run.add_argument("--resume", action="store_true",
+                     help="continue an existing results file: skip its complete cases, rerun unfinished ones")
     run.set_defaults(func=_cmd_run)
     bw = sub.add_parser("bandwidth", help="OSU-style ring exchange bandwidth sweep of a transport "
                                           "(raw Isend/Irecv, under mpirun)")

@@ -23,6 +23,7 @@ import h5py
 import numpy as np
 
 from .jobfile import Case, Job
+from .errors import UserError
 from .provenance import utc_now
 
 
@@ -39,12 +40,20 @@ def _attr(value: Any) -> Any:
     return value
 
 
+def params_json(case: Case) -> str:
+    """Canonical text of a case's parameters: what resuming matches on."""
+    return json.dumps(case.params(), sort_keys=True)
+
+
 class ResultsFile:
     """Writer for one results file (used by the rank that owns the file)."""
 
-    def __init__(self, path: str | Path, job: Job, provenance: dict[str, Any]) -> None:
+    def __init__(self, path: str | Path, job: Job, provenance: dict[str, Any], resume: bool = False) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if resume and self.path.exists():
+            self._reopen(provenance)
+            return
         self.h5 = h5py.File(self.path, "w")
         for key, value in provenance.items():
             self.h5.attrs[key] = _attr(value)
@@ -52,8 +61,37 @@ class ResultsFile:
         self.h5.attrs["job_path"] = job.path
         self.h5.attrs["job_text"] = job.text
         self.h5.attrs["job_settings"] = json.dumps(job.settings)
+        self.h5.attrs["resumes"] = "[]"
         self.h5.create_group("cases")
         self.h5.flush()
+
+    def _reopen(self, provenance: dict[str, Any]) -> None:
+        """Open an earlier run's file to continue it: drop unfinished cases, record the restart."""
+        try:
+            self.h5 = h5py.File(self.path, "a")
+        except OSError as exc:
+            raise UserError(f"cannot resume {str(self.path)!r}: not a readable HDF5 file ({exc})", "output") from None
+        if self.h5.attrs.get("program") != "hilbert-hpc" or "cases" not in self.h5:
+            self.h5.close()
+            raise UserError(f"cannot resume {str(self.path)!r}: not a hilbert-hpc results file", "output")
+        for cid in list(self.h5["cases"]):
+            if not self.h5["cases"][cid].attrs.get("complete", False):
+                del self.h5["cases"][cid]
+        resumes = json.loads(self.h5.attrs.get("resumes", "[]"))
+        resumes.append({"started_utc": provenance.get("started_utc"), "command_line": provenance.get("command_line"),
+                        "ranks": provenance.get("ranks"), "hosts": provenance.get("hosts")})
+        self.h5.attrs["resumes"] = json.dumps(resumes)
+        self.h5.flush()
+
+    def completed(self, case: Case) -> bool:
+        """True when the file holds this case, complete, with the same parameters; an error if they differ."""
+        group = self.h5["cases"].get(case.case_id)
+        if group is None:
+            return False
+        if group.attrs.get("params_json") != params_json(case):
+            raise UserError(f"the results file holds case {case.case_id} with other parameters; "
+                            f"resume only with the same job, or write to a new file", "output")
+        return True
 
     def write_case(self, case: Case, record: dict[str, Any], output_parts: Iterable | None = None,
                    output_shape: tuple[int, ...] | None = None) -> None:
@@ -63,6 +101,7 @@ class ResultsFile:
         output (any order, one shard at a time); they are written in natural order.
         """
         group = self.h5["cases"].create_group(case.case_id)
+        group.attrs["params_json"] = params_json(case)
         for key, value in case.params().items():
             group.attrs[key] = _attr(value)
         for key, value in record.get("attrs", {}).items():

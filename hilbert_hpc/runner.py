@@ -17,7 +17,7 @@ import numpy as np
 
 from .attention import resolve_ordering
 from .backends import get_backend
-from .errors import ConfigError
+from .errors import ConfigError, UserError
 from .datafile import read_rows, read_shard
 from .inputs import random_rows
 from .jobfile import Case, Job
@@ -238,8 +238,13 @@ def run_case(case: Case, job: Job, comm: Any, results: ResultsFile | None,
 
 
 def run_job(job: Job, output: str | None = None, stream: TextIO = sys.stdout, comm: Any = None,
-            transport: str | None = None) -> Path:
-    """Run every case of ``job`` on every rank of ``comm``; rank 0 writes the file and prints the table."""
+            transport: str | None = None, resume: bool = False) -> Path:
+    """Run every case of ``job`` on every rank of ``comm``; rank 0 writes the file and prints the table.
+
+    With ``resume`` an existing results file is continued: complete cases with
+    the same parameters are skipped, unfinished ones run again.
+    """
+    from .mpi import agree
     from .mpi import bind_gpu, world
 
     comm = comm or world()
@@ -252,7 +257,19 @@ def run_job(job: Job, output: str | None = None, stream: TextIO = sys.stdout, co
     path = Path(output or job.output)
     rank0 = comm.Get_rank() == 0
     prov = provenance(comm)
-    results = ResultsFile(path, job, prov) if rank0 else None
+    results, error, done = None, None, []
+    if rank0:
+        try:
+            results = ResultsFile(path, job, prov, resume=resume)
+            done = [c.case_id for c in job.cases if resume and results.completed(c)]
+        except UserError as exc:
+            error = exc
+            if results is not None:
+                results.close()
+    error = agree(comm, error)
+    if error is not None:
+        raise error
+    done = set(comm.bcast(done, root=0))
     table = SummaryTable(stream) if rank0 else None
     try:
         if rank0:
@@ -260,6 +277,10 @@ def run_job(job: Job, output: str | None = None, stream: TextIO = sys.stdout, co
                   f"results -> {path}", file=stream)
             table.header()
         for case in job.cases:
+            if case.case_id in done:
+                if rank0:
+                    print(f"{case.case_id}  complete in {path}, skipped", file=stream, flush=True)
+                continue
             run_case(case, job, comm, results, table)
     finally:
         if results is not None:

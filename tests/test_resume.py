@@ -1,0 +1,84 @@
+"""Checkpoint/resume: a job killed mid-run keeps its complete cases; --resume finishes it identically."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+JOB = """
+[job]
+name = "resume"
+repeats = 2
+warmup = 0
+accuracy_rows = 4
+save_output = true
+[defaults]
+heads = 4
+head_dim = 32
+dtype = "float64"
+[[cases]]
+name = "g"
+grid = [64, 64]
+patterns = [[256, 1], [1024, 4], [4096, 16]]
+[cases.sweep]
+ordering = ["natural", "hilbert"]
+causal = [false, true]
+scale = [0.1, 0.2]
+"""
+
+
+def _env() -> dict:
+    return dict(os.environ, PYTHONPATH=str(ROOT), HDF5_USE_FILE_LOCKING="FALSE")
+
+
+def _run(args, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hilbert_hpc", *args], cwd=cwd, env=_env(), capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_kill_then_resume_equals_uninterrupted(tmp_path):
+    (tmp_path / "job.toml").write_text(JOB)
+    full = _run(["run", "job.toml", "-o", "full.h5"], tmp_path)
+    assert full.returncode == 0, full.stderr
+
+    proc = subprocess.Popen([sys.executable, "-m", "hilbert_hpc", "run", "job.toml", "-o", "part.h5"], cwd=tmp_path,
+                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            start_new_session=True)
+    for line in proc.stdout:
+        if line.startswith("0001-g"):
+            os.killpg(proc.pid, signal.SIGKILL)  # in the middle of case 0002
+            break
+    proc.wait(timeout=60)
+    with h5py.File(tmp_path / "part.h5", "r") as f:
+        complete = [cid for cid, g in f["cases"].items() if g.attrs.get("complete")]
+    assert complete[:2] == ["0000-g", "0001-g"] and len(complete) < 8
+
+    resumed = _run(["run", "job.toml", "-o", "part.h5", "--resume"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.count("skipped") == len(complete)
+    with h5py.File(tmp_path / "full.h5") as a, h5py.File(tmp_path / "part.h5") as b:
+        assert sorted(a["cases"]) == sorted(b["cases"])
+        for cid in a["cases"]:
+            assert b["cases"][cid].attrs["complete"]
+            assert np.array_equal(a["cases"][cid]["output"][...], b["cases"][cid]["output"][...])
+        assert len(__import__("json").loads(b.attrs["resumes"])) == 1
+
+
+def test_resume_refuses_other_parameters_and_foreign_files(tmp_path):
+    (tmp_path / "job.toml").write_text(JOB)
+    assert _run(["run", "job.toml", "-o", "r.h5"], tmp_path).returncode == 0
+    (tmp_path / "other.toml").write_text(JOB.replace("head_dim = 32", "head_dim = 16"))
+    res = _run(["run", "other.toml", "-o", "r.h5", "--resume"], tmp_path)
+    assert res.returncode == 2 and "other parameters" in res.stderr and "Traceback" not in res.stderr
+    with h5py.File(tmp_path / "foreign.h5", "w") as f:
+        f["x"] = 1
+    res = _run(["run", "job.toml", "-o", "foreign.h5", "--resume"], tmp_path)
+    assert res.returncode == 2 and "not a hilbert-hpc results file" in res.stderr
