@@ -15,7 +15,7 @@ The compute side works on any NumPy-like array module (NumPy, CuPy).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from .blockwise import array_module, attend, merge_lse
@@ -33,18 +33,16 @@ class RingStats:
     local_s: float = 0.0
     compute_s: float = 0.0
     wait_s: float = 0.0
-    exchange_s: float = 0.0
     imbalance_s: float = 0.0
     pack_s: float = 0.0
     bytes_sent: int = 0
     messages: int = 0
     ring_steps: int = 0
-    step_log: list = field(default_factory=list)
 
     def add(self, other: "RingStats") -> None:
         """Accumulate another call's counters."""
-        for name in ("local_s", "compute_s", "wait_s", "exchange_s", "imbalance_s", "pack_s", "bytes_sent",
-                     "messages", "ring_steps"):
+        for name in ("local_s", "compute_s", "wait_s", "imbalance_s", "pack_s", "bytes_sent", "messages",
+                     "ring_steps"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
@@ -175,7 +173,6 @@ def ring_attention(qs: Array, ks: Array, vs: Array, geom: RingPattern, causal: b
         t1 = time.perf_counter()
         if compute and kernels is not None:
             kernels.ring_block(qs, cur, geom, pos, src, 0 if (causal and src == pos) else None, scale, out, lse)
-            _progress_until_done(xp, exchange)
         elif compute:
             shift = 0 if (causal and src == pos) else None
             for i, o in enumerate(geom.offsets):
@@ -188,15 +185,14 @@ def ring_attention(qs: Array, ks: Array, vs: Array, geom: RingPattern, causal: b
                 part_out, part_lse = attend_fn(q, xp.ascontiguousarray(k), xp.ascontiguousarray(v), scale, shift)
                 rows, hs = geom.rows(pos, o), geom.heads_of(o)
                 merge_lse(out[rows, hs], lse[rows, hs], part_out.transpose(1, 0, 2), part_lse.transpose(1, 0))
+        if compute:
             _progress_until_done(xp, exchange)
         t2 = time.perf_counter()
         exchange.wait()
         t3 = time.perf_counter()
         stats.compute_s += t2 - t1
-        stats.wait_s += t3 - t2 + (t1 - t_start)
-        stats.exchange_s += (t1 - t_start) + (t3 - t2)
+        stats.wait_s += (t1 - t_start) + (t3 - t2)
         stats.ring_steps += 1
-        stats.step_log.append((t2 - t1, t3 - t2))
         if recv:
             cur = nxt_buf
     return stats
@@ -252,7 +248,7 @@ def ring_transfer_only(ks: Array, vs: Array, *, patterns: Sequence[Pattern], com
                        transport: Any) -> RingStats:
     """Move the K/V blocks of every long pattern exactly as the ring does, without computing.
 
-    ``exchange_s`` of the result is the time in the transfers themselves (packing excluded).
+    ``wait_s`` of the result is then the time in the transfers themselves (packing excluded).
     """
     shard, heads, dk = ks.shape
     stats = RingStats()
