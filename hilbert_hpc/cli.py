@@ -61,6 +61,13 @@ def _cmd_bandwidth(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_maxlen(args: argparse.Namespace) -> int:
+    from .maxlen import run_search
+
+    run_search(args.study, args.output)
+    return 0
+
+
 def _cmd_info(args: argparse.Namespace) -> int:
     from .info import print_info
 
@@ -105,6 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
     bw.add_argument("--iterations", type=int, default=10, help="timed exchanges per size")
     bw.add_argument("-o", "--output", help="also write the sweep to this HDF5 file")
     bw.set_defaults(func=_cmd_bandwidth)
+    ml = sub.add_parser("maxlen", help="max-length search on one device: longest sequence that fits, "
+                                       "peak memory against the Q/K/V/O floor")
+    ml.add_argument("study", help="study file with a [search] table, e.g. jobs/max_length.toml")
+    ml.add_argument("-o", "--output", help="results file (default: the study's output)")
+    ml.set_defaults(func=_cmd_maxlen)
     info = sub.add_parser("info", help="print the environment: CPU, GPUs, MPI library, transport, versions")
     info.set_defaults(func=_cmd_info)
     env = sub.add_parser("cuda-env", help="print the exports that make PyPI Open MPI CUDA-aware "

@@ -8,6 +8,7 @@ result is merged by log-sum-exp into the running output and LSE.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -24,13 +25,14 @@ def _launch(q: Array, k: Array, v: Array, out: Array, lse: Array, *, qg: tuple, 
 
     if segments == 0 or heads == 0 or mq == 0 or mk == 0:
         return
-    fn = kernels.fp32_kernel(head_dim)
-    bq = kernels.WARPS * kernels.QUERIES_PER_WARP[head_dim]
-    grid = (segments * heads, -(-mq // bq))
+    align = math.gcd(*qg, *kg, *vg, 16)
+    chosen = kernels.select_fp32(head_dim, align)
+    fn = kernels.compiled(chosen)
+    grid = (segments * heads, -(-mq // chosen.block_queries))
     args = (q, k, v, out, lse, *(np.int64(x) for x in (*qg, *kg, *vg, *lg)),
             np.int32(heads), np.int32(mq), np.int32(mk), np.int32(shift is not None),
             np.int32(shift or 0), np.float32(scale))
-    fn(grid, (kernels.WARPS * 32,), args, shared_mem=kernels.shared_bytes(head_dim))
+    fn(grid, (chosen.threads,), args, shared_mem=chosen.shared_bytes)
 
 
 def check_arrays(*arrays: Array) -> None:

@@ -30,15 +30,12 @@ def _uniform(counters: Any, key: np.uint64, xp: ModuleType) -> Any:
     return (bits.astype(np.float64) + 0.5) * (1.0 / 9007199254740992.0)
 
 
-def random_rows(seed: int, tensor: str, positions: Any, heads: int, head_dim: int,
-                dtype: Any = np.float32, xp: ModuleType = np) -> Any:
-    """Standard-normal rows (len(positions), heads, head_dim) for natural token positions.
+#: elements generated per chunk (bounds the float64 temporaries of ``random_rows``)
+CHUNK_ELEMENTS = 1 << 24
 
-    ``tensor`` is ``"q"``, ``"k"`` or ``"v"``. Box-Muller over two SplitMix64 streams
-    keyed by (seed, tensor); element (n, h, d) uses counter ``(n*heads + h)*head_dim + d``.
-    """
+
+def _random_block(key: np.uint64, positions: Any, heads: int, head_dim: int, dtype: Any, xp: ModuleType) -> Any:
     with np.errstate(over="ignore"):
-        key = _splitmix64(np.uint64(seed & 0xFFFFFFFFFFFFFFFF) * np.uint64(4) + np.uint64(STREAMS[tensor]), np)
         pos = xp.asarray(positions, dtype=np.uint64).reshape(-1, 1, 1)
         h = xp.arange(heads, dtype=np.uint64).reshape(1, -1, 1)
         d = xp.arange(head_dim, dtype=np.uint64).reshape(1, 1, -1)
@@ -47,6 +44,28 @@ def random_rows(seed: int, tensor: str, positions: Any, heads: int, head_dim: in
         u2 = _uniform(counter + np.uint64(1), key, xp)
     z = xp.sqrt(-2.0 * xp.log(u1)) * xp.cos((2.0 * np.pi) * u2)
     return z.astype(dtype)
+
+
+def random_rows(seed: int, tensor: str, positions: Any, heads: int, head_dim: int,
+                dtype: Any = np.float32, xp: ModuleType = np) -> Any:
+    """Standard-normal rows (len(positions), heads, head_dim) for natural token positions.
+
+    ``tensor`` is ``"q"``, ``"k"`` or ``"v"``. Box-Muller over two SplitMix64 streams
+    keyed by (seed, tensor); element (n, h, d) uses counter ``(n*heads + h)*head_dim + d``.
+    ``xp`` (NumPy or CuPy) is where the rows are made; they are made in chunks of
+    rows, so temporaries stay small however long the sequence.
+    """
+    with np.errstate(over="ignore"):
+        key = _splitmix64(np.uint64(seed & 0xFFFFFFFFFFFFFFFF) * np.uint64(4) + np.uint64(STREAMS[tensor]), np)
+    positions = xp.asarray(positions, dtype=np.uint64).reshape(-1)
+    n = positions.shape[0]
+    step = max(1, CHUNK_ELEMENTS // (heads * head_dim))
+    if n <= step:
+        return _random_block(key, positions, heads, head_dim, dtype, xp)
+    out = xp.empty((n, heads, head_dim), dtype=dtype)
+    for start in range(0, n, step):
+        out[start:start + step] = _random_block(key, positions[start:start + step], heads, head_dim, dtype, xp)
+    return out
 
 
 def random_qkv(seed: int, positions: Any, heads: int, head_dim: int, dtype: Any = np.float32,

@@ -296,18 +296,23 @@ def expand_cases(raw_cases: Any, defaults: dict[str, Any]) -> list[Case]:
     return cases
 
 
-def load_job(path: str | Path, text: str | None = None) -> Job:
-    """Read, validate and expand a job file; raises JobFileError naming the problem."""
-    path = Path(path)
+def read_toml(path: str | Path, text: str | None = None) -> tuple[dict, str]:
+    """The parsed document and text of a TOML study file; JobFileError if unreadable or not TOML."""
     if text is None:
         try:
-            text = path.read_text()
+            text = Path(path).read_text()
         except OSError as exc:
             raise JobFileError(f"cannot read job file: {exc.strerror}", str(path)) from None
     try:
-        doc = tomllib.loads(text)
+        return tomllib.loads(text), text
     except tomllib.TOMLDecodeError as exc:
         raise JobFileError(f"not valid TOML: {exc}", str(path)) from None
+
+
+def load_job(path: str | Path, text: str | None = None) -> Job:
+    """Read, validate and expand a job file; raises JobFileError naming the problem."""
+    path = Path(path)
+    doc, text = read_toml(path, text)
     _unknown(doc, {"job", "defaults", "cases"}, "")
     job_table = dict(_check_table(doc.get("job", {}), "job"))
     _unknown(job_table, set(JOB_KEYS), "job")

@@ -109,7 +109,7 @@ class ResultsFile:
         timings = group.create_group("timings")
         for phase, values in record["timings"].items():
             ds = timings.create_dataset(phase, data=np.asarray(values, dtype=np.float64))
-            ds.attrs["units"] = "B" if phase.startswith("bytes") else "s"
+            ds.attrs["units"] = "B" if "bytes" in phase else "s"
             ds.attrs["axes"] = "rank, repeat"
         for name in ("metrics", "accuracy"):
             g = group.create_group(name)

@@ -15,6 +15,7 @@ from typing import Any, Iterator, TextIO
 
 import numpy as np
 
+from . import device_memory
 from .attention import resolve_ordering
 from .backends import get_backend
 from .errors import ConfigError, UserError
@@ -31,10 +32,12 @@ from .table import SummaryTable
 
 PHASES = ("serialize", "attention", "unserialize", "total")
 RING_COUNTERS = ("local_s", "compute_s", "wait_s", "imbalance_s", "pack_s", "transfer_only_s", "bytes_sent")
+#: per-repeat measurements besides times: device memory high-water mark (B)
+MEMORY = ("peak_device_bytes",)
 
 UNITS = {"tokens_per_s": "1/s", "attention_tokens_per_s": "1/s", "useful_tflops": "TFLOP/s",
          "useful_flops": "FLOP", "median_attention_s": "s", "median_total_s": "s", "ring_gb_per_s": "GB/s",
-         "overlap": "1", "bytes_sent_per_rank": "B"}
+         "overlap": "1", "bytes_sent_per_rank": "B", "peak_device_bytes": "B", "memory_ratio": "1"}
 
 
 def case_layout(case: Case, ranks: int) -> Layout:
@@ -61,15 +64,29 @@ def check_case(case: Case, ranks: int) -> None:
                           f"or choose numpy/cupy", f"{case.case_id}.backend")
 
 
-def shard_inputs(case: Case, seed: int, layout: Layout, comm: Any, batch_index: int) -> list[np.ndarray]:
+def generation_module(on_gpu: bool) -> Any:
+    """Where random inputs are made: CuPy on a GPU backend when a GPU is present, else NumPy."""
+    if on_gpu:
+        try:
+            import cupy
+
+            if cupy.cuda.runtime.getDeviceCount() > 0:
+                return cupy
+        except Exception:  # noqa: BLE001 - no CuPy or no usable GPU: make them on the host
+            pass
+    return np
+
+
+def shard_inputs(case: Case, seed: int, layout: Layout, comm: Any, batch_index: int, xp: Any = np) -> list[Any]:
     """This rank's Q, K, V shard of one batch element, already in serialized order.
 
-    From the case's input file (redistributed in parallel), else counter-based random rows.
+    From the case's input file (redistributed in parallel), else counter-based
+    random rows, made directly in ``xp`` (the same values on the host and on a GPU).
     """
     if case.input:
         return [read_shard(case.input, t, batch_index, layout, comm, case.dtype) for t in ("q", "k", "v")]
     positions = batch_index * case.tokens + layout.shard_natural(comm.Get_rank())
-    return [random_rows(seed, t, positions, case.heads, case.head_dim, case.dtype) for t in ("q", "k", "v")]
+    return [random_rows(seed, t, positions, case.heads, case.head_dim, case.dtype, xp) for t in ("q", "k", "v")]
 
 
 def local_accuracy(case: Case, seed: int, rows: int, output: np.ndarray, layout: Layout, rank: int) -> dict:
@@ -134,8 +151,10 @@ class CaseRun:
     def run(self) -> tuple[dict, list[np.ndarray], dict]:
         """Warm-up and timed repeats; returns (per-repeat timings, host outputs, accuracy sums)."""
         c, job, be = self.case, self.job, self.be
-        inputs = [shard_inputs(c, job.seed, self.layout, self.comm, b) for b in range(c.batch)]
-        timings = {name: [] for name in PHASES + RING_COUNTERS}
+        xp = generation_module(be.on_gpu)
+        inputs = [shard_inputs(c, job.seed, self.layout, self.comm, b, xp) for b in range(c.batch)]
+        device_memory.reset_peak()
+        timings = {name: [] for name in PHASES + RING_COUNTERS + MEMORY}
         outputs: list[np.ndarray] = []
         for rep in range(job.warmup + job.repeats):
             phase_s = dict.fromkeys(PHASES, 0.0)
@@ -152,6 +171,7 @@ class CaseRun:
                 be.synchronize()
                 t2 = time.perf_counter()
                 outputs.append(be.to_numpy(out_s))
+                del out_s                      # before the next repeat allocates its output
                 t3 = time.perf_counter()
                 phase_s["serialize"] += t1 - t0
                 phase_s["attention"] += t2 - t1
@@ -167,6 +187,7 @@ class CaseRun:
                 for name in ("local_s", "compute_s", "wait_s", "imbalance_s", "pack_s", "bytes_sent"):
                     timings[name].append(float(getattr(stats, name)))
                 timings["transfer_only_s"].append(transfer_only)
+                timings["peak_device_bytes"].append(float(device_memory.peak_bytes()))
         accuracy = local_accuracy(c, job.seed, job.accuracy_rows, outputs[0], self.layout, self.rank)
         return timings, outputs, accuracy
 
@@ -180,7 +201,15 @@ def derive_metrics(case: Case, timings: dict[str, np.ndarray]) -> dict[str, floa
     metrics = {"tokens_per_s": tokens / tot, "attention_tokens_per_s": tokens / att,
                "useful_tflops": flops / att / 1e12, "useful_flops": float(flops),
                "median_attention_s": att, "median_total_s": tot,
-               "ring_gb_per_s": np.nan, "overlap": np.nan, "bytes_sent_per_rank": 0.0}
+               "ring_gb_per_s": np.nan, "overlap": np.nan, "bytes_sent_per_rank": 0.0,
+               "peak_device_bytes": 0.0, "memory_ratio": np.nan}
+    peak = timings["peak_device_bytes"].max(axis=1)
+    if peak.max() > 0:
+        # against the floor: this rank's Q, K, V and O (the largest shard)
+        floor = 4 * -(-case.tokens // peak.shape[0]) * case.batch * case.heads * case.head_dim \
+            * np.dtype(case.dtype).itemsize
+        metrics["peak_device_bytes"] = float(peak.max())
+        metrics["memory_ratio"] = float(peak.max()) / floor
     sent = timings["bytes_sent"]
     if sent.max() > 0:
         only = timings["transfer_only_s"]

@@ -26,11 +26,13 @@ def test_nvrtc_present_where_required():
 
 @pytest.mark.skipif(not HAVE_NVRTC, reason="needs cupy-cuda12x and nvidia-cuda-nvrtc-cu12")
 @pytest.mark.parametrize("arch", kernels.CHECK_ARCHS)
-def test_fp32_kernel_compiles(arch):
+@pytest.mark.parametrize("name", [kernels.FP32_SOURCE, kernels.TILED_SOURCE])
+def test_fp32_kernels_compile(arch, name):
     from hilbert_hpc.kernels.check import compile_ptx
 
-    info = compile_ptx(arch)
+    info = compile_ptx(arch, name)
     assert int(info["ptx_bytes"]) > 1000
+    assert len(info) - 1 == len(kernels.HEAD_DIMS) * (2 if name == kernels.TILED_SOURCE else 1)
     assert all(v for k, v in info.items())
 
 
@@ -46,7 +48,7 @@ def test_every_kernel_source_is_checked():
     from hilbert_hpc.kernels.check import PLAIN_SOURCES
 
     on_disk = {p.name for p in kernels.KERNEL_DIR.glob("*.cu")}
-    assert on_disk == {kernels.FP32_SOURCE, *PLAIN_SOURCES}
+    assert on_disk == {kernels.FP32_SOURCE, kernels.TILED_SOURCE, *PLAIN_SOURCES}
 
 
 def test_unsupported_head_dim_is_a_clear_error():
@@ -55,4 +57,21 @@ def test_unsupported_head_dim_is_a_clear_error():
 
 
 def test_shared_memory_fits_pascal():
-    assert all(kernels.shared_bytes(d) <= 48 * 1024 for d in kernels.QUERIES_PER_WARP)
+    """Every head_dim has a variant within Pascal's 48 KiB per block; the tiled64 one for D <= 64."""
+    assert all(kernels.shared_bytes(d) <= 48 * 1024 for d in kernels.HEAD_DIMS)
+    assert all(kernels.variant("tiled64", d).shared_bytes <= 48 * 1024 for d in (32, 64))
+
+
+def test_variant_selection_respects_shared_memory_and_alignment(monkeypatch):
+    monkeypatch.delenv(kernels.VARIANT_ENV, raising=False)
+    monkeypatch.setattr(kernels, "_shared_limit", lambda: 48 * 1024)   # a Pascal GPU
+    assert kernels.select_fp32(64).variant == "tiled64"
+    assert kernels.select_fp32(128).variant == "warp"
+    assert kernels.select_fp32(64, align=2).variant == "warp"
+    monkeypatch.setattr(kernels, "_shared_limit", lambda: 227 * 1024)  # H100
+    assert kernels.select_fp32(128).variant == kernels.PREFERENCE[0]
+    monkeypatch.setenv(kernels.VARIANT_ENV, "warp")
+    assert kernels.select_fp32(64).variant == "warp"
+    monkeypatch.setenv(kernels.VARIANT_ENV, "tiled9")
+    with pytest.raises(ValueError, match="variant"):
+        kernels.select_fp32(64)

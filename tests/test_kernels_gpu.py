@@ -18,18 +18,37 @@ from hilbert_hpc.inputs import random_rows  # noqa: E402
 from hilbert_hpc.patterns import Pattern  # noqa: E402
 
 
-@pytest.mark.parametrize("seed", range(16))
-def test_fused_kernel_matches_float64_reference(seed):
-    cfg = random_config(seed + 500, dims=(32, 64, 96, 128))
+def fused_against_reference(cfg: dict, seed: int) -> tuple:
+    """(fp32 inputs, fused output, error against the float64 dense reference) of a random problem."""
     q, k, v = random_qkv(cfg, seed)
     perm = serialization_order(cfg["grid"], cfg["ordering"])
     want = dense_dilated_attention(q, k, v, cfg["patterns"], cfg["causal"], perm)
-    got = dilated_attention(*(x.astype(np.float32) for x in (q, k, v)), patterns=cfg["patterns"],
-                            causal=cfg["causal"], grid=cfg["grid"], ordering=cfg["ordering"], backend="cuda-fp32")
-    assert rel_err(got, want) < 1e-5, cfg
-    ref32 = dilated_attention(*(x.astype(np.float32) for x in (q, k, v)), patterns=cfg["patterns"],
+    inputs32 = [x.astype(np.float32) for x in (q, k, v)]
+    got = dilated_attention(*inputs32, patterns=cfg["patterns"], causal=cfg["causal"], grid=cfg["grid"],
+                            ordering=cfg["ordering"], backend="cuda-fp32")
+    return inputs32, got, rel_err(got, want)
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_fused_kernel_matches_float64_reference(seed):
+    cfg = random_config(seed + 500, dims=(32, 64, 96, 128))
+    (q, k, v), got, err = fused_against_reference(cfg, seed)
+    assert err < 1e-5, cfg
+    ref32 = dilated_attention(q, k, v, patterns=cfg["patterns"],
                               causal=cfg["causal"], grid=cfg["grid"], ordering=cfg["ordering"], backend="numpy")
     assert rel_err(got, ref32) < 1e-5
+
+
+@pytest.mark.parametrize("variant", ["warp", "tiled64", "tiled128"])
+@pytest.mark.parametrize("seed", range(6))
+def test_every_kernel_variant_matches_float64_reference(variant, seed, monkeypatch):
+    from hilbert_hpc import kernels
+
+    monkeypatch.setenv(kernels.VARIANT_ENV, variant)
+    cfg = random_config(seed + 700, dims=(32, 64, 96, 128))
+    if kernels.variant(variant, cfg["head_dim"]).shared_bytes > kernels._shared_limit():
+        pytest.skip(f"{variant} for head_dim {cfg['head_dim']} does not fit this GPU")
+    assert fused_against_reference(cfg, seed)[2] < 1e-5, cfg
 
 
 def test_large_magnitude_inputs_stay_finite():

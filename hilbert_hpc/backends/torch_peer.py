@@ -30,8 +30,13 @@ def device() -> torch.device:
 
 
 def to_device(x: Any, dtype: Any) -> torch.Tensor:
-    """A NumPy array (or tensor) as a contiguous tensor of ``dtype`` on ``device()``."""
-    t = x if isinstance(x, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(x))
+    """A NumPy array, a CUDA array (CuPy) or a tensor as a contiguous tensor of ``dtype`` on ``device()``."""
+    if isinstance(x, torch.Tensor):
+        t = x
+    elif hasattr(x, "__cuda_array_interface__"):
+        t = torch.as_tensor(x, device=device())
+    else:
+        t = torch.from_numpy(np.ascontiguousarray(x))
     return t.to(device=device(), dtype=_DTYPES[np.dtype(dtype)]).contiguous()
 
 

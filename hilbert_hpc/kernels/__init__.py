@@ -1,43 +1,107 @@
-"""Kernel provider: CUDA sources in this folder, compiled once per (source, options, architecture).
+"""Kernel provider: CUDA sources in this folder, compiled once per (variant, head_dim, device).
 
-The FP32 forward kernel (``dilated_fwd_fp32.cu``) uses only sm_60 features.
+Two FP32 forward kernels, both with sm_60 features only (Pascal and newer),
+same arguments and same in-place log-sum-exp merge:
+
+* ``warp`` (``dilated_fwd_fp32.cu``): each warp owns a few queries; smallest
+  shared memory, any row alignment.
+* ``tiled64`` / ``tiled128`` (``dilated_fwd_fp32_tiled.cu``): 256 threads
+  register-tile a 64- or 128-query x 64-key score block (float4 loads, rows
+  aligned to 4 elements); the fast path wherever its shared memory fits.
+
+``select_fp32`` picks the first variant of ``PREFERENCE`` that fits the
+device; ``HILBERT_HPC_FP32_KERNEL`` forces one (for benchmarks and tests).
 CUDA 13 cannot target compute capability < 7.5: on Pascal install the
 ``cuda12`` extra (``cupy-cuda12x``).
 """
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 KERNEL_DIR = Path(__file__).resolve().parent
 FP32_SOURCE = "dilated_fwd_fp32.cu"
-#: head dimensions with an instantiated fast path, and queries per warp for each
+TILED_SOURCE = "dilated_fwd_fp32_tiled.cu"
+#: head dimensions with an FP32 fast path, and queries per warp of the warp variant
 QUERIES_PER_WARP = {32: 8, 64: 8, 96: 4, 128: 4}
+HEAD_DIMS = tuple(QUERIES_PER_WARP)
 WARPS = 4
 KEY_TILE = 32
+TILED_THREADS = 256
+TILED_KEYS = 64
+#: FP32 variants, fastest first (measured on H100/H200, docs/performance.md)
+PREFERENCE = ("tiled128", "tiled64", "warp")
 #: architectures CI compiles every kernel for (NVRTC 12, no GPU needed)
 CHECK_ARCHS = ("compute_61", "compute_70", "compute_80", "compute_90")
 OPTIONS = ("-std=c++14",)
+#: headers the sources include, inlined by ``source`` (so compile caches see their text)
+HEADERS = ("common.cuh",)
+VARIANT_ENV = "HILBERT_HPC_FP32_KERNEL"
+PASCAL_SHARED = 48 * 1024
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One FP32 kernel variant for one head dimension: what to compile and how to launch it."""
+
+    variant: str
+    head_dim: int
+    source: str
+    name: str
+    threads: int
+    block_queries: int
+    shared_bytes: int
+    #: row offsets must be multiples of this many elements
+    align: int
 
 
 def source(name: str = FP32_SOURCE) -> str:
-    """Text of a kernel source file."""
-    return (KERNEL_DIR / name).read_text()
+    """Text of a kernel source file, with this folder's headers inlined."""
+    text = (KERNEL_DIR / name).read_text()
+    for header in HEADERS:
+        text = text.replace(f'#include "{header}"', (KERNEL_DIR / header).read_text())
+    return text
 
 
-def kernel_name(head_dim: int) -> str:
-    """Template instantiation of the FP32 kernel for ``head_dim``."""
+def _check_head_dim(head_dim: int) -> None:
     if head_dim not in QUERIES_PER_WARP:
         raise ValueError(f"the fused FP32 kernel supports head_dim in {sorted(QUERIES_PER_WARP)}, got {head_dim}; "
                          f"use backend 'cupy' for other head dimensions")
+
+
+def kernel_name(head_dim: int) -> str:
+    """Template instantiation of the warp FP32 kernel for ``head_dim``."""
+    _check_head_dim(head_dim)
     return f"dilated_fwd_fp32<{head_dim},{QUERIES_PER_WARP[head_dim]}>"
 
 
 def shared_bytes(head_dim: int) -> int:
-    """Dynamic shared memory of one block (fits Pascal's 48 KiB for every supported head_dim)."""
+    """Dynamic shared memory of one block of the warp variant (fits Pascal's 48 KiB for every head_dim)."""
     bq = WARPS * QUERIES_PER_WARP[head_dim]
     return 4 * (bq * head_dim + 2 * KEY_TILE * (head_dim + 1) + bq * KEY_TILE)
+
+
+def variant(name: str, head_dim: int) -> Variant:
+    """The launch description of FP32 variant ``name`` for ``head_dim``."""
+    _check_head_dim(head_dim)
+    if name == "warp":
+        return Variant("warp", head_dim, FP32_SOURCE, kernel_name(head_dim), WARPS * 32,
+                       WARPS * QUERIES_PER_WARP[head_dim], shared_bytes(head_dim), 1)
+    if name in ("tiled64", "tiled128"):
+        bq = int(name[5:])
+        floats = head_dim * bq + max(head_dim * TILED_KEYS, TILED_KEYS * bq) + TILED_KEYS * head_dim
+        return Variant(name, head_dim, TILED_SOURCE, f"dilated_fwd_fp32_tiled<{head_dim},{bq}>", TILED_THREADS,
+                       bq, 4 * floats, 4)
+    raise ValueError(f"unknown FP32 kernel variant {name!r}; choose one of {', '.join(PREFERENCE)}")
+
+
+def all_variants() -> list[Variant]:
+    """Every (variant, head_dim) instantiation, for the compile checks."""
+    return [variant(v, d) for v in PREFERENCE for d in HEAD_DIMS]
 
 
 def check_device() -> tuple[int, int]:
@@ -54,12 +118,46 @@ def check_device() -> tuple[int, int]:
     return cc, runtime
 
 
+def _shared_limit() -> int:
+    """Largest dynamic shared memory one block may opt in to on the current device."""
+    import cupy
+
+    attrs = cupy.cuda.Device().attributes
+    return int(attrs.get("MaxSharedMemoryPerBlockOptin", attrs.get("MaxSharedMemoryPerBlock", PASCAL_SHARED)))
+
+
+def select_fp32(head_dim: int, align: int = 4) -> Variant:
+    """The FP32 variant to use on this device for ``head_dim`` and rows aligned to ``align`` elements."""
+    forced = os.environ.get(VARIANT_ENV)
+    if forced:
+        chosen = variant(forced, head_dim)
+        if chosen.shared_bytes > _shared_limit():
+            raise RuntimeError(f"{VARIANT_ENV}={forced}: needs {chosen.shared_bytes} bytes of shared memory per "
+                               f"block for head_dim {head_dim}, this GPU allows {_shared_limit()}")
+        if align % chosen.align:
+            raise RuntimeError(f"{VARIANT_ENV}={forced}: rows are not aligned to {chosen.align} elements")
+        return chosen
+    limit = _shared_limit()
+    for name in PREFERENCE:
+        chosen = variant(name, head_dim)
+        if chosen.shared_bytes <= limit and align % chosen.align == 0:
+            return chosen
+    raise RuntimeError("no FP32 kernel variant fits this GPU")  # pragma: no cover - warp always fits
+
+
 @lru_cache(maxsize=None)
-def fp32_kernel(head_dim: int):
-    """The compiled FP32 kernel for ``head_dim`` on the current device (cached)."""
+def compiled(v: Variant) -> Any:
+    """The compiled kernel of variant ``v`` on the current device (cached)."""
     import cupy
 
     check_device()
-    name = kernel_name(head_dim)
-    module = cupy.RawModule(code=source(), options=OPTIONS, name_expressions=[name])
-    return module.get_function(name)
+    module = cupy.RawModule(code=source(v.source), options=OPTIONS, name_expressions=[v.name])
+    fn = module.get_function(v.name)
+    if v.shared_bytes > PASCAL_SHARED:
+        fn.max_dynamic_shared_size_bytes = v.shared_bytes
+    return fn
+
+
+def fp32_kernel(head_dim: int) -> Any:
+    """The compiled warp-variant FP32 kernel for ``head_dim`` (kept for callers that launch it directly)."""
+    return compiled(variant("warp", head_dim))

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import sys
 
-from . import CHECK_ARCHS, FP32_SOURCE, OPTIONS, QUERIES_PER_WARP, kernel_name, source
+from . import CHECK_ARCHS, FP32_SOURCE, OPTIONS, TILED_SOURCE, all_variants, source
+
+TEMPLATE_SOURCES = (FP32_SOURCE, TILED_SOURCE)
 
 
 def compile_ptx(arch: str, name: str = FP32_SOURCE) -> dict[str, str]:
@@ -17,7 +19,7 @@ def compile_ptx(arch: str, name: str = FP32_SOURCE) -> dict[str, str]:
 
     prog = nvrtc.createProgram(source(name), name, [], [])
     try:
-        names = [kernel_name(d) for d in QUERIES_PER_WARP]
+        names = [v.name for v in all_variants() if v.source == name]
         for n in names:
             nvrtc.addNameExpression(prog, n)
         try:
@@ -54,8 +56,9 @@ def main() -> int:
 
     print(f"NVRTC {'.'.join(map(str, nvrtc.getVersion()))}")
     for arch in CHECK_ARCHS:
-        info = compile_ptx(arch)
-        print(f"{FP32_SOURCE} {arch}: ok, {info['ptx_bytes']} bytes of PTX")
+        for name in TEMPLATE_SOURCES:
+            info = compile_ptx(arch, name)
+            print(f"{name} {arch}: ok, {len(info) - 1} instantiations, {info['ptx_bytes']} bytes of PTX")
         for name in PLAIN_SOURCES:
             print(f"{name} {arch}: ok, {compile_plain(arch, name)} bytes of PTX")
     return 0

@@ -18,9 +18,10 @@
 // scores key j against the warp's queries, the softmax statistics are reduced
 // with shuffles, and each lane accumulates D/32 output columns.
 
+#include "common.cuh"
+
 #define WARPS 4
 #define KTILE 32
-#define NEG_INF (-__int_as_float(0x7f800000))
 
 struct Geometry {
     long long q_base, q_seg, q_head, q_row;
@@ -34,25 +35,9 @@ struct Geometry {
     float scale;
 };
 
-__device__ __forceinline__ float warp_max(float x) {
-    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-    return x;
-}
-
-__device__ __forceinline__ float warp_sum(float x) {
-    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-    return x;
-}
-
 template <int D, int QPW>
 __global__ void __launch_bounds__(WARPS * 32)
-dilated_fwd_fp32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-                 float* __restrict__ out, float* __restrict__ lse,
-                 long long q_base, long long q_seg, long long q_head, long long q_row,
-                 long long k_base, long long k_seg, long long k_head, long long k_row,
-                 long long v_base, long long v_seg, long long v_head, long long v_row,
-                 long long l_base, long long l_seg, long long l_head, long long l_row,
-                 int heads, int mq, int mk, int causal, int causal_shift, float scale)
+dilated_fwd_fp32(DILATED_FWD_PARAMS)
 {
     const Geometry g = {q_base, q_seg, q_head, q_row, k_base, k_seg, k_head, k_row,
                         v_base, v_seg, v_head, v_row, l_base, l_seg, l_head, l_row,
@@ -120,13 +105,13 @@ dilated_fwd_fp32(const float* __restrict__ q, const float* __restrict__ k, const
             const int i = q0 + a;
             const bool visible = j < kend && i < g.mq && (!g.causal || j <= i + g.causal_shift);
             const float sc = visible ? s[a] : NEG_INF;
-            const float m_new = fmaxf(m[a], warp_max(sc));
+            const float m_new = fmaxf(m[a], lanes_max<32>(sc));
             float p = 0.0f, alpha = 1.0f;
             if (m_new != NEG_INF) {
                 p = visible ? expf(sc - m_new) : 0.0f;
                 alpha = (m[a] == NEG_INF) ? 0.0f : expf(m[a] - m_new);
             }
-            l[a] = l[a] * alpha + warp_sum(p);
+            l[a] = l[a] * alpha + lanes_sum<32>(p);
 #pragma unroll
             for (int c = 0; c < C; ++c) acc[a][c] *= alpha;
             m[a] = m_new;
@@ -155,20 +140,16 @@ dilated_fwd_fp32(const float* __restrict__ q, const float* __restrict__ k, const
         if (i >= g.mq || l[a] <= 0.0f) continue;          // no visible key: nothing to merge
         const float mine = m[a] + logf(l[a]);
         const long long lpos = loff + i * g.l_row;
-        const float old = lse[lpos];
-        const float mx = fmaxf(old, mine);
-        const float wa = (old == NEG_INF) ? 0.0f : expf(old - mx);
-        const float wb = expf(mine - mx);
-        const float den = wa + wb;
+        const MergeWeights w = merge_weights(lse[lpos], mine);
         const float inv_l = 1.0f / l[a];
         const long long orow = qoff + i * g.q_row;
 #pragma unroll
         for (int c = 0; c < C; ++c) {
             const long long pos = orow + lane + 32 * c;
-            const float prev = (wa == 0.0f) ? 0.0f : out[pos];
-            out[pos] = (prev * wa + acc[a][c] * inv_l * wb) / den;
+            const float prev = (w.wa == 0.0f) ? 0.0f : out[pos];
+            out[pos] = (prev * w.wa + acc[a][c] * inv_l * w.wb) / w.den;
         }
         __syncwarp();
-        if (lane == 0) lse[lpos] = mx + logf(den);
+        if (lane == 0) lse[lpos] = w.mx + logf(w.den);
     }
 }

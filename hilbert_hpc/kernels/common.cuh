@@ -1,0 +1,42 @@
+// Pieces shared by the FP32 forward kernels: -inf, lane reductions, the log-sum-exp merge weights.
+#pragma once
+
+#define NEG_INF (-__int_as_float(0x7f800000))
+
+// The arguments of every FP32 forward kernel (element offsets: base, segment, head and row strides).
+#define DILATED_FWD_PARAMS                                                                                  \
+    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,                \
+    float* __restrict__ out, float* __restrict__ lse,                                                     \
+    long long q_base, long long q_seg, long long q_head, long long q_row,                                 \
+    long long k_base, long long k_seg, long long k_head, long long k_row,                                 \
+    long long v_base, long long v_seg, long long v_head, long long v_row,                                 \
+    long long l_base, long long l_seg, long long l_head, long long l_row,                                 \
+    int heads, int mq, int mk, int causal, int causal_shift, float scale
+
+// max / sum over groups of WIDTH consecutive lanes (WIDTH a power of two <= 32)
+template <int WIDTH>
+__device__ __forceinline__ float lanes_max(float x) {
+    for (int o = WIDTH / 2; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+
+template <int WIDTH>
+__device__ __forceinline__ float lanes_sum(float x) {
+    for (int o = WIDTH / 2; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
+// Merging a new partial result (log-sum-exp `mine`) into a running one (`old`, -inf for none):
+// out = (old_out * wa + new_out * wb) / den and lse = mx + log(den).
+struct MergeWeights {
+    float mx, wa, wb, den;
+};
+
+__device__ __forceinline__ MergeWeights merge_weights(float old, float mine) {
+    MergeWeights w;
+    w.mx = fmaxf(old, mine);
+    w.wa = (old == NEG_INF) ? 0.0f : expf(old - w.mx);
+    w.wb = expf(mine - w.mx);
+    w.den = w.wa + w.wb;
+    return w;
+}

@@ -1,0 +1,77 @@
+"""The max-length search on the CPU: doubling, bisection, the longest fit checked, clear errors."""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import pytest
+
+from hilbert_hpc import inputs, maxlen
+from hilbert_hpc.cli import main
+from hilbert_hpc.errors import JobFileError
+
+STUDY = """
+[search]
+name = "tiny"
+backends = ["numpy"]
+heads = 2
+head_dim = 16
+local_patterns = [[64, 1], [256, 4]]
+global_rows = 64
+start = 256
+limit = 2048
+accuracy_rows = 3
+"""
+
+
+def test_search_bisects_to_the_largest_length_that_fits(tmp_path, monkeypatch):
+    study = tmp_path / "s.toml"
+    study.write_text(STUDY)
+    real = maxlen.trial
+
+    def limited(search, backend, tokens, check_rows=0):
+        if tokens > 1280:                              # pretend the device holds at most 1280 tokens
+            return {**real(search, backend, 256), "tokens": tokens, "fits": False}
+        return real(search, backend, tokens, check_rows)
+
+    monkeypatch.setattr(maxlen, "trial", limited)
+    out = maxlen.run_search(study, tmp_path / "m.h5")
+    with h5py.File(out) as f:
+        tokens, fits, longest = (f["trials"][k][()] for k in ("tokens", "fits", "longest"))
+        err = f["trials"]["max_rel_err"][()]
+    assert list(tokens[:4]) == [256, 512, 1024, 2048] and not fits[3]
+    assert tokens[longest][0] == 1280 and all(t % 256 == 0 for t in tokens)
+    assert err[longest][0] < 1e-5                      # the longest run is checked against float64
+
+
+def test_limit_is_reported_when_everything_fits(tmp_path, capsys):
+    study = tmp_path / "s.toml"
+    study.write_text(STUDY.replace("limit = 2048", "limit = 512"))
+    maxlen.run_search(study, tmp_path / "m.h5")
+    assert "longest (the study's limit)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("edit, where", [
+    (("start = 256", "start = 100"), "search.start"),
+    (("heads = 2", "heads = 0"), "search.heads"),
+    (('backends = ["numpy"]', 'backends = ["nope"]'), "search.backends"),
+    (("limit = 2048", "limit = 128"), "search.limit"),
+    (("heads = 2", "colour = 2"), "search.colour"),
+])
+def test_bad_study_files_name_the_problem(tmp_path, edit, where):
+    study = tmp_path / "s.toml"
+    study.write_text(STUDY.replace(*edit))
+    with pytest.raises(JobFileError) as info:
+        maxlen.load_search(study)
+    assert where in str(info.value)
+
+
+def test_cli_refuses_a_job_file_with_exit_code_2(capsys):
+    assert main(["maxlen", "jobs/quickstart.toml"]) == 2
+    assert "[search]" in capsys.readouterr().err
+
+
+def test_random_rows_in_chunks_equal_one_block(monkeypatch):
+    whole = inputs.random_rows(5, "k", np.arange(3000), 3, 32)
+    monkeypatch.setattr(inputs, "CHUNK_ELEMENTS", 1000)
+    assert np.array_equal(inputs.random_rows(5, "k", np.arange(3000), 3, 32), whole)
