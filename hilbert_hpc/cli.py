@@ -1,4 +1,4 @@
-"""The ``hilbert-hpc`` command line: run, bandwidth, info, cuda-env."""
+"""The ``hilbert-hpc`` command line: run, plan, report, maxlen, bandwidth, info, cuda-env."""
 
 from __future__ import annotations
 
@@ -39,13 +39,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from .runner import check_case, run_job
 
     comm = _world()
-    job = _collectively(comm, load_job, args.job)
+    job = _collectively(comm, load_job, args.job, None, comm.Get_size())
     if args.transport:
         job = job.with_transport(args.transport)
 
     def check_all() -> None:
         for case in job.cases:
-            check_case(case, comm.Get_size())
+            check_case(case)
 
     _collectively(comm, check_all)
     run_job(job, output=args.output, comm=comm, resume=args.resume)
@@ -58,6 +58,29 @@ def _cmd_bandwidth(args: argparse.Namespace) -> int:
     comm = _world()
     _collectively(comm, lambda: None)
     run_bandwidth(comm, args.transport, args.device, args.max_bytes, args.iterations, args.output)
+    return 0
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from .jobfile import load_job
+    from .plan import parse_size, print_plan
+    from .runner import check_case
+
+    job = load_job(args.job, world_size=args.ranks)
+    if args.transport:
+        job = job.with_transport(args.transport)
+    for case in job.cases:
+        check_case(case)
+    device = parse_size(args.device_memory) if args.device_memory else None
+    host = parse_size(args.host_memory) if args.host_memory else None
+    rows = print_plan(job, args.ranks, sys.stdout, device, host)
+    return 3 if any(fits is False for _, fits in rows) else 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from .report import report
+
+    report(args.results, csv_path=args.csv, plot_dir=args.plot)
     return 0
 
 
@@ -112,6 +135,20 @@ def build_parser() -> argparse.ArgumentParser:
     bw.add_argument("--iterations", type=int, default=10, help="timed exchanges per size")
     bw.add_argument("-o", "--output", help="also write the sweep to this HDF5 file")
     bw.set_defaults(func=_cmd_bandwidth)
+    plan = sub.add_parser("plan", help="preflight a job for P ranks: memory per rank, bytes moved, FLOPs; "
+                                       "exit 3 if a case does not fit")
+    plan.add_argument("job", help="job file (TOML)")
+    plan.add_argument("-n", "--ranks", type=int, required=True, help="ranks of the planned run")
+    plan.add_argument("--device-memory", help="GPU memory per rank, e.g. 80GiB (else fits is '?' for GPU cases)")
+    plan.add_argument("--host-memory", help="host memory per rank, e.g. 16GiB (else fits is '?' for CPU cases)")
+    plan.add_argument("--transport", choices=TRANSPORTS, help="override every case's K/V transport")
+    plan.set_defaults(func=_cmd_plan)
+    rep = sub.add_parser("report", help="scaling tables (strong, weak, Hilbert vs natural, communication, "
+                                        "PyTorch peer) from one or more results files")
+    rep.add_argument("results", nargs="+", help="results files (HDF5); files of separate jobs are merged")
+    rep.add_argument("--csv", help="also write every table to this CSV file")
+    rep.add_argument("--plot", metavar="DIR", help="write PNG plots (strong/weak scaling) into DIR")
+    rep.set_defaults(func=_cmd_report)
     ml = sub.add_parser("maxlen", help="max-length search on one device: longest sequence that fits, "
                                        "peak memory against the Q/K/V/O floor")
     ml.add_argument("study", help="study file with a [search] table, e.g. jobs/max_length.toml")

@@ -65,23 +65,34 @@ def read_shard(path: str | Path, tensor: str, batch_index: int, layout: Layout, 
         ds = f[tensor]
         block = np.asarray(ds[batch_index, lo:hi] if ds.ndim == 4 else ds[lo:hi], dtype=dtype)
     serial = layout.serialized_of(np.arange(lo, hi, dtype=np.int64))
-    dest = serial // shard
+    return redistribute(block, serial, shard, comm)
+
+
+def redistribute(rows: np.ndarray, targets: np.ndarray, shard: int, comm: Any) -> np.ndarray:
+    """Rows go to the positions ``targets`` of a global index split into blocks of ``shard``; returns
+    this rank's block (rows of positions ``rank*shard ..``), by one all-to-all exchange.
+
+    Serialized -> natural for outputs, natural -> serialized for inputs: every rank
+    sends and receives only its own rows, nobody holds the whole sequence.
+    """
+    rank, ranks = comm.Get_rank(), comm.Get_size()
+    lo = rank * shard
+    dest = targets // shard
     order = np.argsort(dest, kind="stable")
-    send_rows = np.ascontiguousarray(block[order])
-    send_pos = np.ascontiguousarray(serial[order])
+    send_rows = np.ascontiguousarray(rows[order])
+    send_pos = np.ascontiguousarray(targets[order]).astype(np.int64)
     send_counts = np.bincount(dest, minlength=ranks).astype(np.int64)
+    out = np.empty((shard, *rows.shape[1:]), dtype=rows.dtype)
     if ranks == 1:
-        out = np.empty_like(block)
         out[send_pos - lo] = send_rows
         return out
     recv_counts = np.asarray(comm.alltoall(send_counts.tolist()), dtype=np.int64)
-    row = int(np.prod(block.shape[1:]))
+    row = int(np.prod(rows.shape[1:]))
     recv_pos = np.empty(int(recv_counts.sum()), dtype=np.int64)
-    recv_rows = np.empty((int(recv_counts.sum()), *block.shape[1:]), dtype=block.dtype)
+    recv_rows = np.empty((int(recv_counts.sum()), *rows.shape[1:]), dtype=rows.dtype)
     comm.Alltoallv([send_pos, (send_counts, _displ(send_counts))], [recv_pos, (recv_counts, _displ(recv_counts))])
     comm.Alltoallv([send_rows.reshape(-1), (send_counts * row, _displ(send_counts) * row)],
                    [recv_rows.reshape(-1), (recv_counts * row, _displ(recv_counts) * row)])
-    out = np.empty_like(block)
     out[recv_pos - lo] = recv_rows
     return out
 

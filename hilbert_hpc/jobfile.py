@@ -45,6 +45,8 @@ from .transports import TRANSPORTS
 from .patterns import Pattern, check_problem, parse_grid, parse_patterns
 
 DTYPES = ("float32", "float64")
+#: strong: the same problem on every rank count; weak: tokens (grid axis 0) grow with the rank count
+SCALINGS = ("strong", "weak")
 
 
 def _int(lo: int = 1) -> Callable[[Any, str], int]:
@@ -90,13 +92,57 @@ def _grid(value: Any, where: str) -> tuple[int, ...]:
         raise JobFileError(exc.message, where) from None
 
 
-def _patterns(value: Any, where: str) -> tuple[Pattern, ...]:
+def _length_term(value: Any, where: str) -> int | str:
+    """A pattern entry: a positive integer, or "N" / "N/k" (the sequence length, divided by k)."""
+    if isinstance(value, str):
+        text = value.replace(" ", "")
+        if text == "N" or (text.startswith("N/") and text[2:].isdigit() and int(text[2:]) > 0):
+            return text
+        raise JobFileError(f"expected a positive integer, \"N\" or \"N/k\", got {value!r}", where)
+    return value
+
+
+def _patterns(value: Any, where: str) -> tuple:
+    """Patterns as given: [segment, dilation] pairs whose entries may be "N" or "N/k" (resolved per case)."""
     if not isinstance(value, list):
         raise JobFileError(f"expected a list of [segment, dilation] pairs, got {value!r}", where)
+    specs = []
+    for i, item in enumerate(value):
+        if not isinstance(item, list) or len(item) != 2:
+            raise JobFileError(f"expected a [segment, dilation] pair, got {item!r}", f"{where}[{i}]")
+        specs.append(tuple(_length_term(x, f"{where}[{i}]") for x in item))
+    if all(isinstance(x, int) for pair in specs for x in pair):
+        resolve_patterns(tuple(specs), 0, where)            # validate now when nothing depends on N
+    elif not specs:
+        resolve_patterns((), 0, where)
+    return tuple(specs)
+
+
+def resolve_patterns(specs: tuple, tokens: int, where: str) -> tuple[Pattern, ...]:
+    """Patterns at sequence length ``tokens`` ("N" -> tokens, "N/k" -> tokens // k, which k must divide)."""
+    pairs = []
+    for i, pair in enumerate(specs):
+        values = []
+        for x in pair:
+            if isinstance(x, str):
+                k = 1 if x == "N" else int(x[2:])
+                if tokens % k:
+                    raise JobFileError(f"{x} needs the sequence length {tokens} to be divisible by {k}",
+                                       f"{where}[{i}]")
+                x = tokens // k
+            values.append(x)
+        pairs.append(values)
     try:
-        return parse_patterns(value, where)
+        return parse_patterns(pairs, where)
     except ConfigError as exc:
         raise JobFileError(exc.message, exc.param) from None
+
+
+def _ranks(value: Any, where: str) -> int | str:
+    """Ranks of a case: a positive integer, "all" (every rank of the run) or "pow2" (1, 2, 4 ... all)."""
+    if value in ("all", "pow2"):
+        return value
+    return _int(1)(value, where)
 
 
 def _backend(value: Any, where: str) -> str:
@@ -132,6 +178,8 @@ CASE_KEYS: dict[str, tuple[Callable[[Any, str], Any], Any]] = {
     "scale": (_scale, None),
     "transport": (_choice(TRANSPORTS), "auto"),
     "input": (_str, None),
+    "ranks": (_ranks, "all"),
+    "scaling": (_choice(SCALINGS), "strong"),
 }
 
 
@@ -154,6 +202,8 @@ class Case:
     scale: float | None = None
     transport: str = "auto"
     input: str | None = None
+    ranks: int = 1
+    scaling: str = "strong"
 
     @property
     def tokens(self) -> int:
@@ -173,6 +223,7 @@ class Case:
             "heads": self.heads, "head_dim": self.head_dim, "causal": self.causal, "ordering": self.ordering,
             "segment": self.segment or 0, "dtype": self.dtype, "backend": self.backend,
             "scale": self.softmax_scale, "transport": self.transport, "input": self.input or "",
+            "ranks": self.ranks, "scaling": self.scaling,
         }
 
 
@@ -247,9 +298,14 @@ def _resolve_case(values: dict[str, Any], where: str, case_id: str, name: str) -
     if grid is not None and tokens is not None and math.prod(grid) != tokens:
         raise JobFileError(f"grid product {math.prod(grid)} does not equal tokens = {tokens}", f"{where}.grid")
     grid = grid if grid is not None else (tokens,)
+    if values.get("scaling") == "weak":
+        if values.get("input") is not None:
+            raise JobFileError("weak scaling makes the sequence longer with the rank count; it cannot use an "
+                               "input file", f"{where}.scaling")
+        grid = (grid[0] * values["ranks"], *grid[1:])      # the given grid is the problem of one rank
     if values.get("patterns") is None:
         raise JobFileError("'patterns' is required: a list of [segment, dilation] pairs", where)
-    patterns = values["patterns"]
+    patterns = resolve_patterns(values["patterns"], math.prod(grid), f"{where}.patterns")
     try:
         check_problem(math.prod(grid), patterns, f"{where}.patterns")
     except ConfigError as exc:
@@ -267,8 +323,24 @@ def _resolve_case(values: dict[str, Any], where: str, case_id: str, name: str) -
     return Case(case_id=case_id, name=name, grid=tuple(grid), patterns=patterns, segment=segment, **kwargs)
 
 
-def expand_cases(raw_cases: Any, defaults: dict[str, Any]) -> list[Case]:
-    """Expand the ``[[cases]]`` tables (with their sweeps) into validated Cases."""
+def _rank_counts(value: int | str, world_size: int | None, where: str) -> list[int]:
+    """The rank counts a case runs on; ``world_size`` None: not known (validation only, as one rank)."""
+    size = world_size or 1
+    if value == "all":
+        return [size]
+    if value == "pow2":
+        return [1 << i for i in range(size.bit_length()) if (1 << i) <= size]
+    if world_size is not None and value > world_size:
+        raise JobFileError(f"the case needs {value} ranks, this run has {world_size}", where)
+    return [value]
+
+
+def expand_cases(raw_cases: Any, defaults: dict[str, Any], world_size: int | None = None) -> list[Case]:
+    """Expand the ``[[cases]]`` tables (with their sweeps and rank counts) into validated Cases.
+
+    ``world_size`` (the ranks of the run) resolves ``ranks = "all"`` / ``"pow2"``
+    and refuses cases needing more ranks than the run has.
+    """
     if not isinstance(raw_cases, list) or not raw_cases:
         raise JobFileError("at least one [[cases]] table is required", "cases")
     cases: list[Case] = []
@@ -291,8 +363,10 @@ def expand_cases(raw_cases: Any, defaults: dict[str, Any]) -> list[Case]:
         for combo in itertools.product(*axes) if axes else [()]:
             values = dict(fixed)
             values.update(combo)
-            case_id = f"{len(cases):04d}-{name}"
-            cases.append(_resolve_case(values, where, case_id, name))
+            where_ranks = f"{where}.sweep.ranks" if "ranks" in sweep else f"{where}.ranks"
+            for p in _rank_counts(values.get("ranks", "all"), world_size, where_ranks):
+                case_id = f"{len(cases):04d}-{name}"
+                cases.append(_resolve_case({**values, "ranks": p}, where, case_id, name))
     return cases
 
 
@@ -309,8 +383,8 @@ def read_toml(path: str | Path, text: str | None = None) -> tuple[dict, str]:
         raise JobFileError(f"not valid TOML: {exc}", str(path)) from None
 
 
-def load_job(path: str | Path, text: str | None = None) -> Job:
-    """Read, validate and expand a job file; raises JobFileError naming the problem."""
+def load_job(path: str | Path, text: str | None = None, world_size: int | None = None) -> Job:
+    """Read, validate and expand a job file for a run on ``world_size`` ranks; JobFileError names the problem."""
     path = Path(path)
     doc, text = read_toml(path, text)
     _unknown(doc, {"job", "defaults", "cases"}, "")
@@ -321,7 +395,7 @@ def load_job(path: str | Path, text: str | None = None) -> Job:
     defaults_table = _check_table(doc.get("defaults", {}), "defaults")
     _unknown(defaults_table, set(CASE_KEYS), "defaults")
     defaults = {key: CASE_KEYS[key][0](value, f"defaults.{key}") for key, value in defaults_table.items()}
-    cases = expand_cases(doc.get("cases"), defaults)
+    cases = expand_cases(doc.get("cases"), defaults, world_size)
     output = settings["output"] or f"results/{settings['name']}.h5"
     return Job(name=settings["name"], output=output, seed=settings["seed"], repeats=settings["repeats"],
                warmup=settings["warmup"], accuracy_rows=settings["accuracy_rows"],

@@ -77,6 +77,19 @@ def local_rank(comm: Any) -> tuple[int, str]:
         node.Free()
 
 
+def ranks_per_node(comm: Any) -> int:
+    """How many ranks of ``comm`` share this node (collective: a shared-memory split)."""
+    if isinstance(comm, SingleProcessComm):
+        return 1
+    from mpi4py import MPI
+
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return node.Get_size()
+    finally:
+        node.Free()
+
+
 def bind_gpu(comm: Any) -> tuple[int, str]:
     """Select GPU ``local_rank mod visible GPUs`` for this rank (CuPy and, if loaded, torch)."""
     lrank, source = local_rank(comm)

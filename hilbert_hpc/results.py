@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import h5py
 import numpy as np
@@ -93,12 +93,13 @@ class ResultsFile:
                             f"resume only with the same job, or write to a new file", "output")
         return True
 
-    def write_case(self, case: Case, record: dict[str, Any], output_parts: Iterable | None = None,
-                   output_shape: tuple[int, ...] | None = None) -> None:
+    def write_case(self, case: Case, record: dict[str, Any], output_parts: list[str] | None = None,
+                   output_shape: tuple[int, ...] | None = None, shard: int | None = None) -> None:
         """Store one case (parameters, timings, metrics, accuracy, optional output), then mark it complete.
 
-        ``output_parts`` yields ``(batch, natural indices, rows)`` pieces of the
-        output (any order, one shard at a time); they are written in natural order.
+        ``output_parts`` are the per-rank output files (paths relative to this
+        file, rank order, each holding ``shard`` natural-order tokens); the case's
+        ``output`` is a virtual dataset joining them, in natural order.
         """
         group = self.h5["cases"].create_group(case.case_id)
         group.attrs["params_json"] = params_json(case)
@@ -116,15 +117,15 @@ class ResultsFile:
             for key, value in record[name].items():
                 g.attrs[key] = value
         group["metrics"].attrs["units"] = json.dumps(record.get("units", {}))
-        if output_parts is not None:
-            ds = None
-            for b, natural, rows in output_parts:
-                if ds is None:
-                    ds = group.create_dataset("output", shape=output_shape, dtype=rows.dtype)
-                    ds.attrs["order"] = "natural"
-                    ds.attrs["axes"] = "batch, token, head, dim"
-                order = np.argsort(natural, kind="stable")
-                ds[b, natural[order]] = rows[order]
+        if output_parts:
+            batch, tokens, *row = output_shape
+            layout = h5py.VirtualLayout(shape=output_shape, dtype=np.dtype(case.dtype))
+            for r, part in enumerate(output_parts):
+                layout[:, r * shard:(r + 1) * shard] = h5py.VirtualSource(part, "output", shape=(batch, shard, *row))
+            ds = group.create_virtual_dataset("output", layout, fillvalue=np.nan)
+            ds.attrs["order"] = "natural"
+            ds.attrs["axes"] = "batch, token, head, dim"
+            ds.attrs["parts"] = json.dumps(output_parts)
         self.h5.flush()
         group.attrs["finished_utc"] = utc_now()
         group.attrs["complete"] = True

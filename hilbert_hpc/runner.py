@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator, TextIO
+from typing import Any, TextIO
 
 import numpy as np
 
@@ -47,8 +47,9 @@ def case_layout(case: Case, ranks: int) -> Layout:
     return Layout(case.grid, ordering, ranks, segment)
 
 
-def check_case(case: Case, ranks: int) -> None:
-    """Everything that can be refused before any work, identically on every rank."""
+def check_case(case: Case, ranks: int | None = None) -> None:
+    """Everything that can be refused before any work, identically on every rank (``ranks``: case.ranks)."""
+    ranks = case.ranks if ranks is None else ranks
     case_layout(case, ranks)
     be = get_backend(case.backend)
     if ranks > 1 and be.on_gpu and case.transport == "cuda-aware":
@@ -222,28 +223,50 @@ def derive_metrics(case: Case, timings: dict[str, np.ndarray]) -> dict[str, floa
     return metrics
 
 
-def output_parts(comm: Any, layout: Layout, outputs: list[np.ndarray]) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-    """On rank 0: every rank's (batch, natural indices, rows), one rank at a time (O(L) memory)."""
+def parts_dir(results_path: Path) -> Path:
+    """Folder of the per-rank output files of a results file (next to it)."""
+    return results_path.with_name(results_path.stem + ".parts")
+
+
+def write_output_part(case: Case, comm: Any, layout: Layout, outputs: list[np.ndarray], results_path: Path) -> str:
+    """Every rank of the case writes its block of the output, in natural order, to its own file.
+
+    Rank ``r`` receives the natural positions ``[r*L, (r+1)*L)`` by one all-to-all
+    exchange and writes them to ``<results>.parts/<case-id>/rank<r>.h5``; no rank
+    holds more than its shard. Returns the part's path relative to the results file.
+    """
+    import h5py
+
+    from .datafile import redistribute
+
     rank = comm.Get_rank()
-    for src in range(comm.Get_size()):
-        nat = layout.shard_natural(src)
-        for b in range(len(outputs)):
-            rows = outputs[b] if src == rank else comm.recv(source=src, tag=7)
-            yield b, nat, rows
+    natural = layout.shard_natural(rank)
+    blocks = [redistribute(np.asarray(o, dtype=case.dtype), natural, layout.shard, comm) for o in outputs]
+    rel = Path(parts_dir(results_path).name) / case.case_id / f"rank{rank:05d}.h5"
+    target = results_path.parent / rel
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with h5py.File(target, "w") as f:
+        ds = f.create_dataset("output", data=np.stack(blocks))
+        ds.attrs["order"] = "natural"
+        ds.attrs["first_token"] = rank * layout.shard
+        ds.attrs["axes"] = "batch, token, head, dim"
+    return str(rel)
 
 
 def run_case(case: Case, job: Job, comm: Any, results: ResultsFile | None,
-             table: SummaryTable | None) -> dict | None:
-    """Run one case on every rank; rank 0 writes it and prints its row. Returns the record on rank 0."""
+             table: SummaryTable | None, results_path: Path | None = None) -> dict | None:
+    """Run one case on every rank of ``comm``; rank 0 writes it and prints its row. Returns the record on rank 0."""
     run = CaseRun(case, job, comm)
     t0 = time.perf_counter()
     timings, outputs, accuracy = run.run()
     all_timings = comm.gather(timings, root=0)
     all_accuracy = comm.gather(accuracy, root=0)
+    parts = None
+    if job.save_output:
+        rel = write_output_part(case, comm, run.layout, outputs, Path(results_path or job.output))
+        parts = comm.gather(rel, root=0)
+        comm.Barrier()                                   # every part is on disk before the case is committed
     if run.rank != 0:
-        if job.save_output:
-            for out in outputs:
-                comm.send(out.astype(case.dtype, copy=False), dest=0, tag=7)
         return None
     stacked = {name: np.asarray([t[name] for t in all_timings], dtype=np.float64) for name in timings}
     record = {
@@ -254,28 +277,65 @@ def run_case(case: Case, job: Job, comm: Any, results: ResultsFile | None,
         "attrs": {"ranks": run.ranks, "transport": "none" if run.transport is None else run.transport.name,
                   "transport_reason": run.transport_reason, "wall_s": time.perf_counter() - t0},
     }
-    parts = output_parts(comm, run.layout, [o.astype(case.dtype, copy=False) for o in outputs]) \
-        if job.save_output else None
-    results.write_case(case, record, parts, (case.batch, case.tokens, case.heads, case.head_dim))
+    results.write_case(case, record, parts, (case.batch, case.tokens, case.heads, case.head_dim), run.layout.shard)
     table.row(case, record)
     return record
 
 
-def run_job(job: Job, output: str | None = None, stream: TextIO = sys.stdout, comm: Any = None,
-            transport: str | None = None, resume: bool = False) -> Path:
-    """Run every case of ``job`` on every rank of ``comm``; rank 0 writes the file and prints the table.
+class SubComms:
+    """One communicator per rank count of a job: the first ``p`` ranks of ``comm`` (collective)."""
 
-    With ``resume`` an existing results file is continued: complete cases with
-    the same parameters are skipped, unfinished ones run again.
+    def __init__(self, comm: Any, sizes: set[int]) -> None:
+        self.comm = comm
+        self.subs: dict[int, Any] = {}
+        rank = comm.Get_rank()
+        for p in sorted(sizes):
+            if p == comm.Get_size():
+                self.subs[p] = comm
+                continue
+            from mpi4py import MPI
+
+            sub = comm.Split(0 if rank < p else MPI.UNDEFINED, rank)
+            self.subs[p] = None if sub == MPI.COMM_NULL else sub
+
+    def get(self, ranks: int) -> Any:
+        """The communicator of a case on ``ranks`` ranks, or None on the ranks that sit it out."""
+        return self.subs[ranks]
+
+    def free(self) -> None:
+        """Release the split communicators."""
+        for p, sub in self.subs.items():
+            if sub is not None and sub is not self.comm:
+                sub.Free()
+        self.subs = {}
+
+
+def run_job(job: Job, output: str | None = None, stream: TextIO = sys.stdout, comm: Any = None,
+            transport: str | None = None, resume: bool = False, progress: TextIO | None = None) -> Path:
+    """Run every case of ``job`` on the ranks of ``comm`` it asks for; rank 0 writes the file and prints the table.
+
+    A case on ``p`` ranks runs on the first ``p`` ranks (a sub-communicator), so
+    one allocation runs a whole scaling curve. With ``resume`` an existing
+    results file is continued: complete cases with the same parameters are
+    skipped, unfinished ones run again. SIGUSR1/SIGTERM stop the job at the next
+    case boundary (all ranks agree) with the file flushed: ``StoppedForRequeue``.
     """
+    import signal
+
     from .mpi import agree
     from .mpi import bind_gpu, world
+    from .plan import check_job_fits
+    from .progress import Progress
+    from .signals import StoppedForRequeue, StopRequests
 
     comm = comm or world()
     if transport:
         job = job.with_transport(transport)
     for case in job.cases:
-        check_case(case, comm.Get_size())
+        check_case(case)
+        if case.ranks > comm.Get_size():
+            raise ConfigError(f"needs {case.ranks} ranks, this run has {comm.Get_size()}", f"{case.case_id}.ranks")
+    check_job_fits(job, comm)
     if any(get_backend(c.backend).on_gpu for c in job.cases):
         bind_gpu(comm)
     path = Path(output or job.output)
@@ -294,19 +354,35 @@ def run_job(job: Job, output: str | None = None, stream: TextIO = sys.stdout, co
     if error is not None:
         raise error
     done = set(comm.bcast(done, root=0))
+    todo = [c for c in job.cases if c.case_id not in done]
     table = SummaryTable(stream) if rank0 else None
+    tracker = Progress([useful_flops(c.tokens, c.heads, c.head_dim, c.patterns, c.causal, c.batch) for c in todo],
+                       (progress or sys.stderr) if rank0 else None)
+    subs = SubComms(comm, {c.ranks for c in todo})
+    finished = 0
     try:
-        if rank0:
-            print(f"hilbert-hpc: job {job.name!r}, {len(job.cases)} case(s) on {comm.Get_size()} rank(s), "
-                  f"results -> {path}", file=stream)
-            table.header()
-        for case in job.cases:
-            if case.case_id in done:
-                if rank0:
-                    print(f"{case.case_id}  complete in {path}, skipped", file=stream, flush=True)
-                continue
-            run_case(case, job, comm, results, table)
+        with StopRequests() as stops:
+            if rank0:
+                print(f"hilbert-hpc: job {job.name!r}, {len(job.cases)} case(s) on up to {comm.Get_size()} "
+                      f"rank(s), results -> {path}", file=stream)
+                table.header()
+            for case in job.cases:
+                if case.case_id in done:
+                    if rank0:
+                        print(f"{case.case_id}  complete in {path}, skipped", file=stream, flush=True)
+                    continue
+                stop = stops.agreed(comm)
+                if stop:
+                    raise StoppedForRequeue(f"stopped by {signal.Signals(stop).name} at a case boundary: "
+                                            f"{len(done) + finished} of {len(job.cases)} cases are complete in "
+                                            f"{path}; continue with 'run --resume'", "run")
+                sub = subs.get(case.ranks)
+                if sub is not None:
+                    run_case(case, job, sub, results, table, path)
+                tracker.advance(finished, f"{case.case_id} on {case.ranks} rank(s)")
+                finished += 1
     finally:
+        subs.free()
         if results is not None:
             results.close()
     return path

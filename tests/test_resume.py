@@ -82,3 +82,52 @@ def test_resume_refuses_other_parameters_and_foreign_files(tmp_path):
         f["x"] = 1
     res = _run(["run", "job.toml", "-o", "foreign.h5", "--resume"], tmp_path)
     assert res.returncode == 2 and "not a hilbert-hpc results file" in res.stderr
+
+
+def _complete_cases(path: Path) -> list[str]:
+    with h5py.File(path, "r") as f:
+        return [cid for cid, g in f["cases"].items() if g.attrs.get("complete")]
+
+
+def test_sigusr1_stops_at_a_case_boundary_with_the_requeue_code(tmp_path):
+    from hilbert_hpc.signals import REQUEUE_EXIT
+
+    (tmp_path / "job.toml").write_text(JOB)
+    proc = subprocess.Popen([sys.executable, "-m", "hilbert_hpc", "run", "job.toml", "-o", "sig.h5"], cwd=tmp_path,
+                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line.startswith("0001-g"):
+            proc.send_signal(signal.SIGUSR1)          # during case 0002: it finishes, then the run stops
+            break
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == REQUEUE_EXIT, err
+    assert "SIGUSR1" in err and "--resume" in err and "Traceback" not in err
+    complete = _complete_cases(tmp_path / "sig.h5")
+    assert complete == ["0000-g", "0001-g", "0002-g"]    # case 0002 was finished and committed, none started after
+    resumed = _run(["run", "job.toml", "-o", "sig.h5", "--resume"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert len(_complete_cases(tmp_path / "sig.h5")) == 8
+
+
+def test_sigusr1_under_mpiexec_stops_every_rank(tmp_path):
+    import shutil
+
+    from hilbert_hpc.signals import REQUEUE_EXIT
+
+    if shutil.which("mpiexec") is None:
+        import pytest
+
+        pytest.skip("needs mpiexec")
+    (tmp_path / "job.toml").write_text(JOB.replace('[defaults]', '[defaults]\nranks = "pow2"'))
+    env = dict(_env(), OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(["mpiexec", "-n", "2", "--oversubscribe", sys.executable, "-m", "hilbert_hpc", "run",
+                             "job.toml", "-o", "mpi.h5"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line.startswith("0001-g"):
+            proc.send_signal(signal.SIGUSR1)          # mpiexec forwards SIGUSR1 to both ranks
+            break
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == REQUEUE_EXIT, err
+    assert err.count("stopped by SIGUSR1") == 1       # one message, from rank 0
+    assert 2 <= len(_complete_cases(tmp_path / "mpi.h5")) < 16

@@ -1,0 +1,170 @@
+"""Preflight: what each case of a job needs per rank — memory, bytes moved, FLOPs — and whether it fits.
+
+``hilbert-hpc plan JOB.toml -n P`` prints the table without allocating
+anything; ``run`` applies the same check to every case before it starts, so a
+case that cannot fit is refused with the numbers instead of dying mid-job.
+Memory counts what the code allocates: the Q, K, V shards of every batch
+element, the output and log-sum-exp, the two ring buffers of the largest
+packed K/V block, and the backend's working memory (score tiles; for the
+PyTorch peer its gathered copies, measured at 1.25x the Q/K/V/O bytes).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+import numpy as np
+
+from .errors import ConfigError
+from .jobfile import Case, Job
+from .patterns import useful_flops
+from .ring import RingPattern, ring_schedule
+
+GIB = float(1 << 30)
+#: PyTorch peer: gathered Q/K/V/O copies per pattern and offset, measured (docs/performance.md)
+TORCH_WORKSPACE = 1.25
+#: blockwise backends: a score tile, its probabilities and one temporary of the same size
+TILE_ARRAYS = 3
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Per-rank needs of one case."""
+
+    case_id: str
+    ranks: int
+    tokens_per_rank: int
+    on_gpu: bool
+    memory_bytes: int
+    floor_bytes: int
+    sent_bytes: int
+    flops: int
+
+    @property
+    def flops_per_rank(self) -> float:
+        """Useful FLOPs per rank (an even share)."""
+        return self.flops / self.ranks
+
+
+def _ring_bytes(case: Case, shard: int, itemsize: int) -> tuple[int, int]:
+    """(largest packed K/V block in bytes, bytes the busiest rank sends per call) over the case's rings."""
+    largest = sent = 0
+    for p in case.patterns:
+        if p.segment <= shard:
+            continue
+        geom = RingPattern(p, shard, case.heads, case.head_dim, case.head_dim)
+        block = max(geom.block_size(pos) for pos in range(geom.group)) * itemsize
+        sends = max(sum(1 for _, send, _ in ring_schedule(pos, geom.group, case.causal) if send)
+                    for pos in range(geom.group))
+        largest = max(largest, block)
+        sent += sends * block
+    return largest, sent * case.batch
+
+
+def estimate(case: Case) -> Estimate:
+    """What ``case`` needs on each of its ``case.ranks`` ranks."""
+    from .backends import BACKENDS, get_backend
+
+    ranks = case.ranks
+    shard = case.tokens // ranks
+    itemsize = np.dtype(case.dtype).itemsize
+    acc = max(itemsize, 4)
+    row = case.heads * case.head_dim
+    floor = case.batch * shard * row * (3 * itemsize + acc)
+    memory = floor + shard * case.heads * acc
+    largest, sent = _ring_bytes(case, shard, itemsize) if ranks > 1 else (0, 0)
+    memory += 2 * largest
+    on_gpu = case.backend in ("cupy", "cuda-fp32")
+    if case.backend == "torch":
+        on_gpu = bool(get_backend("torch").on_gpu) if "torch" in BACKENDS else False
+        memory += int(TORCH_WORKSPACE * floor)
+    elif case.backend == "cupy":
+        memory += TILE_ARRAYS * (1 << 25) * acc
+    elif case.backend == "numpy":
+        memory += TILE_ARRAYS * (1 << 18) * acc * (os.cpu_count() or 1)
+    flops = useful_flops(case.tokens, case.heads, case.head_dim, case.patterns, case.causal, case.batch)
+    return Estimate(case.case_id, ranks, shard, on_gpu, int(memory), int(floor), int(sent), int(flops))
+
+
+def available_bytes(on_gpu: bool, ranks_per_node: int = 1) -> int | None:
+    """Memory one rank can use now: free GPU memory, or the host's available memory shared by the node's ranks."""
+    if on_gpu:
+        try:
+            import cupy
+
+            cupy.get_default_memory_pool().free_all_blocks()
+            return int(cupy.cuda.runtime.memGetInfo()[0])
+        except Exception:  # noqa: BLE001 - no CuPy / no GPU here (a login node): unknown
+            return None
+    try:
+        with open("/proc/meminfo") as f:
+            info = dict(line.split(":", 1) for line in f)
+        return int(info["MemAvailable"].split()[0]) * 1024 // max(ranks_per_node, 1)
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def check_fits(est: Estimate, available: int | None, where: str) -> None:
+    """Refuse a case whose estimate exceeds the memory available to a rank (with the numbers)."""
+    if available is not None and est.memory_bytes > available:
+        kind = "GPU" if est.on_gpu else "host"
+        raise ConfigError(f"needs about {est.memory_bytes / GIB:.2f} GiB of {kind} memory per rank "
+                          f"({est.tokens_per_rank:,} tokens per rank on {est.ranks} rank(s); Q/K/V/O alone "
+                          f"{est.floor_bytes / GIB:.2f} GiB), {available / GIB:.2f} GiB are available: use more ranks "
+                          f"or fewer tokens", where)
+
+
+def print_plan(job: Job, world_size: int, stream: TextIO, device_memory: int | None = None,
+               host_memory: int | None = None) -> list[tuple[Estimate, bool | None]]:
+    """The plan table of ``job`` on ``world_size`` ranks; returns (estimate, fits or None if unknown) rows."""
+    rows = []
+    print(f"plan: job {job.name!r} on {world_size} rank(s), {len(job.cases)} case(s)", file=stream)
+    head = (f"{'case':<28} {'ranks':>5} {'tokens/rank':>12} {'mem/rank GiB':>12} {'Q/K/V/O GiB':>11} "
+            f"{'sent/rank MB':>12} {'GFLOP/rank':>11}  fits")
+    print(head, file=stream)
+    print("-" * len(head), file=stream)
+    for case in job.cases:
+        est = estimate(case)
+        limit = device_memory if est.on_gpu else host_memory
+        fits = None if limit is None else est.memory_bytes <= limit
+        print(f"{case.case_id[:28]:<28} {est.ranks:>5} {est.tokens_per_rank:>12,} {est.memory_bytes / GIB:>12.3f} "
+              f"{est.floor_bytes / GIB:>11.3f} {est.sent_bytes / 1e6:>12.1f} {est.flops_per_rank / 1e9:>11.1f}  "
+              f"{'?' if fits is None else 'yes' if fits else 'NO'}", file=stream)
+        rows.append((est, fits))
+    if any(f is False for _, f in rows):
+        print("cases marked NO do not fit: use more ranks or fewer tokens", file=stream)
+    return rows
+
+
+def parse_size(text: str) -> int:
+    """'80GiB', '512MiB', '1.5TB', '1000000' -> bytes."""
+    units = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KIB": 1 << 10, "MIB": 1 << 20,
+             "GIB": 1 << 30, "TIB": 1 << 40}
+    t = text.strip().upper()
+    number = t.rstrip("KMGTIB")
+    unit = t[len(number):]
+    try:
+        value = float(number)
+    except ValueError:
+        value = -1.0
+    if unit not in units or value <= 0:
+        raise ConfigError(f"expected a size such as 80GiB or 512MB, got {text!r}", "--device-memory")
+    return int(value * units[unit])
+
+
+def check_job_fits(job: Job, comm: Any) -> None:
+    """Collective: refuse (on every rank) the first case that does not fit the memory of its ranks."""
+    from .mpi import ranks_per_node
+
+    per_node = ranks_per_node(comm)
+    ests = [estimate(c) for c in job.cases]
+    limits = {}
+    for on_gpu in sorted({e.on_gpu for e in ests}):
+        mine = available_bytes(on_gpu, 1 if on_gpu else per_node)
+        everyone = comm.allgather(mine)
+        known = [x for x in everyone if x is not None]
+        limits[on_gpu] = min(known) if known else None
+    for case, est in zip(job.cases, ests):
+        check_fits(est, limits[est.on_gpu], f"case {case.case_id}")

@@ -1,0 +1,154 @@
+"""Scaling studies: rank-count sweeps and weak scaling in job files, sub-communicator runs, plan, progress."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from hilbert_hpc.cli import main
+from hilbert_hpc.errors import ConfigError, JobFileError
+from hilbert_hpc.jobfile import load_job
+from hilbert_hpc.patterns import Pattern
+
+STUDY = """
+[job]
+name = "scaling"
+repeats = 1
+warmup = 0
+accuracy_rows = 4
+save_output = true
+[defaults]
+heads = 3
+head_dim = 16
+dtype = "float64"
+[[cases]]
+name = "strong"
+grid = [32, 32]
+ranks = "pow2"
+patterns = [[64, 1], [256, 4], ["N", "N/64"]]
+[[cases]]
+name = "weak"
+grid = [16, 32]
+scaling = "weak"
+ranks = "pow2"
+patterns = [[64, 2], ["N", "N/32"]]
+"""
+
+
+def _job(tmp_path: Path, text: str, world_size: int | None):
+    path = tmp_path / "study.toml"
+    path.write_text(text)
+    return load_job(path, world_size=world_size)
+
+
+def test_pow2_ranks_and_weak_scaling_expand_per_rank_count(tmp_path):
+    job = _job(tmp_path, STUDY, 4)
+    strong = [c for c in job.cases if c.name == "strong"]
+    weak = [c for c in job.cases if c.name == "weak"]
+    assert [c.ranks for c in strong] == [1, 2, 4] and {c.tokens for c in strong} == {1024}
+    assert strong[0].patterns[-1] == Pattern(1024, 16)            # ["N", "N/64"] at N = 1024
+    assert [(c.ranks, c.grid, c.tokens) for c in weak] == [(1, (16, 32), 512), (2, (32, 32), 1024),
+                                                           (4, (64, 32), 2048)]
+    assert [c.patterns[-1] for c in weak] == [Pattern(512, 16), Pattern(1024, 32), Pattern(2048, 64)]
+    assert len({c.case_id for c in job.cases}) == 6
+    assert all(c.params()["ranks"] == c.ranks for c in job.cases)
+
+
+def test_ranks_default_to_the_whole_run(tmp_path):
+    text = STUDY.replace('ranks = "pow2"\n', "")
+    assert {c.ranks for c in _job(tmp_path, text, 2).cases} == {2}
+    assert {c.ranks for c in _job(tmp_path, text, None).cases} == {1}
+
+
+@pytest.mark.parametrize("edit, where, words", [
+    (('ranks = "pow2"', "ranks = 8"), "cases[0].ranks", "needs 8 ranks, this run has 4"),
+    (('ranks = "pow2"', 'ranks = "some"'), "cases[0].ranks", "expected an integer"),
+    (('["N", "N/64"]', '["N", "N/0"]'), "cases[0].patterns[2]", "\"N/k\""),
+    (('["N", "N/64"]', '["N", "N/3"]'), "cases[0].patterns[2]", "divisible by 3"),
+    (('scaling = "weak"', 'scaling = "sideways"'), "cases[1].scaling", "strong, weak"),
+])
+def test_bad_scaling_keys_name_the_problem(tmp_path, edit, where, words):
+    with pytest.raises(JobFileError) as info:
+        _job(tmp_path, STUDY.replace(*edit, 1), 4)
+    assert where in str(info.value) and words in str(info.value)
+
+
+def test_plan_counts_memory_traffic_and_flops(tmp_path):
+    from hilbert_hpc.patterns import useful_flops
+    from hilbert_hpc.plan import estimate
+
+    job = _job(tmp_path, STUDY, 4)
+    est = {(c.name, c.ranks): (c, estimate(c)) for c in job.cases}
+    case, e = est[("strong", 4)]
+    shard = 1024 // 4
+    assert e.tokens_per_rank == shard
+    assert e.floor_bytes == 4 * shard * 3 * 16 * 8                      # Q, K, V, O in float64
+    assert e.flops == useful_flops(1024, 3, 16, case.patterns, False)
+    # the global pattern (1024 tokens, dilation 16): 64 rows per rank, heads 0..2 each one offset
+    assert e.sent_bytes == 3 * (shard // 16) * 3 * (16 + 16) * 8      # 3 sends of the packed K/V block
+    assert est[("strong", 1)][1].sent_bytes == 0
+
+
+def test_plan_command_flags_cases_that_do_not_fit(tmp_path, capsys):
+    (tmp_path / "study.toml").write_text(STUDY)
+    assert main(["plan", str(tmp_path / "study.toml"), "-n", "4", "--host-memory", "1GiB"]) == 0
+    assert main(["plan", str(tmp_path / "study.toml"), "-n", "4", "--host-memory", "10kB"]) == 3
+    out = capsys.readouterr().out
+    assert "NO" in out and "do not fit" in out
+    assert main(["plan", str(tmp_path / "study.toml"), "-n", "4", "--host-memory", "lots"]) == 2
+
+
+def test_run_refuses_a_case_that_cannot_fit_before_any_work(tmp_path, monkeypatch):
+    from hilbert_hpc import plan
+    from hilbert_hpc.runner import run_job
+
+    job = _job(tmp_path, STUDY, 1)
+    monkeypatch.setattr(plan, "available_bytes", lambda on_gpu, per_node=1: 1000)
+    with pytest.raises(ConfigError, match="GiB of host memory per rank"):
+        run_job(job, output=str(tmp_path / "r.h5"), stream=io.StringIO())
+    assert not (tmp_path / "r.h5").exists()
+
+
+def test_progress_lines_weigh_cases_by_work():
+    from hilbert_hpc.progress import Progress
+
+    stream = io.StringIO()
+    p = Progress([1e9, 3e9], stream)
+    first = p.advance(0, "a")
+    assert "1/2 cases, 25% of the work" in first and "left" in first
+    assert "2/2 cases, 100% of the work" in p.advance(1, "b") and "left" not in stream.getvalue().splitlines()[1]
+
+
+@pytest.mark.mpi(min_size=2)
+def test_one_run_covers_every_rank_count_with_identical_results(tmp_path_factory):
+    """Cases on 1, 2, 4 ... ranks in one run (sub-communicators) agree with each other and with float64 truth."""
+    from mpi4py import MPI
+
+    from hilbert_hpc.runner import run_job
+
+    comm = MPI.COMM_WORLD
+    tmp = Path(comm.bcast(str(tmp_path_factory.mktemp("scaling")) if comm.Get_rank() == 0 else None))
+    job = load_job(tmp / "study.toml", text=STUDY, world_size=comm.Get_size())
+    out = run_job(job, output=str(tmp / "r.h5"), stream=io.StringIO(), comm=comm, progress=io.StringIO())
+    comm.Barrier()
+    if comm.Get_rank() != 0:
+        return
+    with h5py.File(out) as f:
+        cases = {cid: g for cid, g in f["cases"].items()}
+        strong = [g for g in cases.values() if g.attrs["name"] == "strong"]
+        assert sorted(int(g.attrs["ranks"]) for g in strong) == [p for p in (1, 2, 4, 8) if p <= comm.Get_size()]
+        ref = strong[0]["output"][...]
+        assert np.isfinite(ref).all()
+        for g in strong[1:]:
+            assert np.allclose(g["output"][...], ref, rtol=0, atol=1e-12)
+            assert g["timings"]["attention"].shape[0] == g.attrs["ranks"]
+        for g in cases.values():
+            assert g.attrs["complete"] and g["accuracy"].attrs["max_rel_err"] < 1e-12
+            assert g["output"].is_virtual
+        weak = sorted((int(g.attrs["ranks"]), int(g.attrs["tokens"])) for g in cases.values()
+                      if g.attrs["name"] == "weak")
+        assert all(tokens == 512 * p for p, tokens in weak)
