@@ -403,7 +403,7 @@ def weak_scaling_table(cases: Sequence[CaseResult], notes: list[str] | None = No
     labels, rows = _Labels(), []
     for s in series:
         per_rank = Fraction(s[0].tokens, s[0].ranks)
-        label = labels(_label(s[0].params, base_fields, extra) + f" N/P={float(per_rank):g}")
+        label = labels(_label(s[0].params, base_fields, extra) + f" N/P={per_rank.numerator // per_rank.denominator if per_rank.denominator == 1 else float(per_rank)}")
         p0, t0 = s[0].ranks, s[0].median("attention")
         for c in s:
             t = c.median("attention")

@@ -335,9 +335,9 @@ def run_job(job: Job, output: str | None = None, stream: TextIO = sys.stdout, co
         check_case(case)
         if case.ranks > comm.Get_size():
             raise ConfigError(f"needs {case.ranks} ranks, this run has {comm.Get_size()}", f"{case.case_id}.ranks")
-    check_job_fits(job, comm)
     if any(get_backend(c.backend).on_gpu for c in job.cases):
         bind_gpu(comm)
+    check_job_fits(job, comm)
     path = Path(output or job.output)
     rank0 = comm.Get_rank() == 0
     prov = provenance(comm)
