@@ -152,3 +152,17 @@ def test_one_run_covers_every_rank_count_with_identical_results(tmp_path_factory
         weak = sorted((int(g.attrs["ranks"]), int(g.attrs["tokens"])) for g in cases.values()
                       if g.attrs["name"] == "weak")
         assert all(tokens == 512 * p for p, tokens in weak)
+
+
+def test_a_wrong_result_is_flagged_before_timing(tmp_path, monkeypatch, capsys):
+    from hilbert_hpc.backends import numpy_backend
+    from hilbert_hpc.runner import run_job
+
+    right = numpy_backend.serialized_attention
+    monkeypatch.setattr(numpy_backend, "serialized_attention", lambda *a, **k: right(*a, **k) * 1.01)
+    job = _job(tmp_path, STUDY.replace("save_output = true", "save_output = false"), 1)
+    out = run_job(job, output=str(tmp_path / "bad.h5"), stream=io.StringIO(), progress=io.StringIO())
+    assert "exceeds the float64 tolerance" in capsys.readouterr().err
+    with h5py.File(out) as f:
+        acc = [g["accuracy"].attrs for g in f["cases"].values()]
+        assert all(not a["within_tolerance"] and a["max_rel_err"] > 1e-3 for a in acc)
