@@ -32,11 +32,22 @@ if [[ -n "${CUDA_AWARE_VENV:-}" ]]; then
   done
   echo "== ring study, 2 GPUs"
   "${MPIRUN[@]}" python -m hilbert_hpc run jobs/ring_2gpu.toml -o "$OUT/ring_2gpu.h5"
+  echo "== strong and weak scaling, 1 and 2 GPUs, cuda-aware"
+  "${MPIRUN[@]}" python -m hilbert_hpc run jobs/strong_scaling_gpu.toml --transport cuda-aware -o "$OUT/strong_cuda_aware.h5"
+  "${MPIRUN[@]}" python -m hilbert_hpc run jobs/weak_scaling_gpu.toml --transport cuda-aware -o "$OUT/weak_cuda_aware.h5"
 else
   echo "== ring study, 2 GPUs (staged only)"
   mpirun -n 2 python -m hilbert_hpc run jobs/ring_2gpu.toml --transport staged -o "$OUT/ring_2gpu.h5"
 fi
+deactivate 2>/dev/null || true
+echo "== strong scaling, 1 and 2 GPUs, staged"
+mpirun -n 2 python -m hilbert_hpc run jobs/strong_scaling_gpu.toml --transport staged -o "$OUT/strong_staged.h5"
 echo "== single-GPU peer"
 hh run jobs/gpu_peer.toml -o "$OUT/gpu_peer.h5"
+echo "== fused kernel vs peer, longest sequence"
+hh run jobs/kernel_bench.toml -o "$OUT/kernel_bench.h5"
+hh maxlen jobs/max_length.toml -o "$OUT/max_length.h5"
+echo "== report"
+hh report "$OUT"/strong_*.h5 "$OUT"/weak_*.h5 --csv "$OUT/scaling.csv" --plot "$OUT/plots"
 echo "== CPU job on 2 ranks"
 mpirun -n 2 python -m hilbert_hpc run jobs/quickstart.toml -o "$OUT/quickstart_2ranks.h5"
