@@ -48,6 +48,7 @@ echo "== fused kernel vs peer, longest sequence"
 hh run jobs/kernel_bench.toml -o "$OUT/kernel_bench.h5"
 hh maxlen jobs/max_length.toml -o "$OUT/max_length.h5"
 echo "== report"
+shopt -s nullglob
 hh report "$OUT"/strong_*.h5 "$OUT"/weak_*.h5 --csv "$OUT/scaling.csv" --plot "$OUT/plots"
 echo "== CPU job on 2 ranks"
 mpirun -n 2 python -m hilbert_hpc run jobs/quickstart.toml -o "$OUT/quickstart_2ranks.h5"
