@@ -97,9 +97,10 @@ class ResultsFile:
                    output_shape: tuple[int, ...] | None = None, shard: int | None = None) -> None:
         """Store one case (parameters, timings, metrics, accuracy, optional output), then mark it complete.
 
-        ``output_parts`` are the per-rank output files (paths relative to this
-        file, rank order, each holding ``shard`` natural-order tokens); the case's
-        ``output`` is a virtual dataset joining them, in natural order.
+        ``output_parts`` are the ranks' output files (paths relative to this file,
+        rank order): one per rank, each holding ``shard`` natural-order tokens, or
+        the same shared file from every rank (parallel HDF5). The case's ``output``
+        is a virtual dataset over them, in natural order.
         """
         group = self.h5["cases"].create_group(case.case_id)
         group.attrs["params_json"] = params_json(case)
@@ -120,12 +121,17 @@ class ResultsFile:
         if output_parts:
             batch, tokens, *row = output_shape
             layout = h5py.VirtualLayout(shape=output_shape, dtype=np.dtype(case.dtype))
-            for r, part in enumerate(output_parts):
-                layout[:, r * shard:(r + 1) * shard] = h5py.VirtualSource(part, "output", shape=(batch, shard, *row))
+            files = list(dict.fromkeys(output_parts))   # one shared file when written with parallel HDF5
+            if len(files) == 1:
+                layout[...] = h5py.VirtualSource(files[0], "output", shape=output_shape)
+            else:
+                for r, part in enumerate(files):
+                    layout[:, r * shard:(r + 1) * shard] = h5py.VirtualSource(part, "output",
+                                                                               shape=(batch, shard, *row))
             ds = group.create_virtual_dataset("output", layout, fillvalue=np.nan)
             ds.attrs["order"] = "natural"
             ds.attrs["axes"] = "batch, token, head, dim"
-            ds.attrs["parts"] = json.dumps(output_parts)
+            ds.attrs["parts"] = json.dumps(files)
         self.h5.flush()
         group.attrs["finished_utc"] = utc_now()
         group.attrs["complete"] = True

@@ -8,6 +8,7 @@ timings (and output rows, when saved) to rank 0, which writes the results file.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -239,12 +240,29 @@ def parts_dir(results_path: Path) -> Path:
     return results_path.with_name(results_path.stem + ".parts")
 
 
+def parallel_hdf5(comm: Any) -> bool:
+    """True when the case's ranks can write one shared file through parallel HDF5 (h5py built with MPI).
+
+    ``HILBERT_HPC_PARALLEL_HDF5=0`` forces the per-rank files (e.g. on a file
+    system where MPI-IO is slow or broken); a single rank never needs it.
+    """
+    if os.environ.get("HILBERT_HPC_PARALLEL_HDF5", "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    if comm.Get_size() < 2 or type(comm).__module__.split(".")[0] != "mpi4py":
+        return False
+    import h5py
+
+    return bool(h5py.get_config().mpi)
+
+
 def write_output_part(case: Case, comm: Any, layout: Layout, outputs: list[np.ndarray], results_path: Path) -> str:
-    """Every rank of the case writes its block of the output, in natural order, to its own file.
+    """Every rank of the case writes its block of the output, in natural order; no rank holds more than its shard.
 
     Rank ``r`` receives the natural positions ``[r*L, (r+1)*L)`` by one all-to-all
-    exchange and writes them to ``<results>.parts/<case-id>/rank<r>.h5``; no rank
-    holds more than its shard. Returns the part's path relative to the results file.
+    exchange. With parallel HDF5 all ranks write their blocks into one file,
+    ``<results>.parts/<case-id>/output.h5`` (collective MPI-IO); otherwise each
+    rank writes ``<results>.parts/<case-id>/rank<r>.h5``. Returns this rank's
+    file, relative to the results file.
     """
     import h5py
 
@@ -252,16 +270,31 @@ def write_output_part(case: Case, comm: Any, layout: Layout, outputs: list[np.nd
 
     rank = comm.Get_rank()
     natural = layout.shard_natural(rank)
-    blocks = [redistribute(np.asarray(o, dtype=case.dtype), natural, layout.shard, comm) for o in outputs]
-    rel = Path(parts_dir(results_path).name) / case.case_id / f"rank{rank:05d}.h5"
+    blocks = np.stack([redistribute(np.asarray(o, dtype=case.dtype), natural, layout.shard, comm) for o in outputs])
+    shared = parallel_hdf5(comm)
+    rel = Path(parts_dir(results_path).name) / case.case_id / ("output.h5" if shared else f"rank{rank:05d}.h5")
     target = results_path.parent / rel
     target.parent.mkdir(parents=True, exist_ok=True)
-    with h5py.File(target, "w") as f:
-        ds = f.create_dataset("output", data=np.stack(blocks))
-        ds.attrs["order"] = "natural"
-        ds.attrs["first_token"] = rank * layout.shard
-        ds.attrs["axes"] = "batch, token, head, dim"
+    if shared:
+        comm.Barrier()                                   # the folder exists before any rank opens the file
+        shape = (blocks.shape[0], layout.shard * comm.Get_size(), *blocks.shape[2:])
+        with h5py.File(target, "w", driver="mpio", comm=comm) as f:
+            ds = f.create_dataset("output", shape=shape, dtype=blocks.dtype)
+            with ds.collective:
+                ds[:, rank * layout.shard:(rank + 1) * layout.shard] = blocks
+            ds.attrs["first_token"] = 0
+            _output_attrs(ds)
+    else:
+        with h5py.File(target, "w") as f:
+            ds = f.create_dataset("output", data=blocks)
+            ds.attrs["first_token"] = rank * layout.shard
+            _output_attrs(ds)
     return str(rel)
+
+
+def _output_attrs(ds: Any) -> None:
+    ds.attrs["order"] = "natural"
+    ds.attrs["axes"] = "batch, token, head, dim"
 
 
 def run_case(case: Case, job: Job, comm: Any, results: ResultsFile | None,

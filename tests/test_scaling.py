@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import h5py
@@ -166,3 +167,32 @@ def test_a_wrong_result_is_flagged_before_timing(tmp_path, monkeypatch, capsys):
     with h5py.File(out) as f:
         acc = [g["accuracy"].attrs for g in f["cases"].values()]
         assert all(not a["within_tolerance"] and a["max_rel_err"] > 1e-3 for a in acc)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_output_layouts_agree_parallel_hdf5_when_h5py_has_mpi(tmp_path_factory, monkeypatch):
+    """Outputs at scale: one shared file through parallel HDF5 when h5py has MPI, else per-rank files;
+    either way the natural-order output equals the per-rank layout's bit for bit."""
+    from mpi4py import MPI
+
+    from hilbert_hpc.runner import run_job
+
+    comm = MPI.COMM_WORLD
+    tmp = Path(comm.bcast(str(tmp_path_factory.mktemp("layouts")) if comm.Get_rank() == 0 else None))
+    job = load_job(tmp / "study.toml", text=STUDY, world_size=comm.Get_size())
+    monkeypatch.setenv("HILBERT_HPC_PARALLEL_HDF5", "0")
+    per_rank = run_job(job, output=str(tmp / "per_rank.h5"), stream=io.StringIO(), comm=comm, progress=io.StringIO())
+    monkeypatch.delenv("HILBERT_HPC_PARALLEL_HDF5")
+    default = run_job(job, output=str(tmp / "default.h5"), stream=io.StringIO(), comm=comm, progress=io.StringIO())
+    comm.Barrier()
+    if comm.Get_rank() != 0:
+        return
+    with h5py.File(per_rank) as a, h5py.File(default) as b:
+        assert sorted(a["cases"]) == sorted(b["cases"])
+        for cid, ga in a["cases"].items():
+            gb, ranks = b["cases"][cid], int(ga.attrs["ranks"])
+            parts_a, parts_b = (json.loads(g["output"].attrs["parts"]) for g in (ga, gb))
+            assert [Path(p).name for p in parts_a] == [f"rank{r:05d}.h5" for r in range(ranks)]
+            shared = ranks > 1 and h5py.get_config().mpi
+            assert [Path(p).name for p in parts_b] == (["output.h5"] if shared else [Path(p).name for p in parts_a])
+            assert np.array_equal(ga["output"][...], gb["output"][...])
