@@ -325,6 +325,7 @@ def run_case(case: Case, job: Job, comm: Any, results: ResultsFile | None,
         "units": UNITS,
         "accuracy": accuracy,
         "attrs": {"ranks": run.ranks, "transport": "none" if run.transport is None else run.transport.name,
+                  "kernel": run.be.kernel_variant(case.head_dim) if hasattr(run.be, "kernel_variant") else "none",
                   "transport_reason": run.transport_reason, "wall_s": time.perf_counter() - t0},
     }
     results.write_case(case, record, parts, (case.batch, case.tokens, case.heads, case.head_dim), run.layout.shard)

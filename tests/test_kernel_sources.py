@@ -24,9 +24,12 @@ def test_nvrtc_present_where_required():
     assert HAVE_NVRTC or not REQUIRED
 
 
+FP32_TARGETS = [(name, arch) for name in (kernels.FP32_SOURCE, kernels.TILED_SOURCE, kernels.TF32X3_SOURCE)
+                for arch in kernels.CHECK_ARCHS if int(arch[8:]) >= kernels.SOURCE_MIN_ARCH.get(name, 0)]
+
+
 @pytest.mark.skipif(not HAVE_NVRTC, reason="needs cupy-cuda12x and nvidia-cuda-nvrtc-cu12")
-@pytest.mark.parametrize("arch", kernels.CHECK_ARCHS)
-@pytest.mark.parametrize("name", [kernels.FP32_SOURCE, kernels.TILED_SOURCE])
+@pytest.mark.parametrize("name, arch", FP32_TARGETS)
 def test_fp32_kernels_compile(arch, name):
     from hilbert_hpc.kernels.check import compile_ptx
 
@@ -34,6 +37,28 @@ def test_fp32_kernels_compile(arch, name):
     assert int(info["ptx_bytes"]) > 1000
     assert len(info) - 1 == len(kernels.HEAD_DIMS) * (2 if name == kernels.TILED_SOURCE else 1)
     assert all(v for k, v in info.items())
+    if name == kernels.TF32X3_SOURCE:
+        assert "mma.sync.aligned.m16n8k8" in _ptx(arch, name)
+
+
+def _ptx(arch: str, name: str) -> str:
+    prog = nvrtc.createProgram(kernels.source(name), name, [], [])
+    try:
+        for v in kernels.all_variants():
+            if v.source == name:
+                nvrtc.addNameExpression(prog, v.name)
+        nvrtc.compileProgram(prog, [*kernels.OPTIONS, f"-arch={arch}"])
+        ptx = nvrtc.getPTX(prog)
+        return ptx.decode() if isinstance(ptx, bytes) else ptx
+    finally:
+        nvrtc.destroyProgram(prog)
+
+
+def test_tensor_core_source_is_checked_only_where_it_can_run():
+    from hilbert_hpc.kernels.check import archs_for
+
+    assert archs_for(kernels.TF32X3_SOURCE) == ("compute_80", "compute_90")
+    assert archs_for(kernels.TILED_SOURCE) == kernels.CHECK_ARCHS
 
 
 @pytest.mark.skipif(not HAVE_NVRTC, reason="needs cupy-cuda12x and nvidia-cuda-nvrtc-cu12")
@@ -48,7 +73,7 @@ def test_every_kernel_source_is_checked():
     from hilbert_hpc.kernels.check import PLAIN_SOURCES
 
     on_disk = {p.name for p in kernels.KERNEL_DIR.glob("*.cu")}
-    assert on_disk == {kernels.FP32_SOURCE, kernels.TILED_SOURCE, *PLAIN_SOURCES}
+    assert on_disk == {kernels.FP32_SOURCE, kernels.TILED_SOURCE, kernels.TF32X3_SOURCE, *PLAIN_SOURCES}
 
 
 def test_unsupported_head_dim_is_a_clear_error():
@@ -62,16 +87,45 @@ def test_shared_memory_fits_pascal():
     assert all(kernels.variant("tiled64", d).shared_bytes <= 48 * 1024 for d in (32, 64))
 
 
-def test_variant_selection_respects_shared_memory_and_alignment(monkeypatch):
+def _device(monkeypatch, cc: int, shared_kib: int) -> None:
+    monkeypatch.setattr(kernels, "_compute_capability", lambda: cc)
+    monkeypatch.setattr(kernels, "_shared_limit", lambda: shared_kib * 1024)
+
+
+def test_variant_selection_respects_capability_shared_memory_and_alignment(monkeypatch):
     monkeypatch.delenv(kernels.VARIANT_ENV, raising=False)
-    monkeypatch.setattr(kernels, "_shared_limit", lambda: 48 * 1024)   # a Pascal GPU
+    _device(monkeypatch, 61, 48)                                       # a Pascal GPU
     assert kernels.select_fp32(64).variant == "tiled64"
     assert kernels.select_fp32(128).variant == "warp"
     assert kernels.select_fp32(64, align=2).variant == "warp"
-    monkeypatch.setattr(kernels, "_shared_limit", lambda: 227 * 1024)  # H100
-    assert kernels.select_fp32(128).variant == kernels.PREFERENCE[0]
+    _device(monkeypatch, 70, 96)                                       # V100: no TF32 tensor cores
+    assert kernels.select_fp32(64).variant == "tiled128"
+    _device(monkeypatch, 90, 227)                                      # H100
+    assert kernels.PREFERENCE[0] == "tf32x3"
+    assert all(kernels.select_fp32(d).variant == "tf32x3" for d in kernels.HEAD_DIMS)
+    assert kernels.select_fp32(64, align=2).variant == "warp"
+    _device(monkeypatch, 80, 163)                                      # A100
+    assert kernels.select_fp32(128).variant == "tf32x3"
+    monkeypatch.setenv(kernels.VARIANT_ENV, "tf32x3")
+    _device(monkeypatch, 61, 48)
+    with pytest.raises(RuntimeError, match="compute capability 8.0"):
+        kernels.select_fp32(64)
+    _device(monkeypatch, 90, 227)
     monkeypatch.setenv(kernels.VARIANT_ENV, "warp")
     assert kernels.select_fp32(64).variant == "warp"
     monkeypatch.setenv(kernels.VARIANT_ENV, "tiled9")
     with pytest.raises(ValueError, match="variant"):
         kernels.select_fp32(64)
+
+
+def test_launch_geometry_matches_the_tensor_core_source():
+    """The Python launch description (queries per block, key tile, shared bytes) follows the .cu constants."""
+    import re
+
+    text = (kernels.KERNEL_DIR / kernels.TF32X3_SOURCE).read_text()
+    warps = int(re.search(r"#define MMA_WARPS (\d+)", text).group(1))
+    keys = int(re.search(r"#define MMA_BK (\d+)", text).group(1))
+    assert (32 * warps, 16 * warps, keys) == (kernels.MMA_THREADS, kernels.MMA_QUERIES, kernels.MMA_KEYS)
+    for d in kernels.HEAD_DIMS:
+        v = kernels.variant("tf32x3", d)
+        assert v.shared_bytes == 4 * (16 * warps + 4 * keys) * (d + 4) and v.min_cc == 80 and v.align == 4

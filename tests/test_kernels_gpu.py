@@ -39,16 +39,36 @@ def test_fused_kernel_matches_float64_reference(seed):
     assert rel_err(got, ref32) < 1e-5
 
 
-@pytest.mark.parametrize("variant", ["warp", "tiled64", "tiled128"])
+@pytest.mark.parametrize("variant", ["warp", "tiled64", "tiled128", "tf32x3"])
 @pytest.mark.parametrize("seed", range(6))
 def test_every_kernel_variant_matches_float64_reference(variant, seed, monkeypatch):
     from hilbert_hpc import kernels
 
     monkeypatch.setenv(kernels.VARIANT_ENV, variant)
     cfg = random_config(seed + 700, dims=(32, 64, 96, 128))
-    if kernels.variant(variant, cfg["head_dim"]).shared_bytes > kernels._shared_limit():
-        pytest.skip(f"{variant} for head_dim {cfg['head_dim']} does not fit this GPU")
+    chosen = kernels.variant(variant, cfg["head_dim"])
+    if chosen.shared_bytes > kernels._shared_limit() or chosen.min_cc > kernels._compute_capability():
+        pytest.skip(f"{variant} for head_dim {cfg['head_dim']} does not run on this GPU")
     assert fused_against_reference(cfg, seed)[2] < 1e-5, cfg
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_tensor_core_kernel_agrees_with_the_fp32_fma_kernel(causal, monkeypatch):
+    """Long segments, every head dimension: the split-TF32 kernel stays within FP32 rounding of the FMA one."""
+    from hilbert_hpc import kernels
+
+    if kernels._compute_capability() < 80:
+        pytest.skip("tf32x3 needs compute capability 8.0")
+    rng = np.random.default_rng(11)
+    for d in kernels.HEAD_DIMS:
+        q, k, v = (rng.standard_normal((4096, 2, d)).astype(np.float32) for _ in range(3))
+        pats = [(512, 1), (2048, 2), (4096, 8)]
+        outs = {}
+        for name in ("tiled64", "tf32x3"):
+            monkeypatch.setenv(kernels.VARIANT_ENV, name)
+            outs[name] = dilated_attention(q, k, v, patterns=pats, causal=causal, backend="cuda-fp32")
+        want = dense_dilated_attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), pats, causal)
+        assert rel_err(outs["tf32x3"], want) < 2 * rel_err(outs["tiled64"], want) + 1e-7, d
 
 
 def test_large_magnitude_inputs_stay_finite():

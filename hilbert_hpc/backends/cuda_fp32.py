@@ -1,4 +1,4 @@
-"""CUDA FP32 backend: the fused RawKernel (sm_60 features only: Pascal and newer) on CuPy arrays."""
+"""CUDA FP32 backend: the fused RawKernels on CuPy arrays (split-TF32 tensor cores on sm_80+, FP32 FMA from sm_60)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,13 @@ attend_fn = attend
 on_gpu = True
 #: the ring uses these instead of attend + merge
 kernels = fused
+
+
+def kernel_variant(head_dim: int) -> str:
+    """The FP32 kernel variant this GPU runs for ``head_dim`` (rows aligned to 4 elements), for the results."""
+    from .. import kernels as provider
+
+    return provider.select_fp32(head_dim).variant
 
 
 def to_device(x: Any, dtype: Any) -> cupy.ndarray:

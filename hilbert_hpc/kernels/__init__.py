@@ -1,7 +1,13 @@
 """Kernel provider: CUDA sources in this folder, compiled once per (variant, head_dim, device).
 
-Two FP32 forward kernels, both with sm_60 features only (Pascal and newer),
-same arguments and same in-place log-sum-exp merge:
+The FP32 forward kernels all take the same arguments and do the same in-place
+log-sum-exp merge. Tensor cores, compute capability 8.0 and newer:
+
+* ``tf32x3`` (``dilated_fwd_tf32x3.cu``): 4 warps x 16 queries, mma.sync TF32
+  products of split operands (hi + lo, three products each), FP32 accumulation
+  and softmax: FP32-level accuracy at tensor-core speed.
+
+Plain FP32 FMA with sm_60 features only (Pascal and newer):
 
 * ``warp`` (``dilated_fwd_fp32.cu``): each warp owns a few queries; smallest
   shared memory, any row alignment.
@@ -26,6 +32,7 @@ from typing import Any
 KERNEL_DIR = Path(__file__).resolve().parent
 FP32_SOURCE = "dilated_fwd_fp32.cu"
 TILED_SOURCE = "dilated_fwd_fp32_tiled.cu"
+TF32X3_SOURCE = "dilated_fwd_tf32x3.cu"
 #: head dimensions with an FP32 fast path, and queries per warp of the warp variant
 QUERIES_PER_WARP = {32: 8, 64: 8, 96: 4, 128: 4}
 HEAD_DIMS = tuple(QUERIES_PER_WARP)
@@ -33,10 +40,15 @@ WARPS = 4
 KEY_TILE = 32
 TILED_THREADS = 256
 TILED_KEYS = 64
+MMA_THREADS = 128
+MMA_QUERIES = 64
+MMA_KEYS = 32
 #: FP32 variants, fastest first (measured on H100/H200, docs/performance.md)
-PREFERENCE = ("tiled128", "tiled64", "warp")
+PREFERENCE = ("tf32x3", "tiled128", "tiled64", "warp")
 #: architectures CI compiles every kernel for (NVRTC 12, no GPU needed)
 CHECK_ARCHS = ("compute_61", "compute_70", "compute_80", "compute_90")
+#: the oldest architecture each source needs (others: compute_61)
+SOURCE_MIN_ARCH = {TF32X3_SOURCE: 80}
 OPTIONS = ("-std=c++14",)
 #: headers the sources include, inlined by ``source`` (so compile caches see their text)
 HEADERS = ("common.cuh",)
@@ -57,6 +69,8 @@ class Variant:
     shared_bytes: int
     #: row offsets must be multiples of this many elements
     align: int
+    #: oldest compute capability (major * 10 + minor) it runs on
+    min_cc: int = 60
 
 
 def source(name: str = FP32_SOURCE) -> str:
@@ -96,6 +110,10 @@ def variant(name: str, head_dim: int) -> Variant:
         floats = head_dim * bq + max(head_dim * TILED_KEYS, TILED_KEYS * bq) + TILED_KEYS * head_dim
         return Variant(name, head_dim, TILED_SOURCE, f"dilated_fwd_fp32_tiled<{head_dim},{bq}>", TILED_THREADS,
                        bq, 4 * floats, 4)
+    if name == "tf32x3":
+        floats = (MMA_QUERIES + 2 * 2 * MMA_KEYS) * (head_dim + 4)   # Q and two K/V tiles, rows padded by 4
+        return Variant(name, head_dim, TF32X3_SOURCE, f"dilated_fwd_tf32x3<{head_dim}>", MMA_THREADS,
+                       MMA_QUERIES, 4 * floats, 4, 80)
     raise ValueError(f"unknown FP32 kernel variant {name!r}; choose one of {', '.join(PREFERENCE)}")
 
 
@@ -126,11 +144,22 @@ def _shared_limit() -> int:
     return int(attrs.get("MaxSharedMemoryPerBlockOptin", attrs.get("MaxSharedMemoryPerBlock", PASCAL_SHARED)))
 
 
+def _compute_capability() -> int:
+    """Compute capability of the current device as major * 10 + minor."""
+    import cupy
+
+    return int(cupy.cuda.Device().compute_capability)
+
+
 def select_fp32(head_dim: int, align: int = 4) -> Variant:
     """The FP32 variant to use on this device for ``head_dim`` and rows aligned to ``align`` elements."""
     forced = os.environ.get(VARIANT_ENV)
+    cc = _compute_capability()
     if forced:
         chosen = variant(forced, head_dim)
+        if chosen.min_cc > cc:
+            raise RuntimeError(f"{VARIANT_ENV}={forced}: needs compute capability {chosen.min_cc / 10:.1f} or newer, "
+                               f"this GPU has {cc / 10:.1f}")
         if chosen.shared_bytes > _shared_limit():
             raise RuntimeError(f"{VARIANT_ENV}={forced}: needs {chosen.shared_bytes} bytes of shared memory per "
                                f"block for head_dim {head_dim}, this GPU allows {_shared_limit()}")
@@ -140,7 +169,7 @@ def select_fp32(head_dim: int, align: int = 4) -> Variant:
     limit = _shared_limit()
     for name in PREFERENCE:
         chosen = variant(name, head_dim)
-        if chosen.shared_bytes <= limit and align % chosen.align == 0:
+        if chosen.shared_bytes <= limit and align % chosen.align == 0 and chosen.min_cc <= cc:
             return chosen
     raise RuntimeError("no FP32 kernel variant fits this GPU")  # pragma: no cover - warp always fits
 

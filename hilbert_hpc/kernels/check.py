@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import sys
 
-from . import CHECK_ARCHS, FP32_SOURCE, OPTIONS, TILED_SOURCE, all_variants, source
+from . import CHECK_ARCHS, FP32_SOURCE, OPTIONS, SOURCE_MIN_ARCH, TF32X3_SOURCE, TILED_SOURCE, all_variants, source
 
-TEMPLATE_SOURCES = (FP32_SOURCE, TILED_SOURCE)
+TEMPLATE_SOURCES = (FP32_SOURCE, TILED_SOURCE, TF32X3_SOURCE)
+
+
+def archs_for(name: str) -> tuple[str, ...]:
+    """The architectures of CHECK_ARCHS that source ``name`` targets (tensor-core sources: sm_80+)."""
+    return tuple(a for a in CHECK_ARCHS if int(a.split("_")[1]) >= SOURCE_MIN_ARCH.get(name, 0))
 
 
 def compile_ptx(arch: str, name: str = FP32_SOURCE) -> dict[str, str]:
@@ -56,7 +61,7 @@ def main() -> int:
 
     print(f"NVRTC {'.'.join(map(str, nvrtc.getVersion()))}")
     for arch in CHECK_ARCHS:
-        for name in TEMPLATE_SOURCES:
+        for name in (n for n in TEMPLATE_SOURCES if arch in archs_for(n)):
             info = compile_ptx(arch, name)
             print(f"{name} {arch}: ok, {len(info) - 1} instantiations, {info['ptx_bytes']} bytes of PTX")
         for name in PLAIN_SOURCES:

@@ -13,6 +13,16 @@
     long long l_base, long long l_seg, long long l_head, long long l_row,                                 \
     int heads, int mq, int mk, int causal, int causal_shift, float scale
 
+// This block's problem (blockIdx.x = segment * heads + head-in-group): element offsets of its first
+// Q/output, K, V and log-sum-exp rows (qoff, koff, voff, loff), with the DILATED_FWD_PARAMS in scope.
+#define DILATED_FWD_PROBLEM_OFFSETS                                                                        \
+    const long long problem_seg = (long long)blockIdx.x / heads;                                          \
+    const int problem_head = (int)((long long)blockIdx.x % heads);                                        \
+    const long long qoff = q_base + problem_seg * q_seg + problem_head * q_head;                           \
+    const long long koff = k_base + problem_seg * k_seg + problem_head * k_head;                          \
+    const long long voff = v_base + problem_seg * v_seg + problem_head * v_head;                          \
+    const long long loff = l_base + problem_seg * l_seg + problem_head * l_head
+
 // max / sum over groups of WIDTH consecutive lanes (WIDTH a power of two <= 32)
 template <int WIDTH>
 __device__ __forceinline__ float lanes_max(float x) {

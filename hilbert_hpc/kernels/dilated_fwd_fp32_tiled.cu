@@ -58,14 +58,8 @@ dilated_fwd_fp32_tiled(DILATED_FWD_PARAMS)
     float* sV = sKP + KP;                                // [BK][D]
 
     const int tid = threadIdx.x, qg = tid >> 4, kg = tid & 15;
-    const long long prob = blockIdx.x;
-    const int t = (int)(prob % heads);
-    const long long seg = prob / heads;
     const int qblock = blockIdx.y * BQ;
-    const long long qoff = q_base + seg * q_seg + t * q_head;
-    const long long koff = k_base + seg * k_seg + t * k_head;
-    const long long voff = v_base + seg * v_seg + t * v_head;
-    const long long loff = l_base + seg * l_seg + t * l_head;
+    DILATED_FWD_PROBLEM_OFFSETS;
     const float qscale = scale * LOG2E;                  // scores in log2 units: exp2 below
 
     for (int idx = tid; idx < BQ * (D / 4); idx += TILED_THREADS) {
