@@ -57,7 +57,7 @@ def library_versions() -> dict[str, str]:
     if "mpi4py.MPI" in sys.modules:
         from mpi4py import MPI
 
-        versions["mpi_library"] = MPI.Get_library_version().strip().splitlines()[0]
+        versions["mpi_library"] = MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0]
         versions["mpi_standard"] = "%d.%d" % MPI.Get_version()
     return versions
 

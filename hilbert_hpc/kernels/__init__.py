@@ -43,7 +43,7 @@ TILED_KEYS = 64
 MMA_THREADS = 128
 MMA_QUERIES = 64
 MMA_KEYS = 32
-#: FP32 variants, fastest first (measured on H100/H200, docs/performance.md)
+#: FP32 variants, fastest first (measured on an H200, docs/performance.md)
 PREFERENCE = ("tf32x3", "tiled128", "tiled64", "warp")
 #: architectures CI compiles every kernel for (NVRTC 12, no GPU needed)
 CHECK_ARCHS = ("compute_61", "compute_70", "compute_80", "compute_90")
