@@ -122,10 +122,11 @@ class ResultsFile:
             batch, tokens, *row = output_shape
             layout = h5py.VirtualLayout(shape=output_shape, dtype=np.dtype(case.dtype))
             files = list(dict.fromkeys(output_parts))   # one shared file when written with parallel HDF5
+            sources = [f.replace("%", "%%") for f in files]  # HDF5 reads % in source names as a format
             if len(files) == 1:
-                layout[...] = h5py.VirtualSource(files[0], "output", shape=output_shape)
+                layout[...] = h5py.VirtualSource(sources[0], "output", shape=output_shape)
             else:
-                for r, part in enumerate(files):
+                for r, part in enumerate(sources):
                     layout[:, r * shard:(r + 1) * shard] = h5py.VirtualSource(part, "output",
                                                                                shape=(batch, shard, *row))
             ds = group.create_virtual_dataset("output", layout, fillvalue=np.nan)

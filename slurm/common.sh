@@ -8,6 +8,7 @@
 #   HH_REPORT           1 (default): print the report of the results file when the study is complete
 
 # shellcheck shell=bash
+set +o posix                # POSIXLY_CORRECT in the environment must not change `wait` below
 HH_REQUEUE_EXIT=75          # hilbert_hpc.signals.REQUEUE_EXIT: stopped at a case boundary, resume later
 HH_PYTHON=${HH_PYTHON:-python3}
 
@@ -16,6 +17,8 @@ hh_log() { echo "== $(date -u +%Y-%m-%dT%H:%M:%SZ) ${SLURM_JOB_ID:+job $SLURM_JO
 hh_environment() {
   # One thread per core a task owns; HDF5 locking off for Lustre/NFS unless the site says otherwise.
   export OMP_NUM_THREADS=${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}
+  # srun of Slurm >= 22.05 no longer inherits --cpus-per-task from sbatch
+  if [[ -n ${SLURM_CPUS_PER_TASK:-} ]]; then export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK; fi
   export HDF5_USE_FILE_LOCKING=${HDF5_USE_FILE_LOCKING:-FALSE}
   if [[ ${HH_CUDA_AWARE_PYPI:-0} == 1 ]]; then
     local env_lines
@@ -37,15 +40,22 @@ run_study() {
   fi
   hh_environment
   hh_log "restart ${SLURM_RESTART_COUNT:-0}: hilbert-hpc run $job --resume $*"
+  # Every rank exits 75 after a stop, so a non-zero rank exit must not kill the others (a site may set
+  # KillOnBadExit); a rank that fails aborts all of them through MPI_Abort instead.
   # shellcheck disable=SC2086
-  srun --kill-on-bad-exit=1 ${HH_SRUN_ARGS:-} "$HH_PYTHON" -m hilbert_hpc run "$job" --resume "$@" &
-  local step=$! rc
+  srun --kill-on-bad-exit=0 ${HH_SRUN_ARGS:-} "$HH_PYTHON" -m hilbert_hpc run "$job" --resume "$@" &
+  local step=$! rc again
   trap 'hh_log "stop requested: the ranks finish the current case, then stop"; kill -USR1 "$step" 2>/dev/null' USR1 TERM
-  while kill -0 "$step" 2>/dev/null; do
-    wait "$step"            # returns early when a trapped signal arrives; wait again
+  while :; do
+    wait "$step"
+    rc=$?
+    ((rc > 128)) || break                            # the step's own exit code
+    kill -0 "$step" 2>/dev/null && continue          # a trapped signal ended the wait early: wait again
+    wait "$step"                                     # the step ended meanwhile: its saved exit code
+    again=$?
+    ((again == 127)) || rc=$again
+    break
   done
-  wait "$step"
-  rc=$?
   trap - USR1 TERM
   if [[ $rc == "$HH_REQUEUE_EXIT" ]]; then
     if [[ -n ${SLURM_JOB_ID:-} ]] && scontrol requeue "$SLURM_JOB_ID"; then
@@ -65,11 +75,14 @@ run_study() {
 
 # hh_output_path JOB [OPTIONS...]: the results file a run writes (-o/--output, else the job's output).
 hh_output_path() {
-  local job=$1 prev=
+  local job=$1 prev= arg
   shift
   for arg in "$@"; do
     case $prev in -o|--output) echo "$arg"; return ;; esac
-    case $arg in --output=*) echo "${arg#--output=}"; return ;; esac
+    case $arg in
+      --output=*) echo "${arg#--output=}"; return ;;
+      -o?*) echo "${arg#-o}"; return ;;
+    esac
     prev=$arg
   done
   "$HH_PYTHON" - "$job" <<'PY'
