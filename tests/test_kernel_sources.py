@@ -7,6 +7,7 @@ import os
 import pytest
 
 from hilbert_hpc import kernels
+from hilbert_hpc.kernels.check import archs_for
 
 try:
     from cupy.cuda import nvrtc
@@ -25,7 +26,7 @@ def test_nvrtc_present_where_required():
 
 
 FP32_TARGETS = [(name, arch) for name in (kernels.FP32_SOURCE, kernels.TILED_SOURCE, kernels.TF32X3_SOURCE)
-                for arch in kernels.CHECK_ARCHS if int(arch[8:]) >= kernels.SOURCE_MIN_ARCH.get(name, 0)]
+                for arch in archs_for(name)]
 
 
 @pytest.mark.skipif(not HAVE_NVRTC, reason="needs cupy-cuda12x and nvidia-cuda-nvrtc-cu12")
@@ -38,25 +39,12 @@ def test_fp32_kernels_compile(arch, name):
     assert len(info) - 1 == len(kernels.HEAD_DIMS) * (2 if name == kernels.TILED_SOURCE else 1)
     assert all(v for k, v in info.items())
     if name == kernels.TF32X3_SOURCE:
-        assert "mma.sync.aligned.m16n8k8" in _ptx(arch, name)
+        from hilbert_hpc.kernels.check import compile_templates
 
-
-def _ptx(arch: str, name: str) -> str:
-    prog = nvrtc.createProgram(kernels.source(name), name, [], [])
-    try:
-        for v in kernels.all_variants():
-            if v.source == name:
-                nvrtc.addNameExpression(prog, v.name)
-        nvrtc.compileProgram(prog, [*kernels.OPTIONS, f"-arch={arch}"])
-        ptx = nvrtc.getPTX(prog)
-        return ptx.decode() if isinstance(ptx, bytes) else ptx
-    finally:
-        nvrtc.destroyProgram(prog)
+        assert "mma.sync.aligned.m16n8k8" in compile_templates(arch, name)[1]
 
 
 def test_tensor_core_source_is_checked_only_where_it_can_run():
-    from hilbert_hpc.kernels.check import archs_for
-
     assert archs_for(kernels.TF32X3_SOURCE) == ("compute_80", "compute_90")
     assert archs_for(kernels.TILED_SOURCE) == kernels.CHECK_ARCHS
 

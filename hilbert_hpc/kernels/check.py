@@ -20,6 +20,12 @@ def archs_for(name: str) -> tuple[str, ...]:
 
 def compile_ptx(arch: str, name: str = FP32_SOURCE) -> dict[str, str]:
     """PTX size and lowered name of every instantiation of ``name`` for ``arch`` (e.g. ``compute_61``)."""
+    lowered, ptx = compile_templates(arch, name)
+    return lowered | {"ptx_bytes": str(len(ptx))}
+
+
+def compile_templates(arch: str, name: str) -> tuple[dict[str, str], str]:
+    """Lowered name of every instantiation of ``name`` for ``arch``, and the PTX text."""
     from cupy.cuda import nvrtc
 
     prog = nvrtc.createProgram(source(name), name, [], [])
@@ -32,7 +38,7 @@ def compile_ptx(arch: str, name: str = FP32_SOURCE) -> dict[str, str]:
         except nvrtc.NVRTCError as exc:
             raise RuntimeError(f"{name} for {arch}: {exc}\n{nvrtc.getProgramLog(prog)}") from None
         ptx = nvrtc.getPTX(prog)
-        return {n: nvrtc.getLoweredName(prog, n) for n in names} | {"ptx_bytes": str(len(ptx))}
+        return {n: nvrtc.getLoweredName(prog, n) for n in names}, ptx.decode() if isinstance(ptx, bytes) else ptx
     finally:
         nvrtc.destroyProgram(prog)
 
