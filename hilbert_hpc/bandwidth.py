@@ -42,8 +42,51 @@ def exchange_seconds(comm: Any, transport: Any, send: Any, recv: Any, iterations
 
 
 def run_bandwidth(comm: Any, transport_name: str, device: str, max_bytes: int, iterations: int,
-                  output: str | None = None) -> list[tuple[int, float]]:
-    """Print (rank 0) and return ``[(bytes, GB/s), ...]`` for the chosen transport and memory."""
+                  output: str | None = None, overwrite: bool = False) -> list[tuple[int, float]]:
+    """Print (rank 0) and return ``[(bytes, GB/s), ...]`` for the chosen transport and memory.
+
+    With ``output``, rank 0 claims the file before the sweep (same rules as
+    results files: an existing one only with ``overwrite``) and writes it at the end.
+    """
+    from contextlib import nullcontext
+
+    from .errors import UserError
+    from .mpi import agree
+    from .output_files import NewOutput, hdf5_attr_is
+
+    claim, error = nullcontext(), None
+    if output and comm.Get_rank() == 0:
+        claim = NewOutput(output, "hilbert-hpc bandwidth file", hdf5_attr_is("study", "bandwidth"),
+                          overwrite=overwrite)
+        try:
+            claim.__enter__()
+        except UserError as exc:
+            claim, error = nullcontext(), exc
+    error = agree(comm, error)
+    if error is not None:
+        claim.__exit__(None, None, None)
+        raise error
+    try:
+        rows = _sweep(comm, transport_name, device, max_bytes, iterations)
+        if output and comm.Get_rank() == 0:
+            claim.write(lambda tmp: _write(tmp, rows))
+    finally:
+        claim.__exit__(None, None, None)
+    return [(nbytes, rate) for nbytes, rate, _ in rows]
+
+
+def _write(path: Any, rows: list[tuple[int, float, dict]]) -> None:
+    import h5py
+
+    with h5py.File(path, "w") as f:
+        f.attrs["program"] = "hilbert-hpc"
+        f.attrs["study"] = "bandwidth"
+        ds = f.create_dataset("bandwidth", data=np.asarray([r[:2] for r in rows], dtype=np.float64))
+        ds.attrs.update({"columns": "bytes, GB/s", **rows[0][2]} if rows else {"columns": "bytes, GB/s"})
+
+
+def _sweep(comm: Any, transport_name: str, device: str, max_bytes: int,
+           iterations: int) -> list[tuple[int, float, dict]]:
     from .transports import resolve_transport
 
     on_gpu = device == "gpu"
@@ -73,14 +116,8 @@ def run_bandwidth(comm: Any, transport_name: str, device: str, max_bytes: int, i
         recv = xp.empty_like(send)
         iters = iterations if nbytes < (64 << 20) else max(3, iterations // 2)
         seconds = exchange_seconds(comm, transport, send, recv, iters, sync)
-        rows.append((nbytes, nbytes / seconds / 1e9))
+        attrs = {"transport": transport.name, "reason": reason, "device": device, "ranks": comm.Get_size()}
+        rows.append((nbytes, nbytes / seconds / 1e9, attrs))
         if comm.Get_rank() == 0:
             print(f"  {nbytes:>12}  {nbytes / seconds / 1e9:>10.3f}  {seconds * 1e6:>10.1f}", flush=True)
-    if output and comm.Get_rank() == 0:
-        import h5py
-
-        with h5py.File(output, "w") as f:
-            ds = f.create_dataset("bandwidth", data=np.asarray(rows, dtype=np.float64))
-            ds.attrs.update({"columns": "bytes, GB/s", "transport": transport.name, "reason": reason,
-                             "device": device, "ranks": comm.Get_size()})
     return rows

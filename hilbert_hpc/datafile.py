@@ -2,27 +2,35 @@
 
 Format (docs in ``data/README.md``): datasets ``q``, ``k``, ``v`` of shape
 ``(N, H, D)`` or ``(B, N, H, D)`` (``v`` may have its own last dimension), any
-float dtype, tokens in natural (row-major grid) order; optional attribute
-``grid`` on the root. Rank ``p`` reads only the contiguous natural block
+float or integer dtype, finite values, tokens in natural (row-major grid)
+order; optional attribute ``grid`` on the root. Rank ``p`` reads only the contiguous natural block
 ``[p*L, (p+1)*L)``, then one ``Alltoallv`` sends every row to the rank that owns
 its serialized position; no rank reads or holds the whole sequence.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .errors import ConfigError
+from .mpi import agree
 from .sharding import Layout
 
 TENSORS = ("q", "k", "v")
 
 
 def describe_input(path: str | Path, param: str = "input") -> dict[str, Any]:
-    """Shape facts of an input file: ``{batch, tokens, heads, head_dim, v_dim, grid}``; clear errors otherwise."""
+    """Shape facts of an input file: ``{batch, tokens, heads, head_dim, v_dim, grid}``; clear errors otherwise.
+
+    Refuses (ConfigError naming the file and dataset): missing ``q``/``k``/``v``
+    or ones that are not datasets, values that are not real numbers (only float
+    and integer dtypes), shapes that do not match, zero-length axes, and a
+    ``grid`` attribute that is not a 1-D list of positive integers with product N.
+    """
     import h5py
 
     try:
@@ -33,37 +41,132 @@ def describe_input(path: str | Path, param: str = "input") -> dict[str, Any]:
         missing = [t for t in TENSORS if t not in f]
         if missing:
             raise ConfigError(f"input file {str(path)!r} lacks dataset(s) {', '.join(missing)}", param)
+        for t in TENSORS:
+            _check_dataset(f[t], t, path, param)
         shapes = {t: f[t].shape for t in TENSORS}
         q = shapes["q"]
         if len(q) not in (3, 4) or shapes["k"] != q or shapes["v"][:-1] != q[:-1]:
             raise ConfigError(f"input file {str(path)!r}: q, k, v must be (N, H, D) or (B, N, H, D) with equal "
                               f"leading dims, got {shapes}", param)
-        grid = tuple(int(g) for g in f.attrs["grid"]) if "grid" in f.attrs else None
+        for t in TENSORS:
+            _check_extents(shapes[t], t, path, param)
+        grid = _grid_attribute(f.attrs["grid"], q[-3], path, param) if "grid" in f.attrs else None
     batched = len(q) == 4
     return {"batch": q[0] if batched else 1, "tokens": q[-3], "heads": q[-2], "head_dim": q[-1],
             "v_dim": shapes["v"][-1], "grid": grid, "batched": batched}
 
 
-def read_rows(path: str | Path, tensor: str, batch_index: int, natural: np.ndarray, dtype: Any) -> np.ndarray:
-    """Rows ``natural`` (any order, repeats allowed) of one tensor, read with sorted unique selections."""
+def _check_dataset(obj: Any, tensor: str, path: str | Path, param: str) -> None:
+    """Refuse a ``q``/``k``/``v`` that is not a dataset of real numbers (float or integer dtype)."""
+    import h5py
+
+    if not isinstance(obj, h5py.Dataset):
+        kind = "a group" if isinstance(obj, h5py.Group) else f"a {type(obj).__name__}"
+        raise ConfigError(f"input file {str(path)!r}: {tensor} is {kind}, not a dataset: store {tensor} as an array "
+                          f"of shape (N, H, D) or (B, N, H, D)", param)
+    if obj.shape is None:
+        raise ConfigError(f"input file {str(path)!r}: dataset {tensor} is empty (no dataspace): store an array of "
+                          f"shape (N, H, D) or (B, N, H, D)", param)
+    dtype = obj.dtype
+    if dtype.kind not in "fiu":
+        what = {"c": "complex", "b": "boolean", "S": "string", "U": "string", "O": "object (or variable-length)",
+                "V": "compound (or opaque)"}.get(dtype.kind, "non-numeric")
+        raise ConfigError(f"input file {str(path)!r}: dataset {tensor} has {what} dtype {dtype}, not real numbers: "
+                          f"store float or integer values", param)
+
+
+def _check_extents(shape: tuple[int, ...], tensor: str, path: str | Path, param: str) -> None:
+    """Refuse a dataset with a zero-length axis (no batch, no tokens, no heads or an empty head dimension)."""
+    axes = ("batch", "tokens", "heads", "head_dim")[-len(shape):]
+    for axis, extent in zip(axes, shape):
+        if extent == 0:
+            raise ConfigError(f"input file {str(path)!r}: dataset {tensor} has shape {shape}, with {axis} = 0: "
+                              f"every axis needs at least one entry", param)
+
+
+def _grid_attribute(value: Any, tokens: int, path: str | Path, param: str) -> tuple[int, ...]:
+    """The root ``grid`` attribute as a tuple: a 1-D list of positive integers whose product is N."""
+    grid = np.asarray(value)
+    if grid.ndim != 1 or grid.size == 0 or grid.dtype.kind not in "iu" or (grid < 1).any():
+        raise ConfigError(f"input file {str(path)!r}: root attribute grid = {value!r} is not a 1-D list of positive "
+                          f"integers: store it as an integer array such as [32, 32], or delete it", param)
+    dims = tuple(int(g) for g in grid)
+    if math.prod(dims) != tokens:
+        raise ConfigError(f"input file {str(path)!r}: root attribute grid = {list(dims)} has product "
+                          f"{math.prod(dims)}, but q, k, v hold N = {tokens} tokens: fix the attribute", param)
+    return dims
+
+
+NATURAL_AXES = "(batch, token, head, dim)"
+
+
+def _as_dtype(raw: np.ndarray, dtype: Any) -> np.ndarray:
+    """``raw`` in the compute dtype, quietly: values that overflow become inf and are reported by the caller."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.asarray(raw, dtype=dtype)
+
+
+def _first_bad(values: np.ndarray) -> tuple[int, ...] | None:
+    """Index of the first non-finite entry of ``values`` (C order), or None when every entry is finite."""
+    finite = np.isfinite(values)
+    if finite.all():
+        return None
+    return tuple(int(i) for i in np.unravel_index(int(np.argmin(finite.reshape(-1))), values.shape))
+
+
+def _not_finite(path: str | Path, tensor: str, index: tuple[int, ...], raw: Any, dtype: Any,
+                param: str) -> ConfigError:
+    """The error for one non-finite input value at natural ``index`` (batch, token, head, dim)."""
+    value = float(raw)
+    what = (f"is {value}" if not np.isfinite(value)
+            else f"= {value:g} overflows {np.dtype(dtype).name}")
+    where = ", ".join(str(i) for i in index)
+    return ConfigError(f"input file {str(path)!r}, dataset {tensor}: element [{where}] {NATURAL_AXES}, natural "
+                       f"order, {what}: inputs must be finite numbers; fix the file", param)
+
+
+def read_rows(path: str | Path, tensor: str, batch_index: int, natural: np.ndarray, dtype: Any,
+              param: str = "input") -> np.ndarray:
+    """Rows ``natural`` (any order, repeats allowed) of one tensor, read with sorted unique selections.
+
+    Refuses non-finite values (ConfigError naming the file, tensor and natural
+    index). Not collective: run it on rows that :func:`read_shard` has checked.
+    """
     import h5py
 
     uniq, inverse = np.unique(np.asarray(natural, dtype=np.int64), return_inverse=True)
     with h5py.File(path, "r") as f:
         ds = f[tensor]
-        rows = ds[batch_index, uniq] if ds.ndim == 4 else ds[uniq]
-    return np.asarray(rows, dtype=dtype)[inverse]
+        raw = ds[batch_index, uniq] if ds.ndim == 4 else ds[uniq]
+    rows = _as_dtype(raw, dtype)
+    bad = _first_bad(rows)
+    if bad is not None:
+        raise _not_finite(path, tensor, (batch_index, int(uniq[bad[0]]), *bad[1:]), raw[bad], dtype, param)
+    return rows[inverse]
 
 
-def read_shard(path: str | Path, tensor: str, batch_index: int, layout: Layout, comm: Any, dtype: Any) -> np.ndarray:
-    """This rank's serialized shard of ``tensor``: contiguous natural read + one all-to-all exchange."""
+def read_shard(path: str | Path, tensor: str, batch_index: int, layout: Layout, comm: Any, dtype: Any,
+               param: str = "input") -> np.ndarray:
+    """This rank's serialized shard of ``tensor``: contiguous natural read + one all-to-all exchange.
+
+    Collective. Each rank checks its natural block for NaN/Inf before the
+    exchange; if any rank found one, every rank raises the same ConfigError
+    (the lowest such rank's, which holds the first bad natural index).
+    """
     import h5py
 
     rank, ranks, shard = comm.Get_rank(), comm.Get_size(), layout.shard
     lo, hi = rank * shard, (rank + 1) * shard
     with h5py.File(path, "r") as f:
         ds = f[tensor]
-        block = np.asarray(ds[batch_index, lo:hi] if ds.ndim == 4 else ds[lo:hi], dtype=dtype)
+        raw = ds[batch_index, lo:hi] if ds.ndim == 4 else ds[lo:hi]
+    block = _as_dtype(raw, dtype)
+    bad = _first_bad(block)
+    error = None if bad is None else _not_finite(path, tensor, (batch_index, lo + bad[0], *bad[1:]), raw[bad],
+                                                 dtype, param)
+    error = agree(comm, error)            # every rank raises the lowest rank's error: no rank waits
+    if error is not None:
+        raise error
     serial = layout.serialized_of(np.arange(lo, hi, dtype=np.int64))
     return redistribute(block, serial, shard, comm)
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,9 +43,12 @@ else:  # pragma: no cover
 from .errors import ConfigError, JobFileError
 from .ordering import ORDERINGS
 from .transports import TRANSPORTS
-from .patterns import Pattern, check_problem, parse_grid, parse_patterns
+from .patterns import Pattern, check_problem, check_serializable, parse_grid, parse_patterns
 
 DTYPES = ("float32", "float64")
+#: longest job, case or study name (names become file names and HDF5 group names)
+MAX_NAME = 64
+_NAME_CHARS = re.compile(r"[A-Za-z0-9_.-]")
 #: strong: the same problem on every rank count; weak: tokens (grid axis 0) grow with the rank count
 SCALINGS = ("strong", "weak")
 
@@ -68,6 +72,29 @@ def _bool(value: Any, where: str) -> bool:
 def _str(value: Any, where: str) -> str:
     if not isinstance(value, str) or not value:
         raise JobFileError(f"expected a non-empty string, got {value!r}", where)
+    return value
+
+
+def check_name(value: Any, where: str) -> str:
+    """A job, case or study name: 1 to 64 ASCII letters, digits, '-', '_' or '.', not starting with '.' or '-',
+    without '..'; names become file names and HDF5 groups, so a '/' or '..' would escape the results folder.
+    """
+    if not isinstance(value, str):
+        raise JobFileError(f"expected a name (a string), got {value!r}", where)
+    if not value:
+        raise JobFileError("the name is empty: give 1 to 64 letters, digits, '-', '_' or '.'", where)
+    if len(value) > MAX_NAME:
+        raise JobFileError(f"the name {value!r} has {len(value)} characters, at most {MAX_NAME} are allowed: "
+                           f"shorten it", where)
+    bad = next((ch for ch in value if not _NAME_CHARS.fullmatch(ch)), None)
+    if bad is not None:
+        raise JobFileError(f"the name {value!r} contains {bad!r}: use only letters, digits, '-', '_' and '.'",
+                           where)
+    if value[0] in ".-":
+        raise JobFileError(f"the name {value!r} starts with {value[0]!r}: start it with a letter, digit or '_'",
+                           where)
+    if ".." in value:
+        raise JobFileError(f"the name {value!r} contains '..': use single dots only", where)
     return value
 
 
@@ -153,7 +180,7 @@ def _backend(value: Any, where: str) -> str:
 
 #: Job-wide settings: key -> (validator, default)
 JOB_KEYS: dict[str, tuple[Callable[[Any, str], Any], Any]] = {
-    "name": (_str, "job"),
+    "name": (check_name, "job"),
     "output": (_str, None),
     "seed": (_int(0), 2026),
     "repeats": (_int(1), 3),
@@ -319,6 +346,10 @@ def _resolve_case(values: dict[str, Any], where: str, case_id: str, name: str) -
                                f"{where}.segment")
     elif segment is not None:
         raise JobFileError("'segment' only applies to ordering = \"hilbert-segment\"", f"{where}.segment")
+    try:
+        check_serializable(tuple(grid), ordering, segment, f"{where}.grid", f"{where}.segment")
+    except ConfigError as exc:
+        raise JobFileError(exc.message, exc.param) from None
     kwargs = {k: v for k, v in values.items() if k not in ("grid", "tokens", "patterns", "segment")}
     return Case(case_id=case_id, name=name, grid=tuple(grid), patterns=patterns, segment=segment, **kwargs)
 
@@ -347,7 +378,7 @@ def expand_cases(raw_cases: Any, defaults: dict[str, Any], world_size: int | Non
     for ci, raw in enumerate(raw_cases):
         where = f"cases[{ci}]"
         raw = dict(_check_table(raw, where))
-        name = _str(raw.pop("name", f"case{ci}"), f"{where}.name")
+        name = check_name(raw.pop("name", f"case{ci}"), f"{where}.name")
         sweep = _check_table(raw.pop("sweep", {}), f"{where}.sweep")
         _unknown(raw, set(CASE_KEYS), where)
         _unknown(sweep, set(CASE_KEYS), f"{where}.sweep")
@@ -374,9 +405,12 @@ def read_toml(path: str | Path, text: str | None = None) -> tuple[dict, str]:
     """The parsed document and text of a TOML study file; JobFileError if unreadable or not TOML."""
     if text is None:
         try:
-            text = Path(path).read_text()
+            text = Path(path).read_text(encoding="utf-8")
         except OSError as exc:
             raise JobFileError(f"cannot read job file: {exc.strerror}", str(path)) from None
+        except UnicodeDecodeError as exc:
+            raise JobFileError(f"not a UTF-8 text file (byte {exc.start} is {exc.object[exc.start:exc.start + 1]!r}); "
+                               f"a job file is TOML text", str(path)) from None
     try:
         return tomllib.loads(text), text
     except tomllib.TOMLDecodeError as exc:
@@ -401,3 +435,27 @@ def load_job(path: str | Path, text: str | None = None, world_size: int | None =
                warmup=settings["warmup"], accuracy_rows=settings["accuracy_rows"],
                save_output=settings["save_output"], cases=tuple(cases), text=text, path=str(path),
                settings=settings)
+
+
+def accuracy_rows_notes(job: Job) -> list[str]:
+    """One note per case name whose cases have fewer tokens than ``accuracy_rows`` (all their rows are checked).
+
+    The accuracy check samples ``min(accuracy_rows, tokens)`` rows; these notes
+    state the clamping instead of leaving it silent.
+    """
+    rows = job.accuracy_rows
+    notes = []
+    for name in dict.fromkeys(c.name for c in job.cases):
+        short = [c for c in job.cases if c.name == name and c.tokens < rows]
+        if not short:
+            continue
+        tokens = sorted({c.tokens for c in short})
+        if len(short) == 1:
+            c = short[0]
+            notes.append(f"case {c.case_id} has {c.tokens} tokens, fewer than accuracy_rows = {rows}: "
+                         f"all {c.tokens} rows are checked")
+            continue
+        counts = f"{tokens[0]}" if len(tokens) == 1 else f"{tokens[0]} to {tokens[-1]}"
+        notes.append(f"cases {short[0].case_id} ... {short[-1].case_id} ({len(short)} cases named {name}) have "
+                     f"{counts} tokens, fewer than accuracy_rows = {rows}: all of their rows are checked")
+    return notes

@@ -78,7 +78,7 @@ SEARCH_KEYS = {"name", "output", "backends", "heads", "head_dim", "local_pattern
 def load_search(path: str | Path) -> Search:
     """Read and validate a max-length study file; a JobFileError names the problem."""
     from .backends import BACKENDS
-    from .jobfile import read_toml
+    from .jobfile import check_name, read_toml
 
     doc, text = read_toml(path)
     if set(doc) != {"search"} or not isinstance(doc["search"], dict):
@@ -102,8 +102,9 @@ def load_search(path: str | Path) -> Search:
         local = parse_patterns(s.get("local_patterns", [[2048, 1]]), "search.local_patterns")
     except ConfigError as exc:
         raise JobFileError(exc.message, exc.param) from None
-    search = Search(name=str(s.get("name", "max_length")), output=str(s.get("output", "results/max_length.h5")),
-                    backends=tuple(backends), heads=integer("heads", 8, 1), head_dim=integer("head_dim", 64, 1),
+    search = Search(name=check_name(s.get("name", "max_length"), "search.name"),
+                    output=str(s.get("output", "results/max_length.h5")), backends=tuple(backends),
+                    heads=integer("heads", 8, 1), head_dim=integer("head_dim", 64, 1),
                     local_patterns=local, global_rows=integer("global_rows", 2048, 0),
                     start=integer("start", 1 << 20, 1), limit=integer("limit", 1 << 26, 1),
                     seed=integer("seed", 11, 0), accuracy_rows=integer("accuracy_rows", 4, 0), text=text)
@@ -230,27 +231,43 @@ def _print_row(r: dict, stream: TextIO) -> None:
               f"{r['floor_bytes'] / 2**30:.2f} GiB)", file=stream, flush=True)
 
 
-def run_search(path: str | Path, output: str | None = None, stream: TextIO | None = None) -> Path:
-    """Run a max-length study (one process, one device) and write its HDF5 file."""
+def run_search(path: str | Path, output: str | None = None, stream: TextIO | None = None,
+               overwrite: bool = False) -> Path:
+    """Run a max-length study (one process, one device) and write its HDF5 file.
+
+    Before the first trial: the backends are checked (a GPU backend needs a
+    usable GPU) and the output is claimed (an existing file only with
+    ``overwrite``); the file is written under a temporary name at the end.
+    """
     stream = stream or sys.stdout
+    from .backends import require_usable
+    from .output_files import NewOutput, hdf5_attr_is
+
+    search = load_search(path)
+    for b in search.backends:
+        require_usable(b, "search.backends")
+    out_path = Path(output or search.output)
+    with NewOutput(out_path, "hilbert-hpc max-length file", hdf5_attr_is("study", "max-length"),
+                   protected=[(path, "study file")], overwrite=overwrite) as claim:
+        print(f"hilbert-hpc: max-length search {search.name!r}, backends {', '.join(search.backends)}, "
+              f"H={search.heads}, D={search.head_dim}, results -> {out_path}", file=stream, flush=True)
+        rows = []
+        for b in search.backends:
+            rows += search_backend(search, b, lambda r: _print_row(r, stream))
+        claim.write(lambda tmp: _write_trials(tmp, search, path, rows))
+    if not any(r.get("longest") for r in rows):
+        raise UserError(f"not even start = {search.start} tokens fit on this device", "search.start")
+    return out_path
+
+
+def _write_trials(target: Path, search: Search, path: str | Path, rows: list[dict]) -> None:
     import h5py
 
-    from .backends import get_backend
     from .mpi import SingleProcessComm
     from .provenance import provenance
     from .results import _attr
 
-    search = load_search(path)
-    for b in search.backends:
-        get_backend(b, "search.backends")
-    out_path = Path(output or search.output)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    print(f"hilbert-hpc: max-length search {search.name!r}, backends {', '.join(search.backends)}, "
-          f"H={search.heads}, D={search.head_dim}, results -> {out_path}", file=stream, flush=True)
-    rows = []
-    for b in search.backends:
-        rows += search_backend(search, b, lambda r: _print_row(r, stream))
-    with h5py.File(out_path, "w") as h5:
+    with h5py.File(target, "w") as h5:
         for key, value in provenance(SingleProcessComm()).items():
             h5.attrs[key] = _attr(value)
         h5.attrs["job_text"] = search.text
@@ -264,6 +281,3 @@ def run_search(path: str | Path, output: str | None = None, stream: TextIO | Non
         g.attrs["units"] = json.dumps({"attention_s": "s", "peak_bytes": "B", "floor_bytes": "B"})
         g.attrs["patterns"] = json.dumps({"local": [[p.segment, p.dilation] for p in search.local_patterns],
                                           "global_rows": search.global_rows})
-    if not any(r.get("longest") for r in rows):
-        raise UserError(f"not even start = {search.start} tokens fit on this device", "search.start")
-    return out_path

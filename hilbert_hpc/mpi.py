@@ -129,12 +129,21 @@ def abort_on_exception(comm: Any) -> None:
 
 def agree(comm: Any, error: Exception | None) -> Exception | None:
     """Collective: the first rank's error (by rank order) if any rank had one, on every rank."""
-    errors = comm.allgather(None if error is None else (type(error).__name__, str(error),
-                                                       getattr(error, "param", None)))
-    for item in errors:
-        if item is not None:
-            return error if error is not None else _rebuild(item)
-    return None
+    return agree_boundary(comm, 0, error)[1]
+
+
+def agree_boundary(comm: Any, signum: int, error: Exception | None) -> tuple[int, Exception | None]:
+    """Collective at a case boundary: the largest stop signal any rank received, and the first rank's error."""
+    items = comm.allgather((int(signum or 0), None if error is None else (
+        type(error).__name__, getattr(error, "message", str(error)), getattr(error, "param", None))))
+    first = next((rank for rank, (_, item) in enumerate(items) if item is not None), None)
+    if first is None:
+        agreed = None
+    elif first == comm.Get_rank():
+        agreed = error                      # the first error is this rank's own: keep its type
+    else:
+        agreed = _rebuild(items[first][1])
+    return max(s for s, _ in items), agreed
 
 
 def _rebuild(item: tuple) -> Exception:
@@ -142,3 +151,11 @@ def _rebuild(item: tuple) -> Exception:
 
     _, message, param = item
     return ConfigError(message, param)
+
+
+def env_rank() -> int | None:
+    """This process's world rank as the launcher set it (None when no launcher variable is set)."""
+    for var in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return None

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Iterable, Sequence
 
+import numpy as np
+
 from .errors import ConfigError
+from .hilbert import MAX_KEY_BITS, bits_for
 
 
 @dataclass(frozen=True, order=True)
@@ -64,12 +68,18 @@ def parse_grid(grid: int | Sequence[int] | None, tokens: int | None, param: str 
         grid = (tokens,)
     if isinstance(grid, int) and not isinstance(grid, bool):
         grid = (grid,)
+    if isinstance(grid, (str, bytes)):
+        raise ConfigError(f"expected a list of positive integers such as [64, 64], got {grid!r}", param)
     try:
         dims = tuple(grid)
     except TypeError:
-        raise ConfigError(f"expected a list of positive integers, got {grid!r}", param) from None
-    if not dims or any(isinstance(g, bool) or not isinstance(g, int) or g < 1 for g in dims):
-        raise ConfigError(f"expected a non-empty list of positive integers, got {list(dims)!r}", param)
+        raise ConfigError(f"expected a list of positive integers such as [64, 64], got {grid!r}", param) from None
+    if not dims:
+        raise ConfigError("expected a non-empty list of positive integers, got []", param)
+    for i, g in enumerate(dims):
+        if isinstance(g, bool) or not isinstance(g, int) or g < 1:
+            raise ConfigError(f"expected a non-empty list of positive integers, got {list(dims)!r} "
+                              f"(entry {i} is {g!r})", param)
     n = math.prod(dims)
     if tokens is not None and n != tokens:
         raise ConfigError(f"grid product {n} does not equal the sequence length {tokens}", param)
@@ -83,6 +93,61 @@ def check_problem(tokens: int, patterns: Sequence[Pattern], param: str = "patter
             raise ConfigError(
                 f"segment length {p.segment} does not divide the sequence length {tokens}", f"{param}[{i}]"
             )
+
+
+@lru_cache(maxsize=1)
+def max_array_dims() -> int:
+    """Most dimensions a NumPy array may have here (64 with NumPy 2, 32 with NumPy 1)."""
+    for dims in (64, 32):
+        try:
+            np.empty((1,) * dims, dtype=np.int8)
+            return dims
+        except ValueError:
+            continue
+    return 32
+
+
+def _hilbert_max_axes(grid: Sequence[int]) -> int:
+    """Most axes a grid with extents like ``grid``'s may have under the ``hilbert`` ordering.
+
+    Keys take ``axes x bits`` bits (``bits``: what the longest axis needs) of a
+    64-bit integer, and the coordinates are one NumPy array of ``axes + 1``
+    dimensions.
+    """
+    bits = max(bits_for(g) for g in grid)
+    return min(MAX_KEY_BITS // bits, max_array_dims() - 1)
+
+
+def check_serializable(grid: Sequence[int], ordering: str, segment: int | None = None,
+                       param: str = "grid", segment_param: str = "segment") -> None:
+    """Refuse a grid (or hilbert-segment block) that the ordering cannot serialize.
+
+    ``natural`` has no limit. ``hilbert`` needs ``axes x bits <= 64`` (``bits``
+    per axis: what the longest axis needs) and ``axes + 1`` NumPy dimensions.
+    ``hilbert-segment`` folds each block of ``segment`` tokens into a 2-D tile
+    whose longer side must fit 32 bits.
+    """
+    dims = tuple(int(g) for g in grid)
+    if ordering == "hilbert":
+        bits = max(bits_for(g) for g in dims)
+        limit = _hilbert_max_axes(dims)
+        if len(dims) * bits > MAX_KEY_BITS:
+            raise ConfigError(f"the hilbert ordering of {len(dims)} axes needs {len(dims)} x {bits} bits "
+                              f"(the longest axis, {max(dims)}, needs {bits}) = {len(dims) * bits} key bits, more "
+                              f"than the {MAX_KEY_BITS}-bit Hilbert key: use at most {limit} axes of this length, "
+                              f"shorter axes, or ordering = \"natural\"", param)
+        if len(dims) > limit:
+            raise ConfigError(f"the hilbert ordering takes at most {limit} axes here (NumPy arrays have at most "
+                              f"{max_array_dims()} dimensions), the grid has {len(dims)}: merge axes or use "
+                              f"ordering = \"natural\"", param)
+    elif ordering == "hilbert-segment" and segment is not None:
+        from .ordering import tile_shape
+
+        side = max(tile_shape(segment))
+        if 2 * bits_for(side) > MAX_KEY_BITS:
+            raise ConfigError(f"the hilbert-segment tile of segment {segment} is {tile_shape(segment)}; its "
+                              f"longer side needs {bits_for(side)} bits, more than {MAX_KEY_BITS // 2}: choose a "
+                              f"shorter segment", segment_param)
 
 
 def attended_pairs(tokens: int, heads: int, patterns: Sequence[Pattern], causal: bool) -> int:

@@ -138,8 +138,8 @@ def print_plan(job: Job, world_size: int, stream: TextIO, device_memory: int | N
     return rows
 
 
-def parse_size(text: str) -> int:
-    """'80GiB', '512MiB', '1.5TB', '1000000' -> bytes."""
+def parse_size(text: str, flag: str = "--device-memory") -> int:
+    """'80GiB', '512MiB', '1.5TB', '1000000' -> bytes; a ConfigError names ``flag``, the option it came from."""
     units = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KIB": 1 << 10, "MIB": 1 << 20,
              "GIB": 1 << 30, "TIB": 1 << 40}
     t = text.strip().upper()
@@ -150,7 +150,7 @@ def parse_size(text: str) -> int:
     except ValueError:
         value = -1.0
     if unit not in units or value <= 0:
-        raise ConfigError(f"expected a size such as 80GiB or 512MB, got {text!r}", "--device-memory")
+        raise ConfigError(f"expected a size such as 80GiB or 512MB, got {text!r}", flag)
     return int(value * units[unit])
 
 

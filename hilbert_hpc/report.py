@@ -54,6 +54,7 @@ import h5py
 import numpy as np
 
 from .errors import UserError
+from .results import case_groups
 
 PROGRAM = "hilbert-hpc"
 PARAM = "results"
@@ -231,9 +232,9 @@ def read_results_file(path: str | Path) -> tuple[list[CaseResult], int]:
         if _plain(h5.attrs.get("program")) != PROGRAM or not isinstance(cases_group, h5py.Group):
             raise UserError(f"{name!r}: not a hilbert-hpc results file", PARAM)
         cases, skipped = [], 0
-        for cid, group in cases_group.items():
-            if not isinstance(group, h5py.Group) or not _is_true(group.attrs.get("complete")):
-                skipped += 1
+        for cid, group, _ in case_groups(cases_group):
+            if group is None or not _is_true(group.attrs.get("complete")):
+                skipped += 1             # unfinished, or unreadable (a write cut off by a full disk)
                 continue
             try:
                 cases.append(_read_case(name, cid, group))

@@ -10,20 +10,28 @@ Layout (docs/results.md)::
         accuracy          attrs: rows, max_abs_err, max_rel_err, rel_l2_err (vs float64 reference)
         output            (B, N, H, Dv) in natural order, only when the job saves outputs
 
-A case's ``complete`` attribute is set only after its data have been flushed.
+The file under its final name is never modified in place: each change is
+written to a copy under a temporary name and renamed over it (``ResultsFile``),
+so a run stopped at any moment leaves a consistent file of complete cases.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
+import os
+import shutil
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import h5py
 import numpy as np
 
 from .jobfile import Case, Job
-from .errors import UserError
+from .output_files import (IO_ERRORS, OutputError, OutputLock, existing_output, io_error, make_parent,
+                           move_into_place, refuse_protected, remove_quietly, temporary_name)
 from .provenance import utc_now
 
 
@@ -45,101 +53,379 @@ def params_json(case: Case) -> str:
     return json.dumps(case.params(), sort_keys=True)
 
 
-class ResultsFile:
-    """Writer for one results file (used by the rank that owns the file)."""
+def parts_dir(results_path: Path) -> Path:
+    """Folder of the per-rank output files of a results file (next to it)."""
+    return results_path.with_name(results_path.stem + ".parts")
 
-    def __init__(self, path: str | Path, job: Job, provenance: dict[str, Any], resume: bool = False) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if resume and self.path.exists():
-            self._reopen(provenance)
-            return
-        self.h5 = h5py.File(self.path, "w")
-        for key, value in provenance.items():
-            self.h5.attrs[key] = _attr(value)
-        self.h5.attrs["job_name"] = job.name
-        self.h5.attrs["job_path"] = job.path
-        self.h5.attrs["job_text"] = job.text
-        self.h5.attrs["job_settings"] = json.dumps(job.settings)
-        self.h5.attrs["resumes"] = "[]"
-        self.h5.create_group("cases")
-        self.h5.flush()
 
-    def _reopen(self, provenance: dict[str, Any]) -> None:
-        """Open an earlier run's file to continue it: drop unfinished cases, record the restart."""
+#: what h5py raises for an object it cannot read (damage, or a write cut off by a full disk)
+READ_ERRORS = (OSError, KeyError, RuntimeError, ValueError, TypeError)
+
+
+def case_groups(cases: h5py.Group) -> Iterator[tuple[str, h5py.Group | None, str]]:
+    """``(case id, group, "")`` for each case of a results file, ``(case id, None, why)`` for unreadable ones.
+
+    Goes by name, so one case whose header lies past the end of a file cut off by
+    a full disk (or damaged) does not hide the others.
+    """
+    for cid in list(cases):
         try:
-            self.h5 = h5py.File(self.path, "a")
-        except OSError as exc:
-            raise UserError(f"cannot resume {str(self.path)!r}: not a readable HDF5 file ({exc})", "output") from None
-        if self.h5.attrs.get("program") != "hilbert-hpc" or "cases" not in self.h5:
-            self.h5.close()
-            raise UserError(f"cannot resume {str(self.path)!r}: not a hilbert-hpc results file", "output")
-        for cid in list(self.h5["cases"]):
-            if not self.h5["cases"][cid].attrs.get("complete", False):
-                del self.h5["cases"][cid]
-        resumes = json.loads(self.h5.attrs.get("resumes", "[]"))
-        resumes.append({"started_utc": provenance.get("started_utc"), "command_line": provenance.get("command_line"),
-                        "ranks": provenance.get("ranks"), "hosts": provenance.get("hosts")})
-        self.h5.attrs["resumes"] = json.dumps(resumes)
-        self.h5.flush()
+            group = cases[cid]
+            if not isinstance(group, h5py.Group):
+                raise TypeError("not a group")
+            group.attrs.get("complete")
+        except READ_ERRORS as exc:
+            yield cid, None, str(exc)
+            continue
+        yield cid, group, ""
 
-    def completed(self, case: Case) -> bool:
-        """True when the file holds this case, complete, with the same parameters; an error if they differ."""
-        group = self.h5["cases"].get(case.case_id)
-        if group is None:
-            return False
-        if group.attrs.get("params_json") != params_json(case):
-            raise UserError(f"the results file holds case {case.case_id} with other parameters; "
-                            f"resume only with the same job, or write to a new file", "output")
-        return True
+
+def is_results_file(path: Path) -> bool:
+    """True when ``path`` is an HDF5 file written by ``hilbert-hpc run`` (program attribute and /cases)."""
+    try:
+        with h5py.File(path, "r") as f:
+            return f.attrs.get("program") == "hilbert-hpc" and isinstance(f.get("cases"), h5py.Group)
+    except Exception:  # noqa: BLE001 - not HDF5, damaged beyond opening, or unreadable: not one of ours
+        return False
+
+
+def job_document(text: str) -> dict | None:
+    """The parsed TOML of a job text (None if it does not parse): what identifies a job."""
+    from .jobfile import tomllib
+
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        return None
+
+
+def job_fingerprint(text: str) -> str:
+    """SHA-256 of the job's parsed content (comments and layout do not count)."""
+    doc = job_document(text)
+    canonical = json.dumps(doc, sort_keys=True, default=str) if doc is not None else text
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def first_difference(old: Any, new: Any, where: str = "") -> str | None:
+    """``where: <old> in the file, <new> here`` for the first key at which two parsed documents differ."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in sorted(set(old) | set(new), key=str):
+            sub = f"{where}.{key}" if where else str(key)
+            if key not in old:
+                return f"{sub} is not set in the file's job, {new[key]!r} here"
+            if key not in new:
+                return f"{sub} is {old[key]!r} in the file's job, not set here"
+            found = first_difference(old[key], new[key], sub)
+            if found:
+                return found
+        return None
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        for i, (a, b) in enumerate(zip(old, new)):
+            found = first_difference(a, b, f"{where}[{i}]")
+            if found:
+                return found
+        return None
+    return None if old == new else f"{where} is {old!r} in the file, {new!r} here"
+
+
+class ResultsFile:
+    """One results file, owned (locked) by the rank that writes it, from creation or resume to close.
+
+    Use :meth:`open`: it refuses what must not be written, takes the lock, and
+    either creates a new file or continues an existing one (``resume``). The
+    file under its final name is never modified in place: every change (the
+    header, each case, the finish time) is made on a copy under a temporary
+    name, which is closed, synced and renamed over it. So the final name always
+    holds a closed, consistent HDF5 file, whatever stops the run (a full disk,
+    SIGKILL, a node failure), and other programs can read it while a job runs.
+    """
+
+    KIND = "hilbert-hpc results file"
+
+    def __init__(self, path: Path, lock: OutputLock) -> None:
+        self.path, self.lock = path, lock
+        self.kept: list[str] = []
+        self.notes: list[str] = []
+
+    @classmethod
+    def open(cls, path: str | Path, job: Job, provenance: dict[str, Any], resume: bool = False,
+             overwrite: bool = False) -> "ResultsFile":
+        """Own ``path`` for a run of ``job``: refusals, lock, then a new file or the resumed one.
+
+        The output may never be the job file, an input file, a folder or a file
+        that is not a results file. An existing results file is continued with
+        ``resume`` or replaced with ``overwrite`` (its ``.parts`` folder too),
+        and refused otherwise. A refused resume changes nothing on disk.
+        """
+        path = Path(path)
+        protected = [(job.path, "job file")] + [(c.input, f"input file of case {c.case_id}") for c in job.cases]
+        refuse_protected(path, protected)
+        make_parent(path)
+        results = cls(path, OutputLock(path).acquire())
+        try:
+            exists = existing_output(path, is_results_file, cls.KIND)
+            parts = parts_dir(path)
+            if exists and not (resume or overwrite):
+                raise OutputError(f"{str(path)!r} already holds results; continue it with --resume, replace it "
+                                  f"with --overwrite, or write to another file with -o", "output")
+            if parts.exists() and not exists and not overwrite:
+                raise OutputError(f"{str(parts)!r} exists without its results file {path.name!r}; remove it or "
+                                  f"use --overwrite", "output")
+            if overwrite:
+                _check_parts_are_ours(parts)
+            if exists and resume:
+                results._resume(job, provenance)
+                return results
+            results._replace(lambda h5: _write_header(h5, job, provenance), "create results file")
+            if overwrite and parts.exists():
+                try:
+                    shutil.rmtree(parts)
+                except OSError as exc:
+                    raise io_error(exc, "remove the old output parts", parts) from None
+            return results
+        except BaseException:
+            results.lock.release()
+            raise
+
+    def _replace(self, fill: Callable[[h5py.File], None], what: str, start_from_current: bool = False,
+                 hint: str = "") -> None:
+        """Write the new version of the file under a temporary name, then rename it over the old one.
+
+        ``fill`` writes into the new version: an empty file, or the current file
+        with ``start_from_current``. HDF5 works on a copy in memory (results
+        files are small: outputs live in the parts files), and plain file I/O
+        writes it out, so a full disk is an ordinary error that leaves the file
+        under the final name as it was (HDF5 itself does not recover from a
+        failed flush).
+        """
+        tmp = temporary_name(self.path)
+        try:
+            image = io.BytesIO(self.path.read_bytes() if start_from_current else b"")
+            with h5py.File(image, "a" if start_from_current else "w") as h5:
+                fill(h5)
+            with open(tmp, "wb") as fh:
+                fh.write(image.getbuffer())
+                fh.flush()
+                os.fsync(fh.fileno())
+            move_into_place(tmp, self.path)
+        except IO_ERRORS as exc:
+            remove_quietly(tmp)
+            raise io_error(exc, what, self.path, hint) from None
+        except BaseException:
+            remove_quietly(tmp)
+            raise
+
+    def _resume(self, job: Job, provenance: dict[str, Any]) -> None:
+        """Check the old file read-only; if it is this job's, write a copy holding its sound complete cases."""
+        try:
+            src = h5py.File(self.path, "r")
+        except OSError as exc:
+            raise OutputError(f"cannot resume {str(self.path)!r}: not a readable HDF5 file ({exc})",
+                              "output") from None
+        with src:
+            keep, notes = _plan_resume(src, self.path, job)
+
+            def fill(h5: h5py.File) -> None:
+                for key, value in src.attrs.items():
+                    h5.attrs[key] = value
+                h5.attrs["job_fingerprint"] = job_fingerprint(job.text)
+                resumes = json.loads(src.attrs.get("resumes", "[]"))
+                resumes.append({"started_utc": provenance.get("started_utc"),
+                                "command_line": provenance.get("command_line"),
+                                "ranks": provenance.get("ranks"), "hosts": provenance.get("hosts")})
+                h5.attrs["resumes"] = json.dumps(resumes)
+                cases = h5.create_group("cases")
+                for cid in keep:
+                    try:
+                        src.copy(src["cases"][cid], cases, name=cid)
+                        self.kept.append(cid)
+                    except READ_ERRORS as exc:
+                        if cid in cases:
+                            del cases[cid]
+                        notes.append(f"case {cid}: it is unreadable ({exc}); it runs again")
+
+            self._replace(fill, "write the resumed results file")
+        self.notes = notes
 
     def write_case(self, case: Case, record: dict[str, Any], output_parts: list[str] | None = None,
                    output_shape: tuple[int, ...] | None = None, shard: int | None = None) -> None:
-        """Store one case (parameters, timings, metrics, accuracy, optional output), then mark it complete.
+        """Store one case (parameters, timings, metrics, accuracy, optional output), marked complete.
 
         ``output_parts`` are the ranks' output files (paths relative to this file,
         rank order): one per rank, each holding ``shard`` natural-order tokens, or
         the same shared file from every rank (parallel HDF5). The case's ``output``
-        is a virtual dataset over them, in natural order.
+        is a virtual dataset over them, in natural order. A failing write (a full
+        disk) raises OutputError and leaves the file as it was.
         """
-        group = self.h5["cases"].create_group(case.case_id)
-        group.attrs["params_json"] = params_json(case)
-        for key, value in case.params().items():
-            group.attrs[key] = _attr(value)
-        for key, value in record.get("attrs", {}).items():
-            group.attrs[key] = _attr(value)
-        timings = group.create_group("timings")
-        for phase, values in record["timings"].items():
-            ds = timings.create_dataset(phase, data=np.asarray(values, dtype=np.float64))
-            ds.attrs["units"] = "B" if "bytes" in phase else "s"
-            ds.attrs["axes"] = "rank, repeat"
-        for name in ("metrics", "accuracy"):
-            g = group.create_group(name)
-            for key, value in record[name].items():
-                g.attrs[key] = value
-        group["metrics"].attrs["units"] = json.dumps(record.get("units", {}))
-        if output_parts:
-            batch, tokens, *row = output_shape
-            layout = h5py.VirtualLayout(shape=output_shape, dtype=np.dtype(case.dtype))
-            files = list(dict.fromkeys(output_parts))   # one shared file when written with parallel HDF5
-            sources = [f.replace("%", "%%") for f in files]  # HDF5 reads % in source names as a format
-            if len(files) == 1:
-                layout[...] = h5py.VirtualSource(sources[0], "output", shape=output_shape)
-            else:
-                for r, part in enumerate(sources):
-                    layout[:, r * shard:(r + 1) * shard] = h5py.VirtualSource(part, "output",
-                                                                               shape=(batch, shard, *row))
-            ds = group.create_virtual_dataset("output", layout, fillvalue=np.nan)
-            ds.attrs["order"] = "natural"
-            ds.attrs["axes"] = "batch, token, head, dim"
-            ds.attrs["parts"] = json.dumps(files)
-        self.h5.flush()
-        group.attrs["finished_utc"] = utc_now()
-        group.attrs["complete"] = True
-        self.h5.flush()
+        self._replace(lambda h5: _write_case(h5, case, record, output_parts, output_shape, shard),
+                      "write results file", start_from_current=True,
+                      hint="its complete cases are kept; free some space and continue with --resume")
 
-    def close(self) -> None:
-        """Record the finish time and close the file."""
-        if self.h5.id.valid:
-            self.h5.attrs["finished_utc"] = utc_now()
-            self.h5.close()
+    def close(self, quiet: bool = False) -> None:
+        """Record the finish time and release the lock.
+
+        Failing to record the time is a warning (nothing with ``quiet``, when the
+        run already ends with an error that says why).
+        """
+        try:
+            self._replace(lambda h5: h5.attrs.__setitem__("finished_utc", utc_now()), "finish",
+                          start_from_current=True)
+        except OutputError as exc:
+            if not quiet:
+                print(f"hilbert-hpc: warning: {exc}", file=sys.stderr, flush=True)
+        finally:
+            self.lock.release()
+
+
+def _write_header(h5: h5py.File, job: Job, provenance: dict[str, Any]) -> None:
+    """The root of a new results file: provenance, the job, an empty /cases."""
+    for key, value in provenance.items():
+        h5.attrs[key] = _attr(value)
+    h5.attrs["job_name"] = job.name
+    h5.attrs["job_path"] = job.path
+    h5.attrs["job_text"] = job.text
+    h5.attrs["job_fingerprint"] = job_fingerprint(job.text)
+    h5.attrs["job_settings"] = json.dumps(job.settings)
+    h5.attrs["resumes"] = "[]"
+    h5.create_group("cases")
+
+
+def _write_case(h5: h5py.File, case: Case, record: dict[str, Any], output_parts: list[str] | None,
+                output_shape: tuple[int, ...] | None, shard: int | None) -> None:
+    """One case group (see :meth:`ResultsFile.write_case`)."""
+    group = h5["cases"].create_group(case.case_id)
+    group.attrs["params_json"] = params_json(case)
+    for key, value in case.params().items():
+        group.attrs[key] = _attr(value)
+    for key, value in record.get("attrs", {}).items():
+        group.attrs[key] = _attr(value)
+    timings = group.create_group("timings")
+    for phase, values in record["timings"].items():
+        ds = timings.create_dataset(phase, data=np.asarray(values, dtype=np.float64))
+        ds.attrs["units"] = "B" if "bytes" in phase else "s"
+        ds.attrs["axes"] = "rank, repeat"
+    for name in ("metrics", "accuracy"):
+        g = group.create_group(name)
+        for key, value in record[name].items():
+            g.attrs[key] = value
+    group["metrics"].attrs["units"] = json.dumps(record.get("units", {}))
+    if output_parts:
+        batch, tokens, *row = output_shape
+        layout = h5py.VirtualLayout(shape=output_shape, dtype=np.dtype(case.dtype))
+        files = list(dict.fromkeys(output_parts))   # one shared file when written with parallel HDF5
+        sources = [f.replace("%", "%%") for f in files]  # HDF5 reads % in source names as a format
+        if len(files) == 1:
+            layout[...] = h5py.VirtualSource(sources[0], "output", shape=output_shape)
+        else:
+            for r, part in enumerate(sources):
+                layout[:, r * shard:(r + 1) * shard] = h5py.VirtualSource(part, "output",
+                                                                           shape=(batch, shard, *row))
+        ds = group.create_virtual_dataset("output", layout, fillvalue=np.nan)
+        ds.attrs["order"] = "natural"
+        ds.attrs["axes"] = "batch, token, head, dim"
+        ds.attrs["parts"] = json.dumps(files)
+    group.attrs["finished_utc"] = utc_now()
+    group.attrs["complete"] = True
+
+
+def _check_parts_are_ours(parts: Path) -> None:
+    """Refuse to remove a ``.parts`` folder holding anything but case folders of output files."""
+    if not parts.exists():
+        return
+    strange = [p for p in parts.rglob("*") if not (p.is_dir() and p.parent == parts)
+               and not (p.is_file() and p.parent.parent == parts and p.suffix == ".h5")]
+    if not parts.is_dir() or strange:
+        raise OutputError(f"{str(parts)!r} holds files that are not output parts (e.g. {str(strange[0]) if strange else str(parts)!r}); "
+                          f"it is not removed: move it away first", "output")
+
+
+def _plan_resume(src: h5py.File, path: Path, job: Job) -> tuple[list[str], list[str]]:
+    """The complete, sound cases of ``src`` to keep, and notes on what runs again; OutputError if not this job.
+
+    Refused (nothing changes on disk): a file of another program, of another job
+    (name or content, naming the first difference), or whose complete cases
+    have other parameters than this run's (naming the parameter).
+    """
+    where = f"cannot resume {str(path)!r}"
+    if src.attrs.get("program") != "hilbert-hpc" or not isinstance(src.get("cases"), h5py.Group):
+        raise OutputError(f"{where}: not a hilbert-hpc results file", "output")
+    name = src.attrs.get("job_name")
+    if name != job.name:
+        raise OutputError(f"{where}: it holds job {name!r}, this is job {job.name!r}; resume only with the same "
+                          f"job, or write to another file with -o", "output")
+    text = src.attrs.get("job_text", "")
+    stored = src.attrs.get("job_fingerprint") or job_fingerprint(text)
+    if stored != job_fingerprint(job.text):
+        old, new = job_document(text), job_document(job.text)
+        diff = first_difference(old, new) if old is not None and new is not None else None
+        raise OutputError(f"{where}: it was written by another version of job {job.name!r} "
+                          f"({diff or 'the job text differs'}); resume only with the same job, or write to "
+                          f"another file with -o", "output")
+    by_id = {c.case_id: c for c in job.cases}
+    keep, notes = [], []
+    for cid, group, why in case_groups(src["cases"]):
+        try:
+            if group is None:
+                raise RuntimeError(why)
+            complete = bool(group.attrs.get("complete", False))
+            params = group.attrs.get("params_json") if complete else None
+        except READ_ERRORS as exc:
+            notes.append(f"case {cid}: it is unreadable ({exc}); it runs again")
+            continue
+        if not complete:
+            notes.append(f"case {cid} was unfinished; it runs again")
+            continue
+        case = by_id.get(cid)
+        if case is None:
+            raise OutputError(f"{where}: it holds case {cid}, which this run of job {job.name!r} does not have "
+                              f"(another rank count?); resume with the same job and ranks, or write to another "
+                              f"file with -o", "output")
+        theirs = json.loads(params) if isinstance(params, str) else {}
+        ours = case.params()
+        differ = [k for k in sorted(set(theirs) | set(ours)) if theirs.get(k) != ours.get(k)]
+        if differ:
+            k = differ[0]
+            raise OutputError(f"{where}: case {cid} has {k} = {theirs.get(k)!r} in the file, {ours.get(k)!r} in "
+                              f"this run; resume only with the same job and ranks, or write to another file "
+                              f"with -o", "output")
+        problem = _case_problem(group, case, job, path)
+        if problem:
+            notes.append(f"case {cid}: {problem}; it runs again")
+            continue
+        keep.append(cid)
+    return keep, notes
+
+
+def _case_problem(group: h5py.Group, case: Case, job: Job, path: Path) -> str | None:
+    """Why a complete case cannot be trusted (missing data, missing or wrong output parts), or None."""
+    try:
+        for name in ("timings", "metrics", "accuracy"):
+            if name not in group:
+                return f"its {name} are missing"
+        group["timings/attention"][()]
+        if not job.save_output:
+            return None
+        if "output" not in group:
+            return "its output is missing"
+        ds = group["output"]
+        shape = (case.batch, case.tokens, case.heads, case.head_dim)
+        if ds.shape != shape or ds.dtype != np.dtype(case.dtype):
+            return f"its output is {ds.shape} {ds.dtype}, expected {shape} {case.dtype}"
+        parts = json.loads(ds.attrs.get("parts", "[]"))
+        if not parts:
+            return "its output lists no parts"
+        rows = case.tokens // len(parts) if len(parts) > 1 else case.tokens
+        for part in parts:
+            file = path.parent / part
+            if not file.is_file():
+                return f"output part {part} is missing"
+            with h5py.File(file, "r") as f:
+                out = f.get("output")
+                if not isinstance(out, h5py.Dataset):
+                    return f"output part {part} holds no output"
+                if out.shape != (case.batch, rows, case.heads, case.head_dim) or out.dtype != np.dtype(case.dtype):
+                    return f"output part {part} is {out.shape} {out.dtype}, expected " \
+                           f"{(case.batch, rows, case.heads, case.head_dim)} {case.dtype}"
+    except READ_ERRORS as exc:
+        return f"it is unreadable ({exc})"
+    return None

@@ -20,13 +20,14 @@ from . import device_memory
 from .attention import resolve_ordering
 from .backends import get_backend
 from .errors import ConfigError, UserError
+from .output_files import IO_ERRORS, io_error
 from .datafile import read_rows, read_shard
 from .inputs import random_rows
 from .jobfile import Case, Job
 from .patterns import useful_flops
 from .provenance import provenance
 from .reference import reference_rows
-from .results import ResultsFile
+from .results import ResultsFile, parts_dir
 from .ring import RingStats, ring_dilated_attention, ring_transfer_only
 from .sharding import IndexView, Layout, check_distribution
 from .table import SummaryTable
@@ -50,9 +51,11 @@ def case_layout(case: Case, ranks: int) -> Layout:
 
 def check_case(case: Case, ranks: int | None = None) -> None:
     """Everything that can be refused before any work, identically on every rank (``ranks``: case.ranks)."""
+    from .backends import require_usable
+
     ranks = case.ranks if ranks is None else ranks
     case_layout(case, ranks)
-    be = get_backend(case.backend)
+    be = require_usable(case.backend, f"{case.case_id}.backend")
     if ranks > 1 and be.on_gpu and case.transport == "cuda-aware":
         from .cuda_aware import cuda_aware_support
 
@@ -120,13 +123,14 @@ TOLERANCE = {"float32": 1e-4, "float64": 1e-10}
 
 
 def combine_accuracy(parts: list[dict]) -> dict[str, float]:
-    """Global accuracy from every rank's error sums."""
+    """Global accuracy from every rank's error sums (and counts of NaN/Inf outputs)."""
     rows = sum(p["rows"] for p in parts)
+    nonfinite = sum(p.get("nonfinite", 0) for p in parts)
     if rows == 0:
-        return {"rows": 0, "max_abs_err": np.nan, "max_rel_err": np.nan, "rel_l2_err": np.nan}
+        return {"rows": 0, "max_abs_err": np.nan, "max_rel_err": np.nan, "rel_l2_err": np.nan, "nonfinite": nonfinite}
     tiny = np.finfo(np.float64).tiny
     max_abs = max(p["max_abs"] for p in parts)
-    return {"rows": rows, "max_abs_err": max_abs, "max_rel_err": max_abs / max(max(p["max_ref"] for p in parts), tiny),
+    return {"rows": rows, "nonfinite": nonfinite, "max_abs_err": max_abs, "max_rel_err": max_abs / max(max(p["max_ref"] for p in parts), tiny),
             "rel_l2_err": float(np.sqrt(sum(p["sq_err"] for p in parts)) / max(np.sqrt(sum(p["sq_ref"] for p in parts)), tiny))}
 
 
@@ -193,8 +197,9 @@ class CaseRun:
                     transfer_only += ring_transfer_only(ks, vs, patterns=c.patterns, comm=self.comm,
                                                         causal=c.causal, transport=self.transport).wait_s
             if rep == 0:
-                # checked before anything is timed: the first call's output against float64
+                # checked before anything is timed: the first call's output against float64, and all of it finite
                 accuracy = local_accuracy(c, job.seed, job.accuracy_rows, outputs[0], self.layout, self.rank)
+                accuracy["nonfinite"] = sum(int(o.size - np.count_nonzero(np.isfinite(o))) for o in outputs)
             if rep >= job.warmup:
                 for name, value in phase_s.items():
                     timings[name].append(value)
@@ -233,11 +238,6 @@ def derive_metrics(case: Case, timings: dict[str, np.ndarray]) -> dict[str, floa
         hidden = 1.0 - np.clip(timings["wait_s"] / np.maximum(only, 1e-30), 0.0, 1.0)
         metrics["overlap"] = float(np.median(hidden.min(axis=0)))
     return metrics
-
-
-def parts_dir(results_path: Path) -> Path:
-    """Folder of the per-rank output files of a results file (next to it)."""
-    return results_path.with_name(results_path.stem + ".parts")
 
 
 def parallel_hdf5(comm: Any) -> bool:
@@ -299,7 +299,14 @@ def _output_attrs(ds: Any) -> None:
 
 def run_case(case: Case, job: Job, comm: Any, results: ResultsFile | None,
              table: SummaryTable | None, results_path: Path | None = None) -> dict | None:
-    """Run one case on every rank of ``comm``; rank 0 writes it and prints its row. Returns the record on rank 0."""
+    """Run one case on every rank of ``comm``; rank 0 writes it and prints its row. Returns the record on rank 0.
+
+    A failed write of an output part (any rank) or of the results file (rank 0)
+    raises a UserError on the ranks that saw it; the case stays incomplete. The
+    caller agrees on it with every rank at the next case boundary.
+    """
+    from .mpi import agree
+
     run = CaseRun(case, job, comm)
     t0 = time.perf_counter()
     timings, outputs, accuracy = run.run()
@@ -307,16 +314,28 @@ def run_case(case: Case, job: Job, comm: Any, results: ResultsFile | None,
     all_accuracy = comm.gather(accuracy, root=0)
     parts = None
     if job.save_output:
-        rel = write_output_part(case, comm, run.layout, outputs, Path(results_path or job.output))
+        path = Path(results_path or job.output)
+        error = None
+        try:
+            rel = write_output_part(case, comm, run.layout, outputs, path)
+        except IO_ERRORS as exc:
+            error = io_error(exc, "write an output part of", path,
+                             "its complete cases are kept; free some space and continue with --resume")
+        error = agree(comm, error)                       # every part is on disk before the case is committed
+        if error is not None:
+            raise error
         parts = comm.gather(rel, root=0)
-        comm.Barrier()                                   # every part is on disk before the case is committed
     if run.rank != 0:
         return None
     stacked = {name: np.asarray([t[name] for t in all_timings], dtype=np.float64) for name in timings}
     accuracy = combine_accuracy(all_accuracy)
     tol = TOLERANCE[case.dtype]
-    accuracy.update(tolerance=tol, within_tolerance=bool(not accuracy["rows"] or accuracy["max_rel_err"] <= tol))
-    if not accuracy["within_tolerance"]:
+    accuracy.update(tolerance=tol, within_tolerance=bool(
+        accuracy["nonfinite"] == 0 and (not accuracy["rows"] or accuracy["max_rel_err"] <= tol)))
+    if accuracy["nonfinite"]:
+        print(f"hilbert-hpc: warning: case {case.case_id}: the output holds {accuracy['nonfinite']:,} NaN or "
+              f"infinite value(s)", file=sys.stderr, flush=True)
+    elif not accuracy["within_tolerance"]:
         print(f"hilbert-hpc: warning: case {case.case_id}: max relative error {accuracy['max_rel_err']:.2e} against "
               f"float64 exceeds the {case.dtype} tolerance {tol:g}", file=sys.stderr, flush=True)
     record = {
@@ -362,17 +381,22 @@ class SubComms:
 
 
 def run_job(job: Job, output: str | None = None, stream: TextIO = sys.stdout, comm: Any = None,
-            transport: str | None = None, resume: bool = False, progress: TextIO | None = None) -> Path:
+            transport: str | None = None, resume: bool = False, progress: TextIO | None = None,
+            overwrite: bool = False) -> Path:
     """Run every case of ``job`` on the ranks of ``comm`` it asks for; rank 0 writes the file and prints the table.
 
     A case on ``p`` ranks runs on the first ``p`` ranks (a sub-communicator), so
-    one allocation runs a whole scaling curve. With ``resume`` an existing
-    results file is continued: complete cases with the same parameters are
-    skipped, unfinished ones run again. SIGUSR1/SIGTERM stop the job at the next
-    case boundary (all ranks agree) with the file flushed: ``StoppedForRequeue``.
+    one allocation runs a whole scaling curve. Rank 0 owns the results file for
+    the whole run (``ResultsFile.open``: refusals, lock, temporary name): an
+    existing file is continued with ``resume`` (complete, sound cases of the
+    same job are skipped) or replaced with ``overwrite``, else refused.
+    SIGUSR1/SIGTERM/SIGINT stop the job at the next case boundary (all ranks
+    agree) with the file flushed: ``StoppedForRequeue``. An I/O error on any rank
+    is agreed at the boundary too, so every rank ends with the same one line.
     """
     import signal
 
+    from .jobfile import accuracy_rows_notes
     from .mpi import agree
     from .mpi import bind_gpu, world
     from .plan import check_job_fits
@@ -392,19 +416,18 @@ def run_job(job: Job, output: str | None = None, stream: TextIO = sys.stdout, co
     path = Path(output or job.output)
     rank0 = comm.Get_rank() == 0
     prov = provenance(comm)
-    results, error, done = None, None, []
+    results, error = None, None
     if rank0:
         try:
-            results = ResultsFile(path, job, prov, resume=resume)
-            done = [c.case_id for c in job.cases if resume and results.completed(c)]
+            results = ResultsFile.open(path, job, prov, resume=resume, overwrite=overwrite)
         except UserError as exc:
             error = exc
-            if results is not None:
-                results.close()
     error = agree(comm, error)
     if error is not None:
+        if results is not None:
+            results.close(quiet=True)
         raise error
-    done = set(comm.bcast(done, root=0))
+    done = set(comm.bcast(results.kept if rank0 else None, root=0))
     todo = [c for c in job.cases if c.case_id not in done]
     table = SummaryTable(stream) if rank0 else None
     tracker = Progress([useful_flops(c.tokens, c.heads, c.head_dim, c.patterns, c.causal, c.batch) for c in todo],
@@ -416,24 +439,36 @@ def run_job(job: Job, output: str | None = None, stream: TextIO = sys.stdout, co
             if rank0:
                 print(f"hilbert-hpc: job {job.name!r}, {len(job.cases)} case(s) on up to {comm.Get_size()} "
                       f"rank(s), results -> {path}", file=stream)
+                for note in results.notes + accuracy_rows_notes(job):
+                    print(f"hilbert-hpc: note: {note}", file=sys.stderr, flush=True)
                 table.header()
+            failed = None
             for case in job.cases:
                 if case.case_id in done:
                     if rank0:
                         print(f"{case.case_id}  complete in {path}, skipped", file=stream, flush=True)
                     continue
-                stop = stops.agreed(comm)
+                stop, failed = stops.agreed(comm, failed)
+                if failed is not None:
+                    raise failed
                 if stop:
                     raise StoppedForRequeue(f"stopped by {signal.Signals(stop).name} at a case boundary: "
                                             f"{len(done) + finished} of {len(job.cases)} cases are complete in "
                                             f"{path}; continue with 'run --resume'", "run")
                 sub = subs.get(case.ranks)
                 if sub is not None:
-                    run_case(case, job, sub, results, table, path)
-                tracker.advance(finished, f"{case.case_id} on {case.ranks} rank(s)")
-                finished += 1
+                    try:
+                        run_case(case, job, sub, results, table, path)
+                    except UserError as exc:
+                        failed = exc
+                if failed is None:
+                    tracker.advance(finished, f"{case.case_id} on {case.ranks} rank(s)")
+                    finished += 1
+            _, failed = stops.agreed(comm, failed)
+            if failed is not None:
+                raise failed
     finally:
         subs.free()
         if results is not None:
-            results.close()
+            results.close(quiet=sys.exc_info()[0] is not None)
     return path

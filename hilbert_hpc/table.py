@@ -6,7 +6,8 @@ from typing import Any, TextIO
 
 from .jobfile import Case
 
-COLUMNS = [("case", 28, "<"), ("backend", 7, "<"), ("order", 8, "<"), ("dtype", 7, "<"), ("tokens", 10, ">"),
+COLUMNS = [("case", 28, "<"), ("ranks", 5, ">"), ("backend", 7, "<"), ("order", 8, "<"), ("causal", 6, "<"),
+           ("dtype", 7, "<"), ("tokens", 10, ">"),
            ("attn ms", 10, ">"), ("total ms", 10, ">"), ("tokens/s", 11, ">"), ("GFLOP/s", 9, ">"),
            ("max rel err", 11, ">")]
 
@@ -29,6 +30,7 @@ class SummaryTable:
     def row(self, case: Case, record: dict[str, Any]) -> None:
         """Print one case's medians and accuracy."""
         m, acc = record["metrics"], record["accuracy"]
-        self._line([case.case_id[:28], case.backend, case.ordering[:8], case.dtype, f"{case.tokens * case.batch:,}",
+        self._line([case.case_id[:28], str(case.ranks), case.backend, case.ordering[:8],
+                    "yes" if case.causal else "no", case.dtype, f"{case.tokens * case.batch:,}",
                     f"{m['median_attention_s'] * 1e3:.2f}", f"{m['median_total_s'] * 1e3:.2f}",
                     f"{m['tokens_per_s']:.3g}", f"{m['useful_tflops'] * 1e3:.1f}", f"{acc['max_rel_err']:.1e}"])

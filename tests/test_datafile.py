@@ -85,3 +85,223 @@ def test_parallel_redistribution_matches_the_permutation(grid, ordering):
         got = read_shard(path, "q", b, layout, comm, np.float64)
         assert np.array_equal(got, q[b, layout.shard_natural(rank)])
     comm.Barrier()
+
+
+# --- files that are refused when the job is loaded -----------------------------------------------------------------
+
+def _write(path: Path, q, k, v, attrs: dict | None = None) -> Path:
+    """Q, K, V as given (any dtype, or a callable that makes the object in the file) and root attributes."""
+    import h5py
+
+    with h5py.File(path, "w") as f:
+        for name, x in zip("qkv", (q, k, v)):
+            if callable(x):
+                x(f, name)
+            else:
+                f[name] = x
+        for key, value in (attrs or {}).items():
+            f.attrs[key] = value
+    return path
+
+
+def _group(f, name):
+    f.create_group(name)["data"] = np.zeros((4, 1, 2))
+
+
+def _empty(f, name):
+    import h5py
+
+    f.create_dataset(name, data=h5py.Empty("f4"))
+
+
+def _vlen_strings(f, name):
+    import h5py
+
+    f.create_dataset(name, shape=(4, 1, 2), dtype=h5py.string_dtype())
+
+
+GOOD_QKV = np.zeros((4, 1, 2), np.float32)
+BAD_FILES = [
+    ((_group, GOOD_QKV, GOOD_QKV), {}, "q is a group, not a dataset: store q as an array of shape (N, H, D)"),
+    ((GOOD_QKV, GOOD_QKV, _empty), {}, "dataset v is empty (no dataspace)"),
+    ((GOOD_QKV, GOOD_QKV, np.zeros((4, 1, 2), np.complex64)), {},
+     "dataset v has complex dtype complex64, not real numbers: store float or integer values"),
+    ((GOOD_QKV, np.zeros((4, 1, 2), bool), GOOD_QKV), {}, "dataset k has boolean dtype bool, not real numbers"),
+    ((np.zeros((4, 1, 2), "S3"), GOOD_QKV, GOOD_QKV), {}, "dataset q has string dtype |S3, not real numbers"),
+    ((_vlen_strings, GOOD_QKV, GOOD_QKV), {}, "dataset q has object (or variable-length) dtype object"),
+    ((np.zeros((4, 1, 2), [("re", "f4"), ("im", "f4")]), GOOD_QKV, GOOD_QKV), {},
+     "dataset q has compound (or opaque) dtype"),
+    ((np.zeros((0, 1, 2)),) * 3, {}, "dataset q has shape (0, 1, 2), with tokens = 0: every axis needs"),
+    ((np.zeros((0, 4, 1, 2)),) * 3, {}, "dataset q has shape (0, 4, 1, 2), with batch = 0"),
+    ((np.zeros((4, 0, 2)),) * 3, {}, "dataset q has shape (4, 0, 2), with heads = 0"),
+    ((np.zeros((4, 1, 0)),) * 3, {}, "dataset q has shape (4, 1, 0), with head_dim = 0"),
+    ((GOOD_QKV, GOOD_QKV, np.zeros((4, 1, 0))), {}, "dataset v has shape (4, 1, 0), with head_dim = 0"),
+    ((GOOD_QKV,) * 3, {"grid": np.array([[2, 2]])}, "root attribute grid = array([[2, 2]]) is not a 1-D list of "
+     "positive integers: store it as an integer array such as [32, 32], or delete it"),
+    ((GOOD_QKV,) * 3, {"grid": np.array([2.0, 2.0])}, "root attribute grid = array([2., 2.]) is not a 1-D list"),
+    ((GOOD_QKV,) * 3, {"grid": np.array([-2, -2])}, "root attribute grid = array([-2, -2]) is not a 1-D list"),
+    ((GOOD_QKV,) * 3, {"grid": np.array([], np.int64)}, "is not a 1-D list of positive integers"),
+    ((GOOD_QKV,) * 3, {"grid": np.int64(4)}, f"root attribute grid = {np.int64(4)!r} is not a 1-D list"),
+    ((GOOD_QKV,) * 3, {"grid": "2x2"}, "root attribute grid = '2x2' is not a 1-D list"),
+    ((GOOD_QKV,) * 3, {"grid": np.array([True, True])}, "is not a 1-D list of positive integers"),
+    ((GOOD_QKV,) * 3, {"grid": np.array([2, 3])}, "root attribute grid = [2, 3] has product 6, but q, k, v hold "
+     "N = 4 tokens: fix the attribute"),
+]
+
+
+@pytest.mark.parametrize("qkv, attrs, words", BAD_FILES)
+def test_bad_input_contents_are_refused_naming_file_and_dataset(tmp_path, qkv, attrs, words):
+    path = _write(tmp_path / "bad.h5", *qkv, attrs=attrs)
+    with pytest.raises(ConfigError) as info:
+        describe_input(path, "cases[0].input")
+    assert info.value.param == "cases[0].input"
+    assert info.value.message.startswith(f"input file {str(path)!r}: ")
+    assert words in info.value.message, info.value.message
+
+
+def test_a_bad_input_file_fails_the_job_load(tmp_path):
+    path = _write(tmp_path / "c.h5", GOOD_QKV, GOOD_QKV, GOOD_QKV.astype(np.complex64))
+    with pytest.raises(JobFileError) as info:
+        load_job(tmp_path / "j.toml", text=f'[[cases]]\ninput = "{path}"\npatterns = [[4, 1]]\n')
+    assert info.value.param == "cases[0].input" and "dataset v has complex dtype complex64" in info.value.message
+
+
+def test_integer_inputs_and_a_good_grid_are_accepted(tmp_path):
+    path = _write(tmp_path / "i.h5", *(np.arange(8, dtype=dt).reshape(4, 1, 2) for dt in ("i2", "u1", "f2")),
+                  attrs={"grid": np.array([2, 2], np.int32)})
+    info = describe_input(path)
+    assert info["grid"] == (2, 2) and info["tokens"] == 4
+    assert read_rows(path, "k", 0, np.array([3, 0]), np.float64).tolist() == [[[6.0, 7.0]], [[0.0, 1.0]]]
+
+
+# --- NaN / Inf: refused when read ----------------------------------------------------------------------------------
+
+def _message(path, tensor: str, index: tuple[int, ...], what: str) -> str:
+    where = ", ".join(map(str, index))
+    return (f"input file {str(path)!r}, dataset {tensor}: element [{where}] (batch, token, head, dim), natural order, "
+            f"{what}: inputs must be finite numbers; fix the file")
+
+
+@pytest.mark.parametrize("ordering", ["natural", "hilbert"])
+def test_single_process_read_refuses_the_first_non_finite_value(tmp_path, ordering):
+    q, k, v = _arrays(256, batch=2)
+    k[1, 200, 0, 3] = np.nan                 # natural order: the first bad value of batch element 1 ...
+    k[1, 201, 0, 0] = np.inf                 # ... not this one, nor the one of the other batch element
+    k[0, 250, 2, 1] = -np.inf
+    write_input(tmp_path / "in.h5", q, k, v, grid=(16, 16))
+    layout = Layout((16, 16), ordering, 1)
+    comm = SingleProcessComm()
+    with pytest.raises(ConfigError) as info:
+        read_shard(tmp_path / "in.h5", "k", 1, layout, comm, np.float32)
+    assert info.value.param == "input"
+    assert info.value.message == _message(tmp_path / "in.h5", "k", (1, 200, 0, 3), "is nan")
+    with pytest.raises(ConfigError) as info:
+        read_shard(tmp_path / "in.h5", "k", 0, layout, comm, np.float64, param="cases[0].input")
+    assert info.value.param == "cases[0].input"
+    assert info.value.message == _message(tmp_path / "in.h5", "k", (0, 250, 2, 1), "is -inf")
+    assert np.array_equal(read_shard(tmp_path / "in.h5", "q", 1, layout, comm, np.float64),
+                          q[1, layout.shard_natural(0)])
+
+
+def test_values_that_overflow_the_compute_dtype_are_refused(tmp_path):
+    q, k, v = _arrays(16)
+    v[9, 1, 2] = 1e300
+    write_input(tmp_path / "in.h5", q, k, v)
+    with pytest.raises(ConfigError) as info:
+        read_shard(tmp_path / "in.h5", "v", 0, Layout((16,), "natural", 1), SingleProcessComm(), np.float32)
+    assert info.value.message == _message(tmp_path / "in.h5", "v", (0, 9, 1, 2), "= 1e+300 overflows float32")
+    got = read_shard(tmp_path / "in.h5", "v", 0, Layout((16,), "natural", 1), SingleProcessComm(), np.float64)
+    assert got[9, 1, 2] == 1e300
+
+
+def test_read_rows_refuses_non_finite_values(tmp_path):
+    q, k, v = _arrays(50, batch=2)
+    v[1, 30, 2, 1] = np.nan
+    write_input(tmp_path / "in.h5", q, k, v)
+    assert np.array_equal(read_rows(tmp_path / "in.h5", "v", 1, np.array([7, 3]), np.float64), v[1, [7, 3]])
+    with pytest.raises(ConfigError) as info:
+        read_rows(tmp_path / "in.h5", "v", 1, np.array([40, 30, 7, 30]), np.float64)
+    assert info.value.message == _message(tmp_path / "in.h5", "v", (1, 30, 2, 1), "is nan")
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("ordering", ["natural", "hilbert"])
+def test_every_rank_raises_the_same_error_when_one_rank_reads_a_nan(tmp_path_factory, ordering):
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    grid = (16, 16)
+    layout = Layout(grid, ordering, size)
+    bad = layout.shard + 5                       # a token in the natural block that rank 1 reads
+    q, k, v = _arrays(256, batch=2)
+    v[1, bad, 2, 3] = np.nan
+    v[1, 2 * layout.shard - 1, 0, 0] = np.inf   # later in rank 1's block: not reported
+    tmp = Path(comm.bcast(str(tmp_path_factory.mktemp("nan")) if rank == 0 else None))
+    if rank == 0:
+        write_input(tmp / "in.h5", q, k, v, grid=grid)
+    comm.Barrier()
+    assert np.array_equal(read_shard(tmp / "in.h5", "v", 0, layout, comm, np.float64),
+                          v[0, layout.shard_natural(rank)])
+    error = None
+    try:
+        read_shard(tmp / "in.h5", "v", 1, layout, comm, np.float32)
+    except ConfigError as exc:
+        error = str(exc)
+    everyone = comm.allgather(error)
+    assert everyone == [f"input: {_message(tmp / 'in.h5', 'v', (1, bad, 2, 3), 'is nan')}"] * size
+    comm.Barrier()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_when_several_ranks_read_a_nan_all_report_the_first(tmp_path_factory):
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    layout = Layout((256,), "natural", size)
+    q, k, v = _arrays(256)
+    for p in range(size):
+        q[p * layout.shard + 3, 1, p % 4] = np.inf if p % 2 else np.nan
+    tmp = Path(comm.bcast(str(tmp_path_factory.mktemp("nan2")) if rank == 0 else None))
+    if rank == 0:
+        write_input(tmp / "in.h5", q, k, v)
+    comm.Barrier()
+    with pytest.raises(ConfigError) as info:
+        read_shard(tmp / "in.h5", "q", 0, layout, comm, np.float64, param="cases[1].input")
+    assert comm.allgather((info.value.param, info.value.message)) == [
+        ("cases[1].input", _message(tmp / "in.h5", "q", (0, 3, 1, 0), "is nan"))] * size
+    comm.Barrier()
+
+
+# --- the command line: one line, exit code 2 -----------------------------------------------------------------------
+
+BAD_INPUT_JOB = """
+[job]
+name = "bad-input"
+repeats = 1
+warmup = 0
+accuracy_rows = 4
+[[cases]]
+name = "inf"
+input = "in.h5"
+patterns = [[64, 1]]
+ordering = "hilbert"
+"""
+
+
+def test_cli_refuses_an_input_with_an_inf_in_one_line(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    q, k, v = _arrays(128, heads=2)
+    v[77, 1, 0] = np.inf
+    write_input(tmp_path / "in.h5", q, k, v, grid=(8, 16))
+    (tmp_path / "job.toml").write_text(BAD_INPUT_JOB)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    res = subprocess.run([sys.executable, "-m", "hilbert_hpc", "run", "job.toml", "-o", "out.h5"], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=240)
+    assert res.returncode == 2, res.stderr
+    assert "Traceback" not in res.stderr
+    assert res.stderr.splitlines() == [f"hilbert-hpc: error: input: {_message('in.h5', 'v', (0, 77, 1, 0), 'is inf')}"]

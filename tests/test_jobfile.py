@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from hilbert_hpc.errors import JobFileError
-from hilbert_hpc.jobfile import load_job
+from hilbert_hpc.jobfile import accuracy_rows_notes, check_name, load_job
+from hilbert_hpc.patterns import max_array_dims
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -82,6 +83,33 @@ BAD = [
     (GOOD.replace("[[cases]]", "[[casez]]"), "casez", "unknown key"),
     ("[job]\nname = \"x\"\n", "cases", "at least one"),
     ("[job\nname=1", "job.toml", "not valid TOML"),
+    # names become file and HDF5 group names: no path separators, no "..", nothing odd
+    (GOOD.replace('name = "a"', 'name = "../../../../escaped"'), "cases[0].name", "contains '/'"),
+    (GOOD.replace('name = "a"', 'name = "2d/32x32"'), "cases[0].name", "'2d/32x32' contains '/'"),
+    (GOOD.replace('name = "b"', 'name = "a..b"'), "cases[1].name", "'a..b' contains '..'"),
+    (GOOD.replace('name = "b"', 'name = ".hidden"'), "cases[1].name", "starts with '.'"),
+    (GOOD.replace('name = "b"', 'name = "-x"'), "cases[1].name", "starts with '-'"),
+    (GOOD.replace('name = "b"', 'name = "two words"'), "cases[1].name", "contains ' '"),
+    (GOOD.replace('name = "b"', 'name = "tab\\there"'), "cases[1].name", "contains '\\t'"),
+    (GOOD.replace('name = "b"', 'name = ""'), "cases[1].name", "the name is empty"),
+    (GOOD.replace('name = "b"', f'name = "{"x" * 65}"'), "cases[1].name", "has 65 characters, at most 64"),
+    (GOOD.replace('name = "b"', 'name = 3'), "cases[1].name", "expected a name (a string), got 3"),
+    (GOOD.replace('name = "t"', 'name = "../t"'), "job.name", "'../t' contains '/'"),
+    (GOOD.replace('name = "t"', 'name = "t\\u00e9"'), "job.name", "contains 'é'"),
+    (GOOD.replace("heads = 2", "heads = 2\nname = \"d\""), "defaults.name", "unknown key"),
+    # grid entries and the hilbert key limit (checked per ordering)
+    (GOOD.replace("grid = [16, 16]", "grid = [16, -16]"), "cases[0].grid", "positive integers, got [16, -16] "
+     "(entry 1 is -16)"),
+    (GOOD.replace("grid = [16, 16]", "grid = [16, 16.0]"), "cases[0].grid", "(entry 1 is 16.0)"),
+    (GOOD.replace("grid = [16, 16]", "grid = [16, true]"), "cases[0].grid", "(entry 1 is True)"),
+    (GOOD.replace("grid = [16, 16]", "grid = \"16x16\""), "cases[0].grid", "got '16x16'"),
+    (GOOD.replace("grid = [16, 16]", "grid = []"), "cases[0].grid", "non-empty list"),
+    (GOOD.replace("grid = [16, 16]", f"grid = [16, 16{', 1' * 63}]"), "cases[0].grid",
+     "the hilbert ordering of 65 axes needs 65 x 4 bits (the longest axis, 16, needs 4) = 260 key bits, more than "
+     "the 64-bit Hilbert key: use at most 16 axes of this length"),
+    (GOOD.replace("grid = [16, 16]", f"grid = [2, 2{', 2' * 6}{', 1' * 56}]"), "cases[0].grid",
+     f"the hilbert ordering takes at most {max_array_dims() - 1} axes here (NumPy arrays have at most "
+     f"{max_array_dims()} dimensions), the grid has 64"),
 ]
 
 
@@ -96,3 +124,65 @@ def test_bad_job_files_name_the_parameter(tmp_path, text, param, words):
 def test_missing_file(tmp_path):
     with pytest.raises(JobFileError, match="cannot read job file"):
         load_job(tmp_path / "nope.toml")
+
+
+def test_names_of_shipped_jobs_and_plain_identifiers_pass():
+    for name in ("quickstart", "grid2d-128x128", "longnet-1m-per-gpu", "per-rank-64x128", "v1.2_final", "0003",
+                 "_x", "x" * 64):
+        assert check_name(name, "n") == name
+
+
+def test_the_natural_ordering_takes_any_number_of_axes(tmp_path):
+    text = GOOD.replace("grid = [16, 16]", f"grid = [16, 16{', 1' * 63}]").replace(
+        '["natural", "hilbert"]', '["natural", "hilbert-segment"]')
+    job = load_job(job_text(tmp_path, text))
+    assert {len(c.grid) for c in job.cases[:4]} == {65}
+
+
+def test_weak_scaling_checks_the_grid_of_every_rank_count(tmp_path):
+    text = """
+    [[cases]]
+    name = "w"
+    grid = [16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16]
+    patterns = [[16, 1]]
+    ordering = "hilbert"
+    scaling = "weak"
+    ranks = "pow2"
+    """
+    assert len(load_job(job_text(tmp_path, text), world_size=1).cases) == 1
+    with pytest.raises(JobFileError) as info:
+        load_job(job_text(tmp_path, text), world_size=2)      # 32 x 16 ...: 5 bits per axis, 80 key bits
+    assert info.value.param == "cases[0].grid"
+    assert "16 x 5 bits (the longest axis, 32, needs 5) = 80 key bits" in info.value.message
+
+
+ROWS_JOB = """
+[job]
+name = "rows"
+accuracy_rows = 1000
+[[cases]]
+name = "tiny"
+tokens = 256
+patterns = [[256, 1]]
+[[cases]]
+name = "big"
+tokens = 4096
+patterns = [[256, 1]]
+[[cases]]
+name = "swept"
+patterns = [[256, 1]]
+[cases.sweep]
+tokens = [256, 512, 2048]
+ordering = ["natural", "hilbert"]
+"""
+
+
+def test_accuracy_rows_notes_state_the_clamping(tmp_path):
+    job = load_job(job_text(tmp_path, ROWS_JOB))
+    assert accuracy_rows_notes(job) == [
+        "case 0000-tiny has 256 tokens, fewer than accuracy_rows = 1000: all 256 rows are checked",
+        "cases 0002-swept ... 0005-swept (4 cases named swept) have 256 to 512 tokens, fewer than "
+        "accuracy_rows = 1000: all of their rows are checked",
+    ]
+    assert accuracy_rows_notes(load_job(job_text(tmp_path, ROWS_JOB.replace("= 1000", "= 256")))) == []
+    assert accuracy_rows_notes(load_job(job_text(tmp_path, ROWS_JOB.replace("= 1000", "= 0")))) == []

@@ -51,3 +51,30 @@ def get_backend(name: str, param: str = "backend") -> Backend:
         return importlib.import_module(BACKENDS[name])
     except ImportError as exc:
         raise ConfigError(f"backend {name!r} is not available here ({exc})", param) from None
+
+
+def require_usable(name: str, param: str = "backend") -> Backend:
+    """The backend ``name``, refused with one line when it cannot run here (a GPU backend without a usable GPU).
+
+    Checked before any work: without it a GPU case fails deep inside CuPy, or
+    after minutes of a max-length search.
+    """
+    be = get_backend(name, param)
+    if getattr(be, "on_gpu", False) and name != "torch":
+        reason = gpu_unusable()
+        if reason:
+            raise ConfigError(f"backend {name!r} needs an NVIDIA GPU; none is usable here ({reason})", param)
+    return be
+
+
+def gpu_unusable() -> str | None:
+    """Why CuPy cannot use a GPU here (no CuPy, no driver, no device), or None when one is usable."""
+    try:
+        import cupy
+
+        count = cupy.cuda.runtime.getDeviceCount()
+    except ImportError as exc:
+        return f"CuPy is not installed: {exc}"
+    except Exception as exc:  # noqa: BLE001 - CUDARuntimeError and friends: no driver or no device
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no CUDA driver'}"
+    return None if count > 0 else "CUDA sees no device"

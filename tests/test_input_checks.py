@@ -1,0 +1,150 @@
+"""Input checks that keep results from being lost or mixed: serializable grids, study names, plan sizes, the table."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from hilbert_hpc.errors import ConfigError, JobFileError
+from hilbert_hpc.jobfile import Case, load_job
+from hilbert_hpc.patterns import Pattern, check_serializable, max_array_dims, parse_grid
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: a prime above 2**32: a hilbert-segment block of 2 * P tokens folds into a 2 x P tile
+P = 4294967311
+
+
+# --- grids the orderings can serialize --------------------------------------------------------------------------------
+
+def test_natural_order_takes_any_number_of_axes():
+    check_serializable((2,) * 100, "natural")
+    check_serializable((2,) * 100, "hilbert-segment", segment=4)
+
+
+def test_hilbert_refuses_more_key_bits_than_64():
+    check_serializable((2,) * 63, "hilbert")                            # 63 axes x 1 bit
+    check_serializable((1 << 16,) * 4, "hilbert")                       # 4 axes x 16 bits = 64
+    with pytest.raises(ConfigError) as info:
+        check_serializable((1 << 16, 1 << 16, 1 << 16, (1 << 16) + 1), "hilbert", param="cases[2].grid")
+    assert info.value.param == "cases[2].grid"
+    assert info.value.message == ("the hilbert ordering of 4 axes needs 4 x 17 bits (the longest axis, 65537, needs "
+                                  "17) = 68 key bits, more than the 64-bit Hilbert key: use at most 3 axes of this "
+                                  "length, shorter axes, or ordering = \"natural\"")
+
+
+def test_hilbert_refuses_more_axes_than_numpy_arrays_hold():
+    limit = max_array_dims() - 1                                        # the coordinates have axes + 1 dimensions
+    check_serializable((2,) * limit, "hilbert")
+    with pytest.raises(ConfigError) as info:
+        check_serializable((2,) * (limit + 1), "hilbert")
+    assert info.value.param == "grid"
+    assert info.value.message == (f"the hilbert ordering takes at most {limit} axes here (NumPy arrays have at most "
+                                  f"{max_array_dims()} dimensions), the grid has {limit + 1}: merge axes or use "
+                                  f"ordering = \"natural\"")
+
+
+def test_the_limit_is_the_real_one():
+    """Right at the limit the hilbert order is computed; one axis more fails in the ordering code itself."""
+    from hilbert_hpc.ordering import hilbert_curve_order
+
+    limit = max_array_dims() - 1
+    assert len(hilbert_curve_order((2, 2) + (1,) * (limit - 2))) == 4
+    with pytest.raises(ValueError):
+        hilbert_curve_order((2, 2) + (1,) * (limit - 1))
+    with pytest.raises(ValueError, match="64-bit"):
+        hilbert_curve_order((2, 2) + (1,) * 63)
+
+
+def test_hilbert_segment_refuses_a_tile_side_beyond_32_bits(tmp_path):
+    check_serializable((2 * P,), "hilbert-segment", segment=1 << 33)   # a 65536 x 131072 tile
+    text = f'[[cases]]\ntokens = {2 * P}\npatterns = [[{2 * P}, 1]]\nordering = "hilbert-segment"\n'
+    with pytest.raises(JobFileError) as info:
+        load_job(tmp_path / "j.toml", text=text)
+    assert info.value.param == "cases[0].segment"
+    assert info.value.message == (f"the hilbert-segment tile of segment {2 * P} is (2, {P}); its longer side needs "
+                                  f"33 bits, more than 32: choose a shorter segment")
+
+
+def test_grid_entries_must_be_positive_integers():
+    assert parse_grid([4, 4], 16) == (4, 4)
+    for grid, entry in (([4, 0], "entry 1 is 0"), ([4, -1], "entry 1 is -1"), ([4.0, 4], "entry 0 is 4.0"),
+                        ([4, "4"], "entry 1 is '4'"), ([False, 4], "entry 0 is False")):
+        with pytest.raises(ConfigError) as info:
+            parse_grid(grid, None, "cases[0].grid")
+        assert info.value.param == "cases[0].grid"
+        assert info.value.message == f"expected a non-empty list of positive integers, got {grid!r} ({entry})"
+    with pytest.raises(ConfigError, match=r"expected a list of positive integers such as \[64, 64\], got '4x4'"):
+        parse_grid("4x4", None)
+
+
+# --- the max-length study's name --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, words", [("../../escaped", "contains '/'"), ("a..b", "contains '..'"),
+                                         (".x", "starts with '.'"), ("", "the name is empty")])
+def test_maxlen_search_name_is_an_identifier(tmp_path, name, words):
+    from hilbert_hpc.maxlen import load_search
+
+    text = (ROOT / "jobs" / "max_length.toml").read_text()
+    path = tmp_path / "search.toml"
+    path.write_text(text.replace('name = "max_length"', f'name = "{name}"'))
+    with pytest.raises(JobFileError) as info:
+        load_search(path)
+    assert info.value.param == "search.name"
+    assert words in info.value.message
+    path.write_text(text.replace('name = "max_length"', 'name = "max_length.v2"'))
+    assert load_search(path).name == "max_length.v2"
+
+
+# --- plan: the size flags ---------------------------------------------------------------------------------------------
+
+def test_parse_size_names_the_flag_it_parsed():
+    from hilbert_hpc.plan import parse_size
+
+    assert parse_size("80GiB") == 80 << 30 and parse_size("1.5kB", "--host-memory") == 1500
+    for flag in ("--host-memory", "--device-memory"):
+        with pytest.raises(ConfigError) as info:
+            parse_size("lots", flag)
+        assert info.value.param == flag
+        assert info.value.message == "expected a size such as 80GiB or 512MB, got 'lots'"
+    with pytest.raises(ConfigError) as info:
+        parse_size("-3GB")
+    assert info.value.param == "--device-memory"
+
+
+def test_plan_command_names_host_memory(tmp_path, capsys):
+    from hilbert_hpc.cli import main
+
+    (tmp_path / "j.toml").write_text('[[cases]]\ntokens = 64\npatterns = [[64, 1]]\n')
+    assert main(["plan", str(tmp_path / "j.toml"), "-n", "1", "--host-memory", "lots"]) == 2
+    assert capsys.readouterr().err == ("hilbert-hpc: error: --host-memory: expected a size such as 80GiB or 512MB, "
+                                       "got 'lots'\n")
+
+
+# --- the run table ----------------------------------------------------------------------------------------------------
+
+def _record() -> dict:
+    return {"metrics": {"median_attention_s": 0.012, "median_total_s": 0.013, "tokens_per_s": 2e5,
+                        "useful_tflops": 0.05}, "accuracy": {"max_rel_err": 1e-7}}
+
+
+def test_table_rows_of_a_scaling_sweep_differ_in_ranks_and_causal():
+    from hilbert_hpc.table import SummaryTable
+
+    stream = io.StringIO()
+    table = SummaryTable(stream)
+    table.header()
+    pats = (Pattern(64, 1),)
+    for ranks, causal in ((1, False), (8, False), (8, True)):
+        table.row(Case(case_id="0000-strong", name="strong", grid=(4096,), patterns=pats, ranks=ranks,
+                       causal=causal), _record())
+    head, rule, *rows = stream.getvalue().splitlines()
+    assert head.split()[:6] == ["case", "ranks", "backend", "order", "causal", "dtype"]
+    ranks_end = head.index("ranks") + len("ranks")
+    causal_at = head.index("causal")
+    assert [row[ranks_end - 5:ranks_end] for row in rows] == ["    1", "    8", "    8"]
+    assert [row[causal_at:causal_at + 6] for row in rows] == ["no    ", "no    ", "yes   "]
+    assert len(set(rows)) == 3
+    assert all(len(row) <= len(rule) for row in rows)
