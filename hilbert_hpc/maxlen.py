@@ -130,6 +130,7 @@ def trial(search: Search, backend: str, tokens: int, check_rows: int = 0) -> dic
     """One attempt at ``tokens``: fits or not, time, peak bytes, floor bytes, and (optionally) accuracy."""
     from .backends import get_backend
     from .jobfile import Case
+    from .arrays import RowReader
     from .runner import case_layout, generation_module, local_accuracy, shard_inputs
 
     be = get_backend(backend)
@@ -155,7 +156,7 @@ def trial(search: Search, backend: str, tokens: int, check_rows: int = 0) -> dic
         result["memory_ratio"] = result["peak_bytes"] / floor if result["peak_bytes"] else np.nan
         result["fits"] = True
         if check_rows:
-            rows = _RowReader(out, be.to_numpy)
+            rows = RowReader(out)
             acc = local_accuracy(case, search.seed, check_rows, rows, layout, 0)
             result["max_rel_err"] = acc["max_abs"] / max(acc["max_ref"], np.finfo(np.float64).tiny)
     except Exception as exc:  # noqa: BLE001 - only running out of memory is an answer; anything else is raised
@@ -165,22 +166,6 @@ def trial(search: Search, backend: str, tokens: int, check_rows: int = 0) -> dic
         qkv = out = None  # noqa: F841 - release before the next trial
         device_memory.reset_peak()
     return result
-
-
-class _RowReader:
-    """Indexing a device output copies just the indexed rows to the host."""
-
-    def __init__(self, out: Any, to_numpy: Callable[[Any], np.ndarray]) -> None:
-        self.out, self.to_numpy = out, to_numpy
-
-    def __getitem__(self, idx: np.ndarray) -> np.ndarray:
-        torch = sys.modules.get("torch")
-        if torch is not None and isinstance(self.out, torch.Tensor):
-            return self.to_numpy(self.out[torch.as_tensor(np.asarray(idx), device=self.out.device)])
-        cupy = sys.modules.get("cupy")
-        if cupy is not None and isinstance(self.out, cupy.ndarray):
-            return self.to_numpy(self.out[cupy.asarray(idx)])
-        return self.to_numpy(self.out[idx])
 
 
 def search_backend(search: Search, backend: str, log: Callable[[dict], None]) -> list[dict]:

@@ -340,7 +340,8 @@ def _timing_row(case: CaseResult, prefix: str = "attention") -> dict[str, float]
 
 
 def cases_table(cases: Sequence[CaseResult]) -> list[dict[str, Any]]:
-    """One row per case: times, throughput, useful TFLOP/s and accuracy."""
+    """One row per case: times (attention, and total with the copies around it), throughput, useful TFLOP/s
+    and accuracy."""
     rows = []
     for c in cases:
         p = c.params
@@ -351,6 +352,7 @@ def cases_table(cases: Sequence[CaseResult]) -> list[dict[str, Any]]:
             "backend": p["backend"], "ordering": p["ordering"], "transport": c.transport_used or p["transport"],
             "attention_s": att[0], "attention_min_s": att[1], "attention_max_s": att[2],
             "total_s": tot[0], "total_min_s": tot[1], "total_max_s": tot[2],
+            "attention_share": att[0] / tot[0] if tot[0] > 0 else math.nan,
             "tokens_per_s": tokens / tot[0] if tot[0] > 0 else math.nan,
             "tflops": c.useful_flops / att[0] / 1e12 if att[0] > 0 else math.nan,
             "max_rel_err": c.max_rel_err, "rel_l2_err": c.rel_l2_err,
@@ -530,6 +532,7 @@ COLUMNS: dict[str, list[tuple[str, Callable[[dict], str]]]] = {
               ("ranks", _key_of("ranks")), ("tokens", _key_of("tokens", _fmt(","))),
               ("backend", _key_of("backend")), ("ordering", _key_of("ordering")),
               ("transport", _key_of("transport")), ("attn ms [min, max]", _range_ms("attention")),
+              ("total ms", _key_of("total_s", _ms)), ("attn/total", _key_of("attention_share", _fmt(".2f"))),
               ("tokens/s", _key_of("tokens_per_s", _fmt(".3g"))), ("TFLOP/s", _key_of("tflops", _fmt(".3g"))),
               ("max rel err", _key_of("max_rel_err", _fmt(".1e")))],
     "strong_scaling": [("group", _key_of("group")), ("ranks", _key_of("ranks")),
@@ -571,8 +574,9 @@ def format_table(name: str, rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def print_tables(tables: dict[str, list[dict[str, Any]]], stream: TextIO = sys.stdout) -> None:
-    """Print every table that has rows, separated by blank lines."""
+def print_tables(tables: dict[str, list[dict[str, Any]]], stream: TextIO | None = None) -> None:
+    """Print every table that has rows, separated by blank lines (on stdout by default)."""
+    stream = stream or sys.stdout
     first = True
     for name in TABLES:
         if tables.get(name):
@@ -683,7 +687,7 @@ def write_plots(tables: dict[str, list[dict[str, Any]]], plot_dir: str | Path) -
     return written
 
 
-def report(paths: Sequence[str | Path], stream: TextIO = sys.stdout, csv_path: str | Path | None = None,
+def report(paths: Sequence[str | Path], stream: TextIO | None = None, csv_path: str | Path | None = None,
            plot_dir: str | Path | None = None) -> dict[str, list[Any]]:
     """Print the tables; write CSV / PNG plots when asked; return the table rows (for tests).
 
@@ -691,6 +695,7 @@ def report(paths: Sequence[str | Path], stream: TextIO = sys.stdout, csv_path: s
     times in seconds), ``"notes"`` to the note lines printed and ``"plots"``
     to the PNG files written.
     """
+    stream = stream or sys.stdout
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     cases, notes = load_cases(paths)
     tables: dict[str, list[Any]] = build_tables(cases, notes)

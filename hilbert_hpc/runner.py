@@ -94,8 +94,12 @@ def shard_inputs(case: Case, seed: int, layout: Layout, comm: Any, batch_index: 
     return [random_rows(seed, t, positions, case.heads, case.head_dim, case.dtype, xp) for t in ("q", "k", "v")]
 
 
-def local_accuracy(case: Case, seed: int, rows: int, output: np.ndarray, layout: Layout, rank: int) -> dict:
-    """Error sums of the sampled rows (batch element 0) that this rank owns, against float64."""
+def local_accuracy(case: Case, seed: int, rows: int, output: Any, layout: Layout, rank: int) -> dict:
+    """Error sums of the sampled rows (batch element 0) that this rank owns, against float64.
+
+    ``output`` is this rank's serialized output shard, or anything indexed like
+    it that returns host rows (``arrays.RowReader`` over a device array).
+    """
     picked = np.sort(np.random.default_rng(seed).choice(case.tokens, min(rows, case.tokens), replace=False))
     serial = layout.serialized_of(picked)
     mine = layout.owner(serial) == rank
@@ -111,7 +115,7 @@ def local_accuracy(case: Case, seed: int, rows: int, output: np.ndarray, layout:
     ref = reference_rows(picked[mine], source=source, perm=IndexView(layout.natural_of),
                          inverse=IndexView(layout.serialized_of), heads=case.heads, patterns=case.patterns,
                          causal=case.causal, scale=case.softmax_scale)
-    got = output[serial[mine] - rank * layout.shard].astype(np.float64)
+    got = np.asarray(output[serial[mine] - rank * layout.shard], dtype=np.float64)
     diff = got - ref
     result.update(max_abs=float(np.abs(diff).max()), max_ref=float(np.abs(ref).max()),
                   sq_err=float((diff ** 2).sum()), sq_ref=float((ref ** 2).sum()))
@@ -162,9 +166,14 @@ class CaseRun:
         """Warm-up and timed repeats; returns (per-repeat timings, host outputs, accuracy sums).
 
         The accuracy check comes first: the output of the first call (a warm-up
-        when there is one) is compared with float64 on the sampled rows before
-        the timed repeats run.
+        when there is one) is compared with float64 on the sampled rows, and all
+        of it is checked for NaN/Inf, before the timed repeats run. Outputs stay
+        where the backend made them: only the sampled rows come to the host, and
+        the whole output only when the job saves it (then every repeat copies it,
+        timed as ``unserialize``; the host outputs returned are the last repeat's).
         """
+        from .arrays import RowReader, count_nonfinite
+
         c, job, be = self.case, self.job, self.be
         xp = generation_module(be.on_gpu)
         inputs = [shard_inputs(c, job.seed, self.layout, self.comm, b, xp) for b in range(c.batch)]
@@ -176,8 +185,9 @@ class CaseRun:
             stats = RingStats()
             transfer_only = 0.0
             outputs = []
+            nonfinite = 0
             self.comm.Barrier()
-            for q, k, v in inputs:
+            for b, (q, k, v) in enumerate(inputs):
                 t0 = time.perf_counter()
                 qs, ks, vs = (be.to_device(x, c.dtype) for x in (q, k, v))
                 be.synchronize()
@@ -185,21 +195,26 @@ class CaseRun:
                 out_s = self.attention(qs, ks, vs, stats)
                 be.synchronize()
                 t2 = time.perf_counter()
-                outputs.append(be.to_numpy(out_s))
-                del out_s                      # before the next repeat allocates its output
+                if job.save_output:
+                    outputs.append(be.to_numpy(out_s))
                 t3 = time.perf_counter()
                 phase_s["serialize"] += t1 - t0
                 phase_s["attention"] += t2 - t1
                 phase_s["unserialize"] += t3 - t2
                 phase_s["total"] += t3 - t0
+                if rep == 0:
+                    # checked before anything is timed: the first call's output against float64, all of it finite
+                    nonfinite += count_nonfinite(out_s)
+                    if b == 0:
+                        accuracy = local_accuracy(c, job.seed, job.accuracy_rows, RowReader(out_s), self.layout,
+                                                  self.rank)
+                del out_s                      # before the next call allocates its output
                 if self.ranks > 1:
                     self.comm.Barrier()
                     transfer_only += ring_transfer_only(ks, vs, patterns=c.patterns, comm=self.comm,
                                                         causal=c.causal, transport=self.transport).wait_s
             if rep == 0:
-                # checked before anything is timed: the first call's output against float64, and all of it finite
-                accuracy = local_accuracy(c, job.seed, job.accuracy_rows, outputs[0], self.layout, self.rank)
-                accuracy["nonfinite"] = sum(int(o.size - np.count_nonzero(np.isfinite(o))) for o in outputs)
+                accuracy["nonfinite"] = nonfinite
             if rep >= job.warmup:
                 for name, value in phase_s.items():
                     timings[name].append(value)
@@ -380,7 +395,7 @@ class SubComms:
         self.subs = {}
 
 
-def run_job(job: Job, output: str | None = None, stream: TextIO = sys.stdout, comm: Any = None,
+def run_job(job: Job, output: str | None = None, stream: TextIO | None = None, comm: Any = None,
             transport: str | None = None, resume: bool = False, progress: TextIO | None = None,
             overwrite: bool = False) -> Path:
     """Run every case of ``job`` on the ranks of ``comm`` it asks for; rank 0 writes the file and prints the table.
@@ -404,6 +419,7 @@ def run_job(job: Job, output: str | None = None, stream: TextIO = sys.stdout, co
     from .signals import StoppedForRequeue, StopRequests
 
     comm = comm or world()
+    stream = stream or sys.stdout               # looked up now: the caller's stdout, not the one at import
     if transport:
         job = job.with_transport(transport)
     for case in job.cases:

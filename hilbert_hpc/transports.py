@@ -8,8 +8,9 @@ another from a rank) and later waits for it:
                 first). Only with an MPI library built with CUDA support: a
                 non-CUDA-aware library given a device pointer crashes.
 ``staged``      Device -> pinned host (chunked, on a copy stream) -> MPI -> pinned
-                host -> device; each chunk's send starts as soon as its copy has
-                landed and each received chunk is copied up while the next arrives.
+                host -> device, without blocking the caller: each chunk's send
+                starts as soon as its copy has landed and each received chunk is
+                copied up as soon as it has arrived, while the GPU computes.
 ``auto``        ``cuda-aware`` when it is known to work (see :mod:`hilbert_hpc.cuda_aware`),
                 else ``staged``; ``host`` for NumPy arrays.
 """
@@ -31,9 +32,8 @@ STAGED_CHUNK_BYTES = 4 << 20
 class Exchange:
     """One posted send/receive pair; ``wait()`` completes both."""
 
-    def __init__(self, requests: list, finish=None) -> None:
+    def __init__(self, requests: list) -> None:
         self.requests = requests
-        self.finish = finish
 
     def test(self) -> bool:
         """Drive MPI progress without blocking; True once the posted requests have completed."""
@@ -45,8 +45,6 @@ class Exchange:
         """Block until the send has left and the received block is usable."""
         from mpi4py import MPI
 
-        if self.finish is not None:
-            self.finish()
         MPI.Request.Waitall(self.requests)
 
 
@@ -85,7 +83,15 @@ class CudaAwareTransport(HostTransport):
 
 
 class StagedTransport:
-    """Device blocks through pinned host buffers, chunked so that copies overlap the MPI transfer."""
+    """Device blocks through pinned host buffers, chunked so that copies overlap the MPI transfer and compute.
+
+    ``start`` returns at once: the copy stream waits (on the GPU) for the compute
+    stream's work so far, then copies the block down chunk by chunk. Each chunk's
+    ``Isend`` is posted as soon as its copy has landed and each received chunk is
+    copied up as soon as it has arrived, whenever the exchange is driven
+    (``test`` during compute, then ``wait``). The pinned buffers are allocated
+    once per role and reused (grown only for a larger block).
+    """
 
     name = "staged"
 
@@ -112,37 +118,62 @@ class StagedTransport:
         step = max(1, self.chunk_bytes // itemsize)
         return [slice(i, min(n, i + step)) for i in range(0, n, step)]
 
-    def start(self, send: Any | None, dest: int, recv: Any | None, source: int, tag: int) -> Exchange:
-        """Copy ``send`` down chunk by chunk and send each chunk as it lands; post the receives."""
+    def start(self, send: Any | None, dest: int, recv: Any | None, source: int, tag: int) -> "StagedExchange":
+        """Post the receives and queue the chunked copy of ``send`` to pinned memory; returns at once."""
         cp = self.cupy
-        reqs = []
-        recv_parts: list[tuple[Any, slice, Any]] = []
+        exchange = StagedExchange(self)
         if recv is not None and recv.size:
             host_in = self._host("recv", recv)
+            flat_in = recv.reshape(-1)
             for sl in self._chunks(recv.size, recv.dtype.itemsize):
-                recv_parts.append((self.comm.Irecv(host_in[sl], source=source, tag=tag), sl, host_in))
+                exchange.incoming.append((self.comm.Irecv(host_in[sl], source=source, tag=tag), flat_in[sl],
+                                          host_in[sl]))
         if send is not None and send.size:
             host_out = self._host("send", send)
             flat = send.reshape(-1)
-            cp.cuda.get_current_stream().synchronize()
-            events = []
-            with self.copy_stream:
-                for sl in self._chunks(send.size, send.dtype.itemsize):
-                    flat[sl].get(out=host_out[sl], stream=self.copy_stream, blocking=False)
-                    events.append((sl, self.copy_stream.record()))
-            for sl, ev in events:
-                ev.synchronize()
-                reqs.append(self.comm.Isend(host_out[sl], dest=dest, tag=tag))
+            self.copy_stream.wait_event(cp.cuda.get_current_stream().record())   # the block is written
+            for sl in self._chunks(send.size, send.dtype.itemsize):
+                flat[sl].get(out=host_out[sl], stream=self.copy_stream, blocking=False)
+                exchange.outgoing.append((self.copy_stream.record(), host_out[sl], dest, tag))
+        exchange.test()
+        return exchange
 
-        def finish() -> None:
-            flat_in = recv.reshape(-1) if recv is not None else None
-            with self.copy_stream:
-                for req, sl, host_in in recv_parts:
-                    req.Wait()
-                    flat_in[sl].set(host_in[sl], stream=self.copy_stream)
-            self.copy_stream.synchronize()
 
-        return Exchange(reqs, finish)
+class StagedExchange(Exchange):
+    """A staged send/receive pair in flight: chunks move on as their copies or messages complete."""
+
+    def __init__(self, transport: StagedTransport) -> None:
+        super().__init__([])
+        self.transport = transport
+        self.outgoing: list[tuple[Any, np.ndarray, int, int]] = []    # (copy-down event, pinned chunk, dest, tag)
+        self.incoming: list[tuple[Any, Any, np.ndarray]] = []          # (receive request, device chunk, pinned)
+
+    def _advance(self, block: bool) -> None:
+        comm, stream = self.transport.comm, self.transport.copy_stream
+        while self.outgoing and (block or self.outgoing[0][0].done):
+            event, chunk, dest, tag = self.outgoing.pop(0)
+            event.synchronize()
+            self.requests.append(comm.Isend(chunk, dest=dest, tag=tag))
+        while self.incoming and (block or self.incoming[0][0].Test()):
+            req, device_chunk, host_chunk = self.incoming.pop(0)
+            req.Wait()
+            device_chunk.set(host_chunk, stream=stream)
+
+    def test(self) -> bool:
+        """Post the sends of chunks that have landed, copy up chunks that have arrived; True when all is done."""
+        from mpi4py import MPI
+
+        self._advance(block=False)
+        return not self.outgoing and not self.incoming and (
+            bool(MPI.Request.Testall(self.requests)) if self.requests else True)
+
+    def wait(self) -> None:
+        """Finish every chunk; the received block is on the device and the pinned buffers are free again."""
+        from mpi4py import MPI
+
+        self._advance(block=True)
+        self.transport.copy_stream.synchronize()
+        MPI.Request.Waitall(self.requests)
 
 
 def resolve_transport(name: str, on_gpu: bool, comm: Any) -> tuple[Any, str]:
