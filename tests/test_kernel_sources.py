@@ -1,4 +1,5 @@
-"""Every kernel source compiles for compute_61, 70, 80 and 90 with NVRTC 12 (no GPU needed)."""
+"""Every kernel source compiles for compute_61, 70, 80 and 90 with NVRTC 12 (no GPU needed); the wgmma
+kernel for compute_90a only, and to an sm_90a cubin without spills."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ def test_nvrtc_present_where_required():
     assert HAVE_NVRTC or not REQUIRED
 
 
-FP32_TARGETS = [(name, arch) for name in (kernels.FP32_SOURCE, kernels.TILED_SOURCE, kernels.TF32X3_SOURCE)
+FP32_TARGETS = [(name, arch) for name in (kernels.FP32_SOURCE, kernels.TILED_SOURCE, kernels.TF32X3_SOURCE,
+                                          kernels.WGMMA_SOURCE)
                 for arch in archs_for(name)]
 
 
@@ -44,8 +46,57 @@ def test_fp32_kernels_compile(arch, name):
         assert "mma.sync.aligned.m16n8k8" in compile_templates(arch, name)[1]
 
 
+@pytest.mark.skipif(not HAVE_NVRTC, reason="needs cupy-cuda12x and nvidia-cuda-nvrtc-cu12")
+def test_wgmma_kernel_uses_warpgroup_mma():
+    """The PTX for compute_90a really uses wgmma (TF32, m64nNk8), shared-memory fences and no mma.sync."""
+    from hilbert_hpc.kernels.check import compile_templates
+
+    ptx = compile_templates("compute_90a", kernels.WGMMA_SOURCE)[1]
+    assert "wgmma.mma_async.sync.aligned.m64n" in ptx and ".f32.tf32.tf32" in ptx
+    assert "wgmma.fence.sync.aligned" in ptx and "wgmma.wait_group.sync.aligned" in ptx
+    assert "fence.proxy.async.shared::cta" in ptx
+    assert "mma.sync" not in ptx
+
+
+@pytest.mark.skipif(not HAVE_NVRTC, reason="needs cupy-cuda12x and nvidia-cuda-nvrtc-cu12")
+@pytest.mark.parametrize("head_dim", kernels.HEAD_DIMS)
+def test_wgmma_kernel_has_no_spills_for_sm_90a(head_dim):
+    """ptxas (through NVRTC) for sm_90a: no local memory, at most 255 registers, wgmma not serialized."""
+    from hilbert_hpc.kernels.check import arch_ptxas_report
+
+    r = arch_ptxas_report(kernels.variant("wgmma", head_dim))
+    assert 0 < r["registers"] <= 255, r["log"]
+    assert (r["stack"], r["spill_stores"], r["spill_loads"]) == (0, 0, 0), r["log"]
+    assert not r["serialized"], r["log"]
+    assert r["cubin_bytes"] > 1000
+
+
+@pytest.mark.skipif(not HAVE_NVRTC, reason="needs cupy-cuda12x and nvidia-cuda-nvrtc-cu12")
+def test_wgmma_shared_bytes_match_the_source():
+    """kernels.wgmma_shared_bytes follows WgmmaSmem<D, BK, WG>::floats of the .cu (read back from the PTX)."""
+    import re
+
+    configs = sorted({kernels.WGMMA_CONFIG[d][:2] + (d,) for d in kernels.HEAD_DIMS} | {(64, 2, 64), (32, 1, 128)})
+    text = kernels.source(kernels.WGMMA_SOURCE) + "\n__device__ int wgmma_smem_floats[] = {" + ", ".join(
+        f"WgmmaSmem<{d}, {bk}, {wg}>::floats" for bk, wg, d in configs) + "};\n"
+    prog = nvrtc.createProgram(text, "smem_check.cu", [], [])
+    try:
+        nvrtc.compileProgram(prog, [*kernels.OPTIONS, "-arch=compute_90a"])
+        ptx = nvrtc.getPTX(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+    ptx = ptx.decode() if isinstance(ptx, bytes) else ptx
+    raw = [int(x) for x in re.search(r"wgmma_smem_floats\[\d+\] = \{([^}]*)\}", ptx).group(1).split(",")]
+    if ".b8 wgmma_smem_floats" in ptx:               # a byte array: little-endian words, trailing zeros left out
+        raw += [0] * (4 * len(configs) - len(raw))
+        raw = [int.from_bytes(bytes(raw[i:i + 4]), "little") for i in range(0, len(raw), 4)]
+    values = raw
+    assert values == [kernels.wgmma_shared_bytes(d, bk, wg) // 4 for bk, wg, d in configs]
+
+
 def test_tensor_core_source_is_checked_only_where_it_can_run():
     assert archs_for(kernels.TF32X3_SOURCE) == ("compute_80", "compute_90")
+    assert archs_for(kernels.WGMMA_SOURCE) == ("compute_90a",)
     assert archs_for(kernels.TILED_SOURCE) == kernels.CHECK_ARCHS
 
 
@@ -61,7 +112,8 @@ def test_every_kernel_source_is_checked():
     from hilbert_hpc.kernels.check import PLAIN_SOURCES
 
     on_disk = {p.name for p in kernels.KERNEL_DIR.glob("*.cu")}
-    assert on_disk == {kernels.FP32_SOURCE, kernels.TILED_SOURCE, kernels.TF32X3_SOURCE, *PLAIN_SOURCES}
+    assert on_disk == {kernels.FP32_SOURCE, kernels.TILED_SOURCE, kernels.TF32X3_SOURCE, kernels.WGMMA_SOURCE,
+                       *PLAIN_SOURCES}
 
 
 def test_unsupported_head_dim_is_a_clear_error():
@@ -88,17 +140,32 @@ def test_variant_selection_respects_capability_shared_memory_and_alignment(monke
     assert kernels.select_fp32(64, align=2).variant == "warp"
     _device(monkeypatch, 70, 96)                                       # V100: no TF32 tensor cores
     assert kernels.select_fp32(64).variant == "tiled128"
-    _device(monkeypatch, 90, 227)                                      # H100
-    assert kernels.PREFERENCE[0] == "tf32x3"
-    assert all(kernels.select_fp32(d).variant == "tf32x3" for d in kernels.HEAD_DIMS)
+    _device(monkeypatch, 90, 227)                                      # H100, H200: wgmma (sm_90a)
+    assert kernels.PREFERENCE[:2] == ("wgmma", "tf32x3")
+    assert all(kernels.select_fp32(d).variant == "wgmma" for d in kernels.HEAD_DIMS)
     assert kernels.select_fp32(64, align=2).variant == "warp"
+    _device(monkeypatch, 89, 99)                                       # L40S / RTX 4090: no wgmma
+    assert all(kernels.select_fp32(d).variant == "tf32x3" for d in kernels.HEAD_DIMS)
+    for cc in (100, 120):                                              # Blackwell: sm_90a code does not run there
+        _device(monkeypatch, cc, 227)
+        assert all(kernels.select_fp32(d).variant == "tf32x3" for d in kernels.HEAD_DIMS)
     _device(monkeypatch, 80, 163)                                      # A100
     assert kernels.select_fp32(128).variant == "tf32x3"
     monkeypatch.setenv(kernels.VARIANT_ENV, "tf32x3")
     _device(monkeypatch, 61, 48)
     with pytest.raises(RuntimeError, match="compute capability 8.0"):
         kernels.select_fp32(64)
+    monkeypatch.setenv(kernels.VARIANT_ENV, "wgmma")
+    _device(monkeypatch, 80, 163)
+    with pytest.raises(RuntimeError, match="compute capability 9.0"):
+        kernels.select_fp32(64)
+    _device(monkeypatch, 100, 227)
+    with pytest.raises(RuntimeError, match="sm_90a"):
+        kernels.select_fp32(64)
     _device(monkeypatch, 90, 227)
+    assert kernels.select_fp32(128).variant == "wgmma"
+    with pytest.raises(RuntimeError, match="aligned"):
+        kernels.select_fp32(64, align=2)
     monkeypatch.setenv(kernels.VARIANT_ENV, "warp")
     assert kernels.select_fp32(64).variant == "warp"
     monkeypatch.setenv(kernels.VARIANT_ENV, "tiled9")
@@ -117,3 +184,17 @@ def test_launch_geometry_matches_the_tensor_core_source():
     for d in kernels.HEAD_DIMS:
         v = kernels.variant("tf32x3", d)
         assert v.shared_bytes == 4 * (16 * warps + 4 * keys) * (d + 4) and v.min_cc == 80 and v.align == 4
+
+
+def test_wgmma_launch_geometry():
+    """Blocks of one or two warpgroups x 64 queries, sm_90a only, within an H100/H200 block's 227 KiB."""
+    for d in kernels.HEAD_DIMS:
+        v = kernels.variant("wgmma", d)
+        keys, wgs, parts = kernels.WGMMA_CONFIG[d]
+        assert (v.threads, v.block_queries, v.align) == (128 * wgs, 64 * wgs, 4)
+        assert (v.min_cc, v.max_cc, v.arch) == (90, 90, "sm_90a") and v.runs_on(90) and not v.runs_on(100)
+        assert v.name == f"dilated_fwd_wgmma_tf32<{d},{keys},{wgs},{parts}>"
+        assert keys % 16 == 0 and (d // parts) % 8 == 0 and (d // 8) % 2 == 0
+        assert v.shared_bytes <= 227 * 1024
+    assert all(not kernels.variant(n, 64).arch and kernels.variant(n, 64).runs_on(120)
+               for n in ("tf32x3", "tiled128", "tiled64", "warp"))

@@ -1,7 +1,13 @@
 """Kernel provider: CUDA sources in this folder, compiled once per (variant, head_dim, device).
 
 The FP32 forward kernels all take the same arguments and do the same in-place
-log-sum-exp merge. Tensor cores, compute capability 8.0 and newer:
+log-sum-exp merge. Tensor cores, Hopper (compute capability 9.0 exactly, code for sm_90a):
+
+* ``wgmma`` (``dilated_fwd_wgmma_tf32.cu``): one or two warpgroups x 64 queries, warpgroup MMA
+  (wgmma) on split TF32 operands that are split once per tile in shared memory (Q, K, and V
+  transposed), P from registers; compiled by NVRTC straight to an sm_90a cubin (``compiled``).
+
+Tensor cores, compute capability 8.0 and newer:
 
 * ``tf32x3`` (``dilated_fwd_tf32x3.cu``): 4 warps x 16 queries, mma.sync TF32
   products of split operands (hi + lo, three products each), FP32 accumulation
@@ -33,6 +39,7 @@ KERNEL_DIR = Path(__file__).resolve().parent
 FP32_SOURCE = "dilated_fwd_fp32.cu"
 TILED_SOURCE = "dilated_fwd_fp32_tiled.cu"
 TF32X3_SOURCE = "dilated_fwd_tf32x3.cu"
+WGMMA_SOURCE = "dilated_fwd_wgmma_tf32.cu"
 #: head dimensions with an FP32 fast path, and queries per warp of the warp variant
 QUERIES_PER_WARP = {32: 8, 64: 8, 96: 4, 128: 4}
 HEAD_DIMS = tuple(QUERIES_PER_WARP)
@@ -43,12 +50,18 @@ TILED_KEYS = 64
 MMA_THREADS = 128
 MMA_QUERIES = 64
 MMA_KEYS = 32
-#: FP32 variants, fastest first (measured on an H200, docs/performance.md)
-PREFERENCE = ("tf32x3", "tiled128", "tiled64", "warp")
+#: wgmma variant per head dim: (key tile BK, warpgroups of 64 queries per block, column parts of P V);
+#: template arguments of dilated_fwd_wgmma_tf32 (no spills with ptxas for sm_90a, tests/test_kernel_sources.py)
+WGMMA_CONFIG = {32: (64, 1, 1), 64: (64, 2, 1), 96: (32, 2, 1), 128: (32, 2, 2)}
+WGMMA_ARCH = "sm_90a"
+#: FP32 variants, fastest first (measured on an H200, docs/performance.md; wgmma: to be measured)
+PREFERENCE = ("wgmma", "tf32x3", "tiled128", "tiled64", "warp")
 #: architectures CI compiles every kernel for (NVRTC 12, no GPU needed)
 CHECK_ARCHS = ("compute_61", "compute_70", "compute_80", "compute_90")
 #: the oldest architecture each source needs (others: compute_61)
-SOURCE_MIN_ARCH = {TF32X3_SOURCE: 80}
+SOURCE_MIN_ARCH = {TF32X3_SOURCE: 80, WGMMA_SOURCE: 90}
+#: sources checked for their own architecture-specific targets instead of CHECK_ARCHS
+SOURCE_ARCHS = {WGMMA_SOURCE: ("compute_90a",)}
 OPTIONS = ("-std=c++14",)
 #: headers the sources include, inlined by ``source`` (so compile caches see their text)
 HEADERS = ("common.cuh",)
@@ -71,6 +84,14 @@ class Variant:
     align: int
     #: oldest compute capability (major * 10 + minor) it runs on
     min_cc: int = 60
+    #: newest compute capability it runs on (architecture-specific code, e.g. sm_90a: 90)
+    max_cc: int = 1000
+    #: NVRTC target of an architecture-specific variant (compiled to a cubin); None: CuPy's RawModule
+    arch: str | None = None
+
+    def runs_on(self, cc: int) -> bool:
+        """Whether a GPU of compute capability ``cc`` (major * 10 + minor) can run this variant."""
+        return self.min_cc <= cc <= self.max_cc
 
 
 def source(name: str = FP32_SOURCE) -> str:
@@ -99,6 +120,16 @@ def shared_bytes(head_dim: int) -> int:
     return 4 * (bq * head_dim + 2 * KEY_TILE * (head_dim + 1) + bq * KEY_TILE)
 
 
+def wgmma_shared_bytes(head_dim: int, keys: int, warpgroups: int) -> int:
+    """Dynamic shared memory of the wgmma variant (WgmmaSmem in dilated_fwd_wgmma_tf32.cu)."""
+    d = head_dim
+    q = 64 * warpgroups * d                       # Q hi, Q lo
+    kv = keys * d                                 # K hi, K lo, raw K staging
+    vt = (d // 8) * (32 * keys + 16) // 4         # V^T hi, V^T lo: 8-row groups padded by 16 bytes
+    vs = keys * (d + 4)                           # raw V staging, [key][D + 4]
+    return 4 * (2 * q + 3 * kv + 2 * vt + vs)
+
+
 def variant(name: str, head_dim: int) -> Variant:
     """The launch description of FP32 variant ``name`` for ``head_dim``."""
     _check_head_dim(head_dim)
@@ -114,6 +145,10 @@ def variant(name: str, head_dim: int) -> Variant:
         floats = (MMA_QUERIES + 2 * 2 * MMA_KEYS) * (head_dim + 4)   # Q and two K/V tiles, rows padded by 4
         return Variant(name, head_dim, TF32X3_SOURCE, f"dilated_fwd_tf32x3<{head_dim}>", MMA_THREADS,
                        MMA_QUERIES, 4 * floats, 4, 80)
+    if name == "wgmma":
+        keys, wgs, parts = WGMMA_CONFIG[head_dim]
+        return Variant(name, head_dim, WGMMA_SOURCE, f"dilated_fwd_wgmma_tf32<{head_dim},{keys},{wgs},{parts}>",
+                       128 * wgs, 64 * wgs, wgmma_shared_bytes(head_dim, keys, wgs), 4, 90, 90, WGMMA_ARCH)
     raise ValueError(f"unknown FP32 kernel variant {name!r}; choose one of {', '.join(PREFERENCE)}")
 
 
@@ -160,6 +195,9 @@ def select_fp32(head_dim: int, align: int = 4) -> Variant:
         if chosen.min_cc > cc:
             raise RuntimeError(f"{VARIANT_ENV}={forced}: needs compute capability {chosen.min_cc / 10:.1f} or newer, "
                                f"this GPU has {cc / 10:.1f}")
+        if cc > chosen.max_cc:
+            raise RuntimeError(f"{VARIANT_ENV}={forced}: code for {chosen.arch} runs on compute capability "
+                               f"{chosen.max_cc / 10:.1f} only, this GPU has {cc / 10:.1f}")
         if chosen.shared_bytes > _shared_limit():
             raise RuntimeError(f"{VARIANT_ENV}={forced}: needs {chosen.shared_bytes} bytes of shared memory per "
                                f"block for head_dim {head_dim}, this GPU allows {_shared_limit()}")
@@ -169,22 +207,79 @@ def select_fp32(head_dim: int, align: int = 4) -> Variant:
     limit = _shared_limit()
     for name in PREFERENCE:
         chosen = variant(name, head_dim)
-        if chosen.shared_bytes <= limit and align % chosen.align == 0 and chosen.min_cc <= cc:
+        if chosen.shared_bytes <= limit and align % chosen.align == 0 and chosen.runs_on(cc):
             return chosen
     raise RuntimeError("no FP32 kernel variant fits this GPU")  # pragma: no cover - warp always fits
 
 
-@lru_cache(maxsize=None)
 def compiled(v: Variant) -> Any:
-    """The compiled kernel of variant ``v`` on the current device (cached)."""
+    """The compiled kernel of variant ``v`` on the current device (cached per variant and device).
+
+    Called as ``fn(grid, block, args, shared_mem=bytes)``, like a ``cupy.RawKernel``."""
+    import cupy
+
+    return _compiled_on(v, cupy.cuda.Device().id)
+
+
+@lru_cache(maxsize=None)
+def _compiled_on(v: Variant, device: int) -> Any:
     import cupy
 
     check_device()
+    if v.arch is not None:
+        return ArchKernel(v)
     module = cupy.RawModule(code=source(v.source), options=OPTIONS, name_expressions=[v.name])
     fn = module.get_function(v.name)
     if v.shared_bytes > PASCAL_SHARED:
         fn.max_dynamic_shared_size_bytes = v.shared_bytes
     return fn
+
+
+#: NVRTC options of architecture-specific variants (what CuPy adds for its own compiles: -ftz=true)
+ARCH_OPTIONS = (*OPTIONS, "-ftz=true")
+
+
+def compile_cubin(v: Variant) -> tuple[bytes, str, str]:
+    """(cubin, lowered kernel name, NVRTC log) of an architecture-specific variant (``v.arch``, e.g. sm_90a).
+
+    CuPy's RawModule picks ``-arch`` from the device (sm_90 on an H100/H200) and cannot target sm_90a,
+    which wgmma needs, so such variants are compiled here with NVRTC and loaded as a module."""
+    from cupy.cuda import nvrtc
+
+    prog = nvrtc.createProgram(source(v.source), v.source, [], [])
+    try:
+        nvrtc.addNameExpression(prog, v.name)
+        try:
+            nvrtc.compileProgram(prog, [*ARCH_OPTIONS, f"-arch={v.arch}"])
+        except nvrtc.NVRTCError as exc:
+            raise RuntimeError(f"{v.source} ({v.name}) for {v.arch}: {exc}\n{nvrtc.getProgramLog(prog)}") from None
+        log = nvrtc.getProgramLog(prog)
+        return nvrtc.getCUBIN(prog), nvrtc.getLoweredName(prog, v.name), log
+    finally:
+        nvrtc.destroyProgram(prog)
+
+
+class ArchKernel:
+    """An architecture-specific variant loaded from its NVRTC cubin on the current device."""
+
+    def __init__(self, v: Variant):
+        import cupy
+        from cupy.cuda import driver
+
+        cc = _compute_capability()
+        if not v.runs_on(cc):
+            raise RuntimeError(f"{v.variant} ({v.arch}) cannot run on compute capability {cc / 10:.1f}")
+        cubin, self.lowered, self.log = compile_cubin(v)
+        self.variant = v
+        self.module = cupy.cuda.function.Module()
+        self.module.load(cubin)
+        self.function = self.module.get_function(self.lowered)
+        if v.shared_bytes > PASCAL_SHARED:
+            driver.funcSetAttribute(self.function.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                    v.shared_bytes)
+
+    def __call__(self, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0, stream: Any = None) -> None:
+        self.function(tuple(grid), tuple(block), tuple(args), shared_mem=shared_mem, stream=stream)
 
 
 def fp32_kernel(head_dim: int) -> Any:

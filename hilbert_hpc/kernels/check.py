@@ -2,19 +2,25 @@
 
 ``python -m hilbert_hpc.kernels.check`` (CI runs it through the tests) needs
 ``cupy-cuda12x`` and ``nvidia-cuda-nvrtc-cu12``; NVRTC 12 still targets compute_61.
+Architecture-specific sources (``SOURCE_ARCHS``: the wgmma kernel, compute_90a) are checked for
+their own targets only.
 """
 
 from __future__ import annotations
 
 import sys
 
-from . import CHECK_ARCHS, FP32_SOURCE, OPTIONS, SOURCE_MIN_ARCH, TF32X3_SOURCE, TILED_SOURCE, all_variants, source
+from . import (CHECK_ARCHS, FP32_SOURCE, OPTIONS, SOURCE_ARCHS, SOURCE_MIN_ARCH, TF32X3_SOURCE, TILED_SOURCE,
+               WGMMA_SOURCE, all_variants, source)
 
-TEMPLATE_SOURCES = (FP32_SOURCE, TILED_SOURCE, TF32X3_SOURCE)
+TEMPLATE_SOURCES = (FP32_SOURCE, TILED_SOURCE, TF32X3_SOURCE, WGMMA_SOURCE)
 
 
 def archs_for(name: str) -> tuple[str, ...]:
-    """The architectures of CHECK_ARCHS that source ``name`` targets (tensor-core sources: sm_80+)."""
+    """The architectures source ``name`` is checked for: its own (SOURCE_ARCHS, e.g. compute_90a for wgmma),
+    else those of CHECK_ARCHS it can run on (tensor-core sources: sm_80+)."""
+    if name in SOURCE_ARCHS:
+        return SOURCE_ARCHS[name]
     return tuple(a for a in CHECK_ARCHS if int(a.split("_")[1]) >= SOURCE_MIN_ARCH.get(name, 0))
 
 
@@ -61,17 +67,53 @@ def compile_plain(arch: str, name: str) -> int:
 PLAIN_SOURCES = ("hilbert_keys.cu",)
 
 
+def arch_ptxas_report(v) -> dict[str, object]:
+    """Registers, spills and ptxas remarks of an architecture-specific variant (``v.arch``, e.g. the wgmma
+    kernel for sm_90a), compiled by NVRTC to a cubin with ``ptxas -v``; no GPU needed."""
+    import re
+
+    from cupy.cuda import nvrtc
+
+    from . import ARCH_OPTIONS
+
+    prog = nvrtc.createProgram(source(v.source), v.source, [], [])
+    try:
+        nvrtc.addNameExpression(prog, v.name)
+        try:
+            nvrtc.compileProgram(prog, [*ARCH_OPTIONS, f"-arch={v.arch}", "--ptxas-options=-v"])
+        except nvrtc.NVRTCError as exc:
+            raise RuntimeError(f"{v.source} ({v.name}) for {v.arch}: {exc}\n{nvrtc.getProgramLog(prog)}") from None
+        log = nvrtc.getProgramLog(prog)
+        cubin = nvrtc.getCUBIN(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+    regs = re.search(r"Used (\d+) registers", log)
+    spill = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    return {"registers": int(regs.group(1)) if regs else -1,
+            "stack": int(spill.group(1)) if spill else -1,
+            "spill_stores": int(spill.group(2)) if spill else -1,
+            "spill_loads": int(spill.group(3)) if spill else -1,
+            "serialized": "serialized" in log,
+            "cubin_bytes": len(cubin),
+            "log": log}
+
+
 def main() -> int:
-    """Compile for every architecture in CHECK_ARCHS; print one line each."""
+    """Compile every source for its architectures (CHECK_ARCHS, or its own); print one line each."""
     from cupy.cuda import nvrtc
 
     print(f"NVRTC {'.'.join(map(str, nvrtc.getVersion()))}")
-    for arch in CHECK_ARCHS:
+    for arch in dict.fromkeys([*CHECK_ARCHS, *(a for n in TEMPLATE_SOURCES for a in archs_for(n))]):
         for name in (n for n in TEMPLATE_SOURCES if arch in archs_for(n)):
             info = compile_ptx(arch, name)
             print(f"{name} {arch}: ok, {len(info) - 1} instantiations, {info['ptx_bytes']} bytes of PTX")
-        for name in PLAIN_SOURCES:
+        for name in (PLAIN_SOURCES if arch in CHECK_ARCHS else ()):
             print(f"{name} {arch}: ok, {compile_plain(arch, name)} bytes of PTX")
+    for v in (v for v in all_variants() if v.arch):
+        r = arch_ptxas_report(v)
+        print(f"{v.name} {v.arch}: {r['registers']} registers, {r['stack']} bytes stack, "
+              f"{r['spill_stores']}/{r['spill_loads']} bytes spill stores/loads, {v.shared_bytes} bytes shared"
+              f"{', wgmma serialized' if r['serialized'] else ''}")
     return 0
 
 

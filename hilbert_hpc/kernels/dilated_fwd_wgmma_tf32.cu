@@ -1,0 +1,542 @@
+// Hopper (sm_90a) tensor-core dilated-attention forward for FP32 inputs: warpgroup MMA (wgmma) on
+// split-TF32 ("3xTF32") operands prepared once per tile in shared memory, FP32 softmax, and the
+// in-place log-sum-exp merge.
+//
+// Same arguments, problem geometry and merge contract as dilated_fwd_tf32x3.cu and dilated_fwd_fp32.cu:
+// problems numbered (segment, head-in-group), rows addressed by element offsets, query i sees key j
+// when j < mk and, if causal, j <= i + causal_shift; the result is merged into O/L by log-sum-exp
+// (natural-log units), rows with no visible key are left untouched. Rows must be aligned to 4
+// elements (16-byte loads). Compiled for sm_90a only (wgmma exists on compute capability 9.0 alone).
+//
+// Block: WG warpgroups of 128 threads; warpgroup w owns queries 64w..64w+63 of the block's 64*WG.
+// Key tiles of BK keys. Per tile:
+//   1. cp.async has brought the raw K rows (into sKst, core-matrix order) and V rows (into sVst,
+//      [key][D + 4]) while the previous tile was computed;
+//   2. all threads split them once: K -> sKhi/sKlo (same order), V -> transposed, key-permuted
+//      sVhi/sVlo (V^T, the K-major B operand of P V); then the next tile's cp.async starts;
+//   3. S = Q K^T: wgmma m64n{BK}k8, A = Q (hi/lo, split once per block) and B = K from shared memory;
+//   4. online softmax in FP32 on the accumulator registers (exp2; scale * log2 e is folded into Q);
+//   5. O += P V: wgmma m64n{D/NSPLIT}k8 with A = P from registers (the score accumulator, split into
+//      hi/lo in registers) and B = V^T from shared memory.
+//
+// Accuracy (as in tf32x3): x = hi + lo with hi = tf32(x), lo = tf32(x - hi); a product is
+// lo*hi + hi*lo + hi*hi (three wgmma, small terms first). The tensor cores add with truncation, so
+// every group of WGMMA_GROUP = 2 k-steps (16 dimensions of Q K^T, 16 keys of P V) is summed by six
+// wgmma in a fresh accumulator (scale-d = 0 on its first one) that is then added to S or O in FP32
+// (round to nearest). Two fresh accumulators alternate, so the FP32 add of one group overlaps the
+// wgmma of the next.
+//
+// Shared-memory layouts: no swizzle; every wgmma operand is made of "core matrices" of 8 rows x
+// 16 bytes (4 TF32), 128 contiguous bytes each. Matrix descriptor: start address, leading-dimension
+// byte offset LBO = distance between the two core matrices adjacent in K (the two 16-byte halves of
+// a k-step of 8), stride-dimension byte offset SBO = distance between 8-row groups (M or N).
+//   Q (A, 64*WG rows x D) and K (B, BK rows x D): [row / 8][chunk = col / 4][row % 8][4];
+//     LBO = 128, SBO = 32 * D; k-step ks starts 256 * ks bytes in.
+//   V^T (B of P V, D rows x BK keys): [d / 8][chunk = key' / 4][d % 8][4], with 16 bytes of padding
+//     after every 8-row group (SBO = 32 * BK + 16) so the transposing stores are free of bank
+//     conflicts; LBO = 128; k-step b (keys 8b..8b+7) starts 256 * b bytes in.
+// Register fragments (per warp of the warpgroup, lane = 4 g + t, rows relative to the warp's 16):
+//   accumulator (m64nN f32): d[4i + 2h + e] = (row g + 8h, column 8i + 2t + e);
+//   A from registers (m64nNk8 tf32): a0 = (row g, k t), a1 = (g + 8, t), a2 = (g, t + 4), a3 = (g + 8, t + 4).
+// So the scores of 8-key block b are A of k-step b in place when the keys of the block are numbered
+// k' = t <-> key 2t and k' = t + 4 <-> key 2t + 1 (a = s[4b], s[4b + 2], s[4b + 1], s[4b + 3]);
+// V^T stores key 8b + 2i + p at k' = 4p + i. Only tiles at the causal or length boundary are masked.
+
+#include "common.cuh"
+
+#define WG_THREADS 128
+#define WG_QUERIES 64
+#define WGMMA_GROUP 2
+#define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
+
+typedef unsigned long long desc_t;
+
+__device__ __forceinline__ unsigned tf32_bits(float x) {
+    unsigned r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+
+// x = hi + lo, both representable in TF32
+__device__ __forceinline__ void split_tf32(float x, unsigned& hi, unsigned& lo) {
+    hi = tf32_bits(x);
+    lo = tf32_bits(x - __uint_as_float(hi));
+}
+
+__device__ __forceinline__ void split4(const float4 x, uint4& hi, uint4& lo) {
+    split_tf32(x.x, hi.x, lo.x);
+    split_tf32(x.y, hi.y, lo.y);
+    split_tf32(x.z, hi.z, lo.z);
+    split_tf32(x.w, hi.w, lo.w);
+}
+
+// wgmma D (+)= A * B, D f32 64 x N, A 64 x 8 and B 8 x N TF32; A and B from shared-memory descriptors
+// (ss) or A from four registers (rs); SCALE_D = 0 ignores the old D (a fresh accumulator).
+template <int N>
+struct Wgmma;
+
+template <>
+struct Wgmma<32> {
+    template <int SCALE_D>
+    static __device__ __forceinline__ void ss(float (&d)[16], unsigned long long da, unsigned long long db) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n32k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+            : "l"(da), "l"(db), "n"(SCALE_D));
+    }
+    template <int SCALE_D>
+    static __device__ __forceinline__ void rs(float (&d)[16], const unsigned (&a)[4], unsigned long long db) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n32k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(SCALE_D));
+    }
+};
+
+template <>
+struct Wgmma<48> {
+    template <int SCALE_D>
+    static __device__ __forceinline__ void ss(float (&d)[24], unsigned long long da, unsigned long long db) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %26, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n48k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}, %24, %25, p, 1, 1;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
+            : "l"(da), "l"(db), "n"(SCALE_D));
+    }
+    template <int SCALE_D>
+    static __device__ __forceinline__ void rs(float (&d)[24], const unsigned (&a)[4], unsigned long long db) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %29, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n48k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}, {%24, %25, %26, %27}, %28, p, 1, 1;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(SCALE_D));
+    }
+};
+
+template <>
+struct Wgmma<64> {
+    template <int SCALE_D>
+    static __device__ __forceinline__ void ss(float (&d)[32], unsigned long long da, unsigned long long db) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+            : "l"(da), "l"(db), "n"(SCALE_D));
+    }
+    template <int SCALE_D>
+    static __device__ __forceinline__ void rs(float (&d)[32], const unsigned (&a)[4], unsigned long long db) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(SCALE_D));
+    }
+};
+
+template <>
+struct Wgmma<96> {
+    template <int SCALE_D>
+    static __device__ __forceinline__ void ss(float (&d)[48], unsigned long long da, unsigned long long db) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n96k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, %48, %49, p, 1, 1;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+              "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+              "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+            : "l"(da), "l"(db), "n"(SCALE_D));
+    }
+    template <int SCALE_D>
+    static __device__ __forceinline__ void rs(float (&d)[48], const unsigned (&a)[4], unsigned long long db) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n96k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, {%48, %49, %50, %51}, %52, p, 1, 1;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+              "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+              "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(SCALE_D));
+    }
+};
+
+template <>
+struct Wgmma<128> {
+    template <int SCALE_D>
+    static __device__ __forceinline__ void ss(float (&d)[64], unsigned long long da, unsigned long long db) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+              "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+              "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+              "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+              "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+            : "l"(da), "l"(db), "n"(SCALE_D));
+    }
+    template <int SCALE_D>
+    static __device__ __forceinline__ void rs(float (&d)[64], const unsigned (&a)[4], unsigned long long db) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+              "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+              "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+              "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+              "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(SCALE_D));
+    }
+};
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// ordinary shared-memory stores before it are visible to wgmma (the async proxy) after the next barrier
+__device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// keeps the compiler from moving reads or writes of an accumulator across a wgmma issue or wait
+template <int R>
+__device__ __forceinline__ void pin(float (&x)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; ++i) asm volatile("" : "+f"(x[i])::"memory");
+}
+
+// shared-memory matrix descriptor, no swizzle, base offset 0
+__device__ __forceinline__ desc_t smem_desc(const float* p, unsigned lbo, unsigned sbo) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    return (desc_t)((a & 0x3FFFFu) >> 4) | ((desc_t)((lbo & 0x3FFFFu) >> 4) << 16) |
+           ((desc_t)((sbo & 0x3FFFFu) >> 4) << 32);
+}
+
+template <int N>
+__device__ __forceinline__ void add_to(float* acc, const float (&c)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) acc[i] += c[i];
+}
+
+// Shared memory of one block, in floats, in this order (every part a multiple of 16 bytes).
+template <int D, int BK, int WG>
+struct WgmmaSmem {
+    static constexpr int BQ = WG_QUERIES * WG;
+    static constexpr int Q = BQ * D;                       // sQhi, sQlo
+    static constexpr int K = BK * D;                       // sKhi, sKlo, sKst (raw K, same order)
+    static constexpr unsigned VT_SBO = 32 * BK + 16;       // bytes from one 8-row group of V^T to the next
+    static constexpr int VT = (D / 8) * (int)VT_SBO / 4;   // sVhi, sVlo
+    static constexpr int VS = BK * (D + 4);                // sVst: raw V rows, [key][D + 4]
+    static constexpr int floats = 2 * Q + 3 * K + 2 * VT + VS;
+};
+
+// raw K and V rows [kt, kt + BK) (zero past kend) into the staging tiles; one cp.async group
+template <int D, int BK, int THREADS>
+__device__ __forceinline__ void load_kv_async(float* sKst, float* sVst, const float* __restrict__ k,
+                                              const float* __restrict__ v, long long koff, long long k_row,
+                                              long long voff, long long v_row, int kt, int kend) {
+    constexpr int KC = D / 4;
+    // K: 16-byte chunk p at [row / 8][chunk][row % 8] (8 lanes: one chunk of 8 rows, 128 bytes)
+    for (int p = threadIdx.x; p < BK * KC; p += THREADS) {
+        const int r = (p / (8 * KC)) * 8 + (p & 7), c = (p >> 3) % KC, j = kt + r;
+        const float* from = k + koff + (long long)min(j, kend - 1) * k_row + 4 * c;
+        const unsigned to = (unsigned)__cvta_generic_to_shared(sKst + 4 * p);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(from), "r"(j < kend ? 16 : 0));
+    }
+    // V: row-major [key][D + 4]
+    for (int w = threadIdx.x; w < BK * KC; w += THREADS) {
+        const int r = w / KC, c = w % KC, j = kt + r;
+        const float* from = v + voff + (long long)min(j, kend - 1) * v_row + 4 * c;
+        const unsigned to = (unsigned)__cvta_generic_to_shared(sVst + r * (D + 4) + 4 * c);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(from), "r"(j < kend ? 16 : 0));
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+// the staged tile, split once: K -> sKhi/sKlo (same order), V -> V^T hi/lo with the key permutation
+template <int D, int BK, int WG>
+__device__ __forceinline__ void split_tile(float* smem_k_hi, float* smem_k_lo, float* smem_v_hi, float* smem_v_lo,
+                                           const float* sKst, const float* sVst) {
+    using L = WgmmaSmem<D, BK, WG>;
+    constexpr int KC = D / 4, THREADS = WG_THREADS * WG;
+    for (int p = threadIdx.x; p < BK * KC; p += THREADS) {      // linear: no bank conflicts
+        uint4 hi, lo;
+        split4(reinterpret_cast<const float4*>(sKst)[p], hi, lo);
+        reinterpret_cast<uint4*>(smem_k_hi)[p] = hi;
+        reinterpret_cast<uint4*>(smem_k_lo)[p] = lo;
+    }
+    // work item (m, c): keys 8(m/2) + 2i + (m & 1), i = 0..3 (k' = 4(m & 1) + i of their 8-key block),
+    // columns 4c..4c+3. Eight consecutive lanes take eight consecutive c: the reads ((key + c) mod 8
+    // 16-byte bank groups, rows padded to D + 4) and the stores (padded SBO) are conflict-free.
+    for (int w = threadIdx.x; w < (BK / 4) * KC; w += THREADS) {
+        const int c = w % KC, m = w / KC, j0 = 8 * (m >> 1) + (m & 1);
+        const float4 x0 = *reinterpret_cast<const float4*>(sVst + j0 * (D + 4) + 4 * c);
+        const float4 x1 = *reinterpret_cast<const float4*>(sVst + (j0 + 2) * (D + 4) + 4 * c);
+        const float4 x2 = *reinterpret_cast<const float4*>(sVst + (j0 + 4) * (D + 4) + 4 * c);
+        const float4 x3 = *reinterpret_cast<const float4*>(sVst + (j0 + 6) * (D + 4) + 4 * c);
+        const float4 col[4] = {make_float4(x0.x, x1.x, x2.x, x3.x), make_float4(x0.y, x1.y, x2.y, x3.y),
+                               make_float4(x0.z, x1.z, x2.z, x3.z), make_float4(x0.w, x1.w, x2.w, x3.w)};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int d = 4 * c + e;
+            const int at = (d >> 3) * (int)(L::VT_SBO / 16) + 8 * m + (d & 7);   // in 16-byte units
+            uint4 hi, lo;
+            split4(col[e], hi, lo);
+            reinterpret_cast<uint4*>(smem_v_hi)[at] = hi;
+            reinterpret_cast<uint4*>(smem_v_lo)[at] = lo;
+        }
+    }
+}
+
+// one group of WGMMA_GROUP (= 2) k-steps of S = Q K^T into c (fresh: the first wgmma ignores c)
+template <int N>
+__device__ __forceinline__ void qk_group(float (&c)[N / 2], desc_t qhi, desc_t qlo, desc_t khi, desc_t klo) {
+    Wgmma<N>::template ss<0>(c, qlo, khi);
+    Wgmma<N>::template ss<1>(c, qhi, klo);
+    Wgmma<N>::template ss<1>(c, qhi, khi);
+    Wgmma<N>::template ss<1>(c, qlo + 16, khi + 16);           // next k-step: 256 bytes on
+    Wgmma<N>::template ss<1>(c, qhi + 16, klo + 16);
+    Wgmma<N>::template ss<1>(c, qhi + 16, khi + 16);
+}
+
+// one group of 2 8-key blocks (b, b + 1) of O_part += P V into c (fresh)
+template <int N>
+__device__ __forceinline__ void pv_group(float (&c)[N / 2], const unsigned (&ph0)[4], const unsigned (&pl0)[4],
+                                         const unsigned (&ph1)[4], const unsigned (&pl1)[4], desc_t vhi,
+                                         desc_t vlo) {
+    Wgmma<N>::template rs<0>(c, pl0, vhi);
+    Wgmma<N>::template rs<1>(c, ph0, vlo);
+    Wgmma<N>::template rs<1>(c, ph0, vhi);
+    Wgmma<N>::template rs<1>(c, pl1, vhi + 16);
+    Wgmma<N>::template rs<1>(c, ph1, vlo + 16);
+    Wgmma<N>::template rs<1>(c, ph1, vhi + 16);
+}
+
+template <int D, int BK, int WG, int NSPLIT>
+__global__ void __launch_bounds__(WG_THREADS * WG, 1)
+dilated_fwd_wgmma_tf32(DILATED_FWD_PARAMS)
+{
+    using L = WgmmaSmem<D, BK, WG>;
+    constexpr int THREADS = WG_THREADS * WG;
+    constexpr int BQ = L::BQ;
+    constexpr int KC = D / 4;                // 16-byte chunks of a row
+    constexpr int ND = D / 8;                // k-steps of Q K^T
+    constexpr int NB = BK / 8;               // 8-key blocks = k-steps of P V
+    constexpr int NS = BK / 2;               // score registers per thread
+    constexpr int NO = D / 2;                // output registers per thread
+    constexpr int DN = D / NSPLIT;           // wgmma N of P V (the output in NSPLIT column parts)
+    constexpr int NP = DN / 2;               // registers of one part
+    constexpr int US = ND / WGMMA_GROUP;     // fresh-accumulator groups of Q K^T
+    constexpr int UO = NB / WGMMA_GROUP * NSPLIT;   // ... of P V (group-major, part-minor)
+    constexpr unsigned QK_SBO = 32 * D;      // bytes between 8-row groups of Q and K
+    static_assert(WGMMA_GROUP == 2, "qk_group / pv_group unroll two k-steps");
+    static_assert(ND % WGMMA_GROUP == 0 && NB % WGMMA_GROUP == 0 && DN % 16 == 0 && D % NSPLIT == 0, "shape");
+    static_assert(BK % 16 == 0 && BK <= 256 && DN <= 256, "wgmma N");
+
+    extern __shared__ __align__(128) float smem[];
+    float* sQhi = smem;
+    float* sQlo = sQhi + L::Q;
+    float* sKhi = sQlo + L::Q;
+    float* sKlo = sKhi + L::K;
+    float* sVhi = sKlo + L::K;
+    float* sVlo = sVhi + L::VT;
+    float* sKst = sVlo + L::VT;
+    float* sVst = sKst + L::K;
+
+    const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int qblock = blockIdx.y * BQ;
+    DILATED_FWD_PROBLEM_OFFSETS;
+
+    int kend = mk;
+    if (causal) kend = min(kend, max(0, qblock + BQ + causal_shift));
+    if (kend <= 0) return;                   // no key visible to this block (uniform)
+
+    load_kv_async<D, BK, THREADS>(sKst, sVst, k, v, koff, k_row, voff, v_row, 0, kend);
+    // Q, pre-scaled by scale * log2 e (scores in log2 units), split once: [row / 8][chunk][row % 8]
+    const float mul = scale * LOG2E;
+    for (int p = tid; p < BQ * KC; p += THREADS) {
+        const int r = (p / (8 * KC)) * 8 + (p & 7), c = (p >> 3) % KC, i = qblock + r;
+        float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (i < mq) x = *reinterpret_cast<const float4*>(q + qoff + (long long)i * q_row + 4 * c);
+        x.x *= mul; x.y *= mul; x.z *= mul; x.w *= mul;
+        uint4 hi, lo;
+        split4(x, hi, lo);
+        reinterpret_cast<uint4*>(sQhi)[p] = hi;
+        reinterpret_cast<uint4*>(sQlo)[p] = lo;
+    }
+
+    // descriptors (k-step ks of Q K^T: + 16 * ks; 8-key block b of P V: + 16 * b; 16-byte units)
+    const desc_t dQhi = smem_desc(sQhi + WG_QUERIES * D * wg, 128, QK_SBO);
+    const desc_t dQlo = smem_desc(sQlo + WG_QUERIES * D * wg, 128, QK_SBO);
+    const desc_t dKhi = smem_desc(sKhi, 128, QK_SBO);
+    const desc_t dKlo = smem_desc(sKlo, 128, QK_SBO);
+    const desc_t dVhi = smem_desc(sVhi, 128, L::VT_SBO);
+    const desc_t dVlo = smem_desc(sVlo, 128, L::VT_SBO);
+
+    const int row0 = qblock + WG_QUERIES * wg + 16 * warp + g;   // this thread's rows: row0, row0 + 8
+    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f};
+    float o[NO];
+#pragma unroll
+    for (int i = 0; i < NO; ++i) o[i] = 0.0f;
+    // queries of this block see every key of a tile below this bound without a mask
+    const int open_end = causal ? min(kend, max(0, qblock + causal_shift + 1)) : kend;
+
+    for (int kt = 0; kt < kend; kt += BK) {
+        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+        __syncthreads();                     // tile kt staged; every warpgroup is done with the last tile
+        split_tile<D, BK, WG>(sKhi, sKlo, sVhi, sVlo, sKst, sVst);
+        fence_async_shared();
+        __syncthreads();                     // hi/lo visible to wgmma; staging free
+        if (kt + BK < kend) load_kv_async<D, BK, THREADS>(sKst, sVst, k, v, koff, k_row, voff, v_row, kt + BK, kend);
+
+        // S = Q K^T (64 queries of this warpgroup x BK keys): group 0 straight into s, the others into
+        // alternating fresh accumulators added to s in FP32
+        float s[NS];
+        float cs[2][NS];
+        pin(s);
+        wgmma_fence();
+        qk_group<BK>(s, dQhi, dQlo, dKhi, dKlo);
+        wgmma_commit();
+#pragma unroll
+        for (int u = 1; u < US; ++u) {
+            pin(cs[u & 1]);
+            wgmma_fence();
+            const desc_t o16 = 32 * u;       // 2u k-steps on
+            qk_group<BK>(cs[u & 1], dQhi + o16, dQlo + o16, dKhi + o16, dKlo + o16);
+            wgmma_commit();
+            if (u >= 2) {
+                wgmma_wait<1>();             // groups up to u - 1 are done
+                pin(s);
+                pin(cs[(u - 1) & 1]);
+                add_to(s, cs[(u - 1) & 1]);
+            }
+        }
+        wgmma_wait<0>();
+        pin(s);
+        if (US >= 2) {
+            pin(cs[(US - 1) & 1]);
+            add_to(s, cs[(US - 1) & 1]);
+        }
+
+        // online softmax over the tile; a row's statistics live in its 4 lanes (t = 0..3)
+        const bool masked = kt + BK > open_end;          // only boundary tiles need the mask
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int i = row0 + 8 * h;
+            float mx = NEG_INF;
+#pragma unroll
+            for (int b = 0; b < NB; ++b)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    float& x = s[4 * b + 2 * h + e];
+                    if (masked) {
+                        const int j = kt + 8 * b + 2 * t + e;
+                        x = (j < kend && (!causal || j <= i + causal_shift)) ? x : NEG_INF;
+                    }
+                    mx = fmaxf(mx, x);
+                }
+            const float m_new = fmaxf(m[h], lanes_max<4>(mx));
+            const float m_use = (m_new == NEG_INF) ? 0.0f : m_new;
+            const float alpha = exp2f(m[h] - m_use);
+            float sum = 0.0f;
+#pragma unroll
+            for (int b = 0; b < NB; ++b)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    float& x = s[4 * b + 2 * h + e];
+                    x = exp2f(x - m_use);
+                    sum += x;
+                }
+            l[h] = l[h] * alpha + sum;       // this lane's partial row sum
+            m[h] = m_new;
+#pragma unroll
+            for (int n = 0; n < D / 8; ++n) {
+                o[4 * n + 2 * h] *= alpha;
+                o[4 * n + 2 * h + 1] *= alpha;
+            }
+        }
+
+        // P as the A operand in place: k-step b, a = (row g, k' t) (g + 8, t) (g, t + 4) (g + 8, t + 4)
+        // = keys 2t, 2t, 2t + 1, 2t + 1 of block b; split into hi/lo
+        unsigned ph[NB][4], pl[NB][4];
+#pragma unroll
+        for (int b = 0; b < NB; ++b) {
+            split_tf32(s[4 * b + 0], ph[b][0], pl[b][0]);
+            split_tf32(s[4 * b + 2], ph[b][1], pl[b][1]);
+            split_tf32(s[4 * b + 1], ph[b][2], pl[b][2]);
+            split_tf32(s[4 * b + 3], ph[b][3], pl[b][3]);
+        }
+
+        // O += P V: unit u = (key group u / NSPLIT, column part u % NSPLIT) into alternating fresh
+        // accumulators, each added to its part of o in FP32 once done
+        float co[2][NP];
+#pragma unroll
+        for (int u = 0; u < UO; ++u) {
+            const int b = WGMMA_GROUP * (u / NSPLIT), part = u % NSPLIT;
+            const desc_t voff16 = 16 * b + (desc_t)(part * (DN / 8) * (L::VT_SBO / 16));
+            pin(co[u & 1]);
+            wgmma_fence();
+            pv_group<DN>(co[u & 1], ph[b], pl[b], ph[b + 1], pl[b + 1], dVhi + voff16, dVlo + voff16);
+            wgmma_commit();
+            if (u >= 1) {
+                wgmma_wait<1>();
+                pin(co[(u - 1) & 1]);
+                add_to(o + ((u - 1) % NSPLIT) * NP, co[(u - 1) & 1]);
+            }
+        }
+        wgmma_wait<0>();
+        pin(co[(UO - 1) & 1]);
+        add_to(o + ((UO - 1) % NSPLIT) * NP, co[(UO - 1) & 1]);
+    }
+
+    // merge into the running output and log-sum-exp (natural-log units)
+    float old[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        l[h] = lanes_sum<4>(l[h]);
+        const int i = row0 + 8 * h;
+        old[h] = (i < mq && l[h] > 0.0f) ? lse[loff + i * l_row] : NEG_INF;
+    }
+    __syncwarp();                            // every lane has read L before lane t == 0 writes it
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int i = row0 + 8 * h;
+        if (i >= mq || l[h] <= 0.0f) continue;   // no visible key: nothing to merge
+        const float mine = (m[h] + log2f(l[h])) * LN2;
+        const MergeWeights w = merge_weights(old[h], mine);
+        const float inv_l = 1.0f / l[h];
+        float* orow = out + qoff + i * q_row + 2 * t;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const float prev = (w.wa == 0.0f) ? 0.0f : orow[8 * n + e];
+                orow[8 * n + e] = (prev * w.wa + o[4 * n + 2 * h + e] * inv_l * w.wb) / w.den;
+            }
+        if (t == 0) lse[loff + i * l_row] = w.mx + logf(w.den);
+    }
+}
