@@ -28,7 +28,8 @@ class RowReader:
         a = self.array
         if _torch_tensor(a):
             torch = sys.modules["torch"]
-            return a[torch.as_tensor(np.asarray(idx), device=a.device)].cpu().numpy()
+            rows = a[torch.as_tensor(np.asarray(idx), device=a.device)]
+            return (rows.float() if rows.dtype == torch.bfloat16 else rows).cpu().numpy()
         if _cupy_array(a):
             cupy = sys.modules["cupy"]
             return cupy.asnumpy(a[cupy.asarray(idx)])

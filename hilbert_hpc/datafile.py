@@ -155,7 +155,7 @@ def read_shard(path: str | Path, tensor: str, batch_index: int, layout: Layout, 
     """
     import h5py
 
-    rank, ranks, shard = comm.Get_rank(), comm.Get_size(), layout.shard
+    rank, shard = comm.Get_rank(), layout.shard
     lo, hi = rank * shard, (rank + 1) * shard
     with h5py.File(path, "r") as f:
         ds = f[tensor]
@@ -179,6 +179,8 @@ def redistribute(rows: np.ndarray, targets: np.ndarray, shard: int, comm: Any) -
     sends and receives only its own rows, nobody holds the whole sequence.
     """
     rank, ranks = comm.Get_rank(), comm.Get_size()
+    if rows.dtype.kind not in "biuf":            # e.g. ml_dtypes.bfloat16: MPI moves its bits
+        return redistribute(rows.view(f"u{rows.dtype.itemsize}"), targets, shard, comm).view(rows.dtype)
     lo = rank * shard
     dest = targets // shard
     order = np.argsort(dest, kind="stable")

@@ -44,8 +44,8 @@ from .errors import ConfigError, JobFileError
 from .ordering import ORDERINGS
 from .transports import TRANSPORTS
 from .patterns import Pattern, check_problem, check_serializable, parse_grid, parse_patterns
+from .precision import DTYPES, check_backend
 
-DTYPES = ("float32", "float64")
 #: longest job, case or study name (names become file names and HDF5 group names)
 MAX_NAME = 64
 _NAME_CHARS = re.compile(r"[A-Za-z0-9_.-]")
@@ -348,6 +348,7 @@ def _resolve_case(values: dict[str, Any], where: str, case_id: str, name: str) -
         raise JobFileError("'segment' only applies to ordering = \"hilbert-segment\"", f"{where}.segment")
     try:
         check_serializable(tuple(grid), ordering, segment, f"{where}.grid", f"{where}.segment")
+        check_backend(values.get("dtype", "float32"), values.get("backend", "numpy"), f"{where}.dtype")
     except ConfigError as exc:
         raise JobFileError(exc.message, exc.param) from None
     kwargs = {k: v for k, v in values.items() if k not in ("grid", "tokens", "patterns", "segment")}

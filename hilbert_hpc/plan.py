@@ -15,11 +15,11 @@ import os
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-import numpy as np
 
 from .errors import ConfigError
 from .jobfile import Case, Job
 from .patterns import useful_flops
+from .precision import precision
 from .ring import RingPattern, ring_schedule
 
 GIB = float(1 << 30)
@@ -69,7 +69,7 @@ def estimate(case: Case) -> Estimate:
 
     ranks = case.ranks
     shard = case.tokens // ranks
-    itemsize = np.dtype(case.dtype).itemsize
+    itemsize = precision(case.dtype).itemsize
     acc = max(itemsize, 4)
     row = case.heads * case.head_dim
     floor = case.batch * shard * row * (3 * itemsize + acc)

@@ -30,6 +30,7 @@ import h5py
 import numpy as np
 
 from .jobfile import Case, Job
+from .precision import precision
 from .output_files import (IO_ERRORS, OutputError, OutputLock, existing_output, io_error, make_parent,
                            move_into_place, refuse_protected, remove_quietly, temporary_name)
 from .provenance import utc_now
@@ -311,7 +312,7 @@ def _write_case(h5: h5py.File, case: Case, record: dict[str, Any], output_parts:
     group["metrics"].attrs["units"] = json.dumps(record.get("units", {}))
     if output_parts:
         batch, tokens, *row = output_shape
-        layout = h5py.VirtualLayout(shape=output_shape, dtype=np.dtype(case.dtype))
+        layout = h5py.VirtualLayout(shape=output_shape, dtype=np.dtype(precision(case.dtype).file_dtype))
         files = list(dict.fromkeys(output_parts))   # one shared file when written with parallel HDF5
         sources = [f.replace("%", "%%") for f in files]  # HDF5 reads % in source names as a format
         if len(files) == 1:
@@ -409,8 +410,9 @@ def _case_problem(group: h5py.Group, case: Case, job: Job, path: Path) -> str | 
             return "its output is missing"
         ds = group["output"]
         shape = (case.batch, case.tokens, case.heads, case.head_dim)
-        if ds.shape != shape or ds.dtype != np.dtype(case.dtype):
-            return f"its output is {ds.shape} {ds.dtype}, expected {shape} {case.dtype}"
+        stored = np.dtype(precision(case.dtype).file_dtype)
+        if ds.shape != shape or ds.dtype != stored:
+            return f"its output is {ds.shape} {ds.dtype}, expected {shape} {stored}"
         parts = json.loads(ds.attrs.get("parts", "[]"))
         if not parts:
             return "its output lists no parts"
@@ -423,9 +425,9 @@ def _case_problem(group: h5py.Group, case: Case, job: Job, path: Path) -> str | 
                 out = f.get("output")
                 if not isinstance(out, h5py.Dataset):
                     return f"output part {part} holds no output"
-                if out.shape != (case.batch, rows, case.heads, case.head_dim) or out.dtype != np.dtype(case.dtype):
+                if out.shape != (case.batch, rows, case.heads, case.head_dim) or out.dtype != stored:
                     return f"output part {part} is {out.shape} {out.dtype}, expected " \
-                           f"{(case.batch, rows, case.heads, case.head_dim)} {case.dtype}"
+                           f"{(case.batch, rows, case.heads, case.head_dim)} {stored}"
     except READ_ERRORS as exc:
         return f"it is unreadable ({exc})"
     return None

@@ -25,6 +25,7 @@ from .datafile import read_rows, read_shard
 from .inputs import random_rows
 from .jobfile import Case, Job
 from .patterns import useful_flops
+from .precision import precision
 from .provenance import provenance
 from .reference import reference_rows
 from .results import ResultsFile, parts_dir
@@ -88,10 +89,12 @@ def shard_inputs(case: Case, seed: int, layout: Layout, comm: Any, batch_index: 
     From the case's input file (redistributed in parallel), else counter-based
     random rows, made directly in ``xp`` (the same values on the host and on a GPU).
     """
+    prec = precision(case.dtype)
     if case.input:
-        return [read_shard(case.input, t, batch_index, layout, comm, case.dtype) for t in ("q", "k", "v")]
+        return [read_shard(case.input, t, batch_index, layout, comm, prec.host_dtype()) for t in ("q", "k", "v")]
     positions = batch_index * case.tokens + layout.shard_natural(comm.Get_rank())
-    return [random_rows(seed, t, positions, case.heads, case.head_dim, case.dtype, xp) for t in ("q", "k", "v")]
+    return [random_rows(seed, t, positions, case.heads, case.head_dim, prec.generation_dtype(), xp)
+            for t in ("q", "k", "v")]
 
 
 def local_accuracy(case: Case, seed: int, rows: int, output: Any, layout: Layout, rank: int) -> dict:
@@ -107,10 +110,13 @@ def local_accuracy(case: Case, seed: int, rows: int, output: Any, layout: Layout
     if not mine.any():
         return result
 
+    prec = precision(case.dtype)
+
     def source(name: str, idx: np.ndarray) -> np.ndarray:
+        """The rows as the backend sees them: made or read, rounded to the case's dtype, in float64."""
         if case.input:
-            return read_rows(case.input, name, 0, idx, np.float64)
-        return random_rows(seed, name, idx, case.heads, case.head_dim, case.dtype).astype(np.float64)
+            return prec.round(read_rows(case.input, name, 0, idx, np.float64))
+        return prec.round(random_rows(seed, name, idx, case.heads, case.head_dim, prec.generation_dtype()))
 
     ref = reference_rows(picked[mine], source=source, perm=IndexView(layout.natural_of),
                          inverse=IndexView(layout.serialized_of), heads=case.heads, patterns=case.patterns,
@@ -120,10 +126,6 @@ def local_accuracy(case: Case, seed: int, rows: int, output: Any, layout: Layout
     result.update(max_abs=float(np.abs(diff).max()), max_ref=float(np.abs(ref).max()),
                   sq_err=float((diff ** 2).sum()), sq_ref=float((ref ** 2).sum()))
     return result
-
-
-#: largest max-relative error against float64 that counts as correct, per compute dtype
-TOLERANCE = {"float32": 1e-4, "float64": 1e-10}
 
 
 def combine_accuracy(parts: list[dict]) -> dict[str, float]:
@@ -240,7 +242,7 @@ def derive_metrics(case: Case, timings: dict[str, np.ndarray]) -> dict[str, floa
     if peak.max() > 0:
         # against the floor: this rank's Q, K, V and O (the largest shard)
         floor = 4 * -(-case.tokens // peak.shape[0]) * case.batch * case.heads * case.head_dim \
-            * np.dtype(case.dtype).itemsize
+            * precision(case.dtype).itemsize
         metrics["peak_device_bytes"] = float(peak.max())
         metrics["memory_ratio"] = float(peak.max()) / floor
     sent = timings["bytes_sent"]
@@ -285,7 +287,8 @@ def write_output_part(case: Case, comm: Any, layout: Layout, outputs: list[np.nd
 
     rank = comm.Get_rank()
     natural = layout.shard_natural(rank)
-    blocks = np.stack([redistribute(np.asarray(o, dtype=case.dtype), natural, layout.shard, comm) for o in outputs])
+    file_dtype = precision(case.dtype).file_dtype       # HDF5 has no bfloat16: stored exactly as float32
+    blocks = np.stack([redistribute(np.asarray(o, dtype=file_dtype), natural, layout.shard, comm) for o in outputs])
     shared = parallel_hdf5(comm)
     rel = Path(parts_dir(results_path).name) / case.case_id / ("output.h5" if shared else f"rank{rank:05d}.h5")
     target = results_path.parent / rel
@@ -344,7 +347,7 @@ def run_case(case: Case, job: Job, comm: Any, results: ResultsFile | None,
         return None
     stacked = {name: np.asarray([t[name] for t in all_timings], dtype=np.float64) for name in timings}
     accuracy = combine_accuracy(all_accuracy)
-    tol = TOLERANCE[case.dtype]
+    tol = precision(case.dtype).tolerance
     accuracy.update(tolerance=tol, within_tolerance=bool(
         accuracy["nonfinite"] == 0 and (not accuracy["rows"] or accuracy["max_rel_err"] <= tol)))
     if accuracy["nonfinite"]:

@@ -20,8 +20,7 @@ name = "torch"
 attend_fn = None
 on_gpu = torch.cuda.is_available()
 
-_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64,
-           np.dtype(np.float16): torch.float16}
+_DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def device() -> torch.device:
@@ -35,14 +34,18 @@ def to_device(x: Any, dtype: Any) -> torch.Tensor:
         t = x
     elif hasattr(x, "__cuda_array_interface__"):
         t = torch.as_tensor(x, device=device())
+    elif np.dtype(x.dtype).name == "bfloat16":               # ml_dtypes.bfloat16: torch takes its bits
+        t = torch.from_numpy(np.ascontiguousarray(x).view(np.int16)).view(torch.bfloat16)
     else:
         t = torch.from_numpy(np.ascontiguousarray(x))
-    return t.to(device=device(), dtype=_DTYPES[np.dtype(dtype)]).contiguous()
+    # float32 -> 16 bits rounds to nearest even, as ml_dtypes does for the float64 reference
+    return t.to(device=device(), dtype=_DTYPES[np.dtype(dtype).name]).contiguous()
 
 
 def to_numpy(x: torch.Tensor) -> np.ndarray:
-    """Copy a tensor back to host memory as a NumPy array."""
-    return x.detach().cpu().numpy()
+    """Copy a tensor back to host memory as a NumPy array (bfloat16 as float32, exactly)."""
+    x = x.detach()
+    return (x.float() if x.dtype == torch.bfloat16 else x).cpu().numpy()
 
 
 def synchronize() -> None:
@@ -65,7 +68,11 @@ def sdpa_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
 
 def serialized_attention(qs: torch.Tensor, ks: torch.Tensor, vs: torch.Tensor, patterns: Sequence[Pattern],
                          causal: bool, scale: float) -> torch.Tensor:
-    """Dilated attention of serialized (N, H, D) tensors -> serialized output (N, H, Dv)."""
+    """Dilated attention of serialized (N, H, D) tensors -> serialized output (N, H, Dv).
+
+    SDPA runs in the input dtype; the merge of patterns, the running output and the log-sum-exp are at
+    least FP32; the output has the input dtype.
+    """
     n, heads, _ = qs.shape
     acc = torch.promote_types(qs.dtype, torch.float32)
     out = torch.zeros((n, heads, vs.shape[-1]), dtype=acc, device=qs.device)
@@ -86,4 +93,4 @@ def serialized_attention(qs: torch.Tensor, ks: torch.Tensor, vs: torch.Tensor, p
             new_lse = torch.logaddexp(dst_lse, part_lse)
             dst.copy_(dst * torch.exp(dst_lse - new_lse)[..., None] + part * torch.exp(part_lse - new_lse)[..., None])
             dst_lse.copy_(new_lse)
-    return out
+    return out if out.dtype == qs.dtype else out.to(qs.dtype)      # 16-bit inputs: a 16-bit output
