@@ -54,7 +54,7 @@ import h5py
 import numpy as np
 
 from .errors import UserError
-from .results import case_groups
+from .results import READ_ERRORS, case_groups
 
 PROGRAM = "hilbert-hpc"
 PARAM = "results"
@@ -232,14 +232,21 @@ def read_results_file(path: str | Path) -> tuple[list[CaseResult], int]:
         if _plain(h5.attrs.get("program")) != PROGRAM or not isinstance(cases_group, h5py.Group):
             raise UserError(f"{name!r}: not a hilbert-hpc results file", PARAM)
         cases, skipped = [], 0
-        for cid, group, _ in case_groups(cases_group):
+        try:
+            listed = list(case_groups(cases_group))
+        except READ_ERRORS as exc:
+            raise UserError(f"{name!r}: the list of its cases cannot be read (a damaged file: {exc})",
+                            PARAM) from None
+        for cid, group, _ in listed:
             if group is None or not _is_true(group.attrs.get("complete")):
                 skipped += 1             # unfinished, or unreadable (a write cut off by a full disk)
                 continue
             try:
                 cases.append(_read_case(name, cid, group))
-            except (KeyError, OSError, TypeError, ValueError) as exc:
-                raise UserError(f"{name!r}, case {cid}: cannot read the case ({exc})", PARAM) from None
+            except UserError:
+                raise
+            except READ_ERRORS:                  # complete but damaged since: counted with the skipped ones
+                skipped += 1
     if not cases:
         raise UserError(f"{name!r}: no complete cases (the job may have been stopped before its first case "
                         f"finished)", PARAM)
@@ -267,7 +274,7 @@ def load_cases(paths: Sequence[str | Path]) -> tuple[list[CaseResult], list[str]
     for path in paths:
         cases, skipped = read_results_file(path)
         if skipped:
-            notes.append(f"{str(path)!r}: {skipped} incomplete case(s) skipped")
+            notes.append(f"{str(path)!r}: {skipped} incomplete case(s) skipped (unfinished or unreadable)")
         for case in cases:
             key = _key(case.params)
             old = pooled.pop(key, None)

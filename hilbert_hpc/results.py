@@ -24,7 +24,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import h5py
 import numpy as np
@@ -63,13 +63,21 @@ def parts_dir(results_path: Path) -> Path:
 READ_ERRORS = (OSError, KeyError, RuntimeError, ValueError, TypeError)
 
 
-def case_groups(cases: h5py.Group) -> Iterator[tuple[str, h5py.Group | None, str]]:
+def case_groups(cases: h5py.Group, names: Iterable[str] = ()) -> Iterator[tuple[str, h5py.Group | None, str]]:
     """``(case id, group, "")`` for each case of a results file, ``(case id, None, why)`` for unreadable ones.
 
-    Goes by name, so one case whose header lies past the end of a file cut off by
-    a full disk (or damaged) does not hide the others.
+    Goes by name, so one damaged case does not hide the others. If the list of
+    cases itself cannot be read, the cases called ``names`` are looked up one by
+    one instead (a resume knows its job's case ids); with no names the read error
+    is raised.
     """
-    for cid in list(cases):
+    try:
+        ids = list(cases)
+    except READ_ERRORS:
+        if not names:
+            raise
+        ids = [n for n in names if _exists(cases, n)]
+    for cid in ids:
         try:
             group = cases[cid]
             if not isinstance(group, h5py.Group):
@@ -79,6 +87,13 @@ def case_groups(cases: h5py.Group) -> Iterator[tuple[str, h5py.Group | None, str
             yield cid, None, str(exc)
             continue
         yield cid, group, ""
+
+
+def _exists(group: h5py.Group, name: str) -> bool:
+    try:
+        return name in group
+    except READ_ERRORS:
+        return False
 
 
 def is_results_file(path: Path) -> bool:
@@ -364,7 +379,7 @@ def _plan_resume(src: h5py.File, path: Path, job: Job) -> tuple[list[str], list[
                           f"another file with -o", "output")
     by_id = {c.case_id: c for c in job.cases}
     keep, notes = [], []
-    for cid, group, why in case_groups(src["cases"]):
+    for cid, group, why in case_groups(src["cases"], [c.case_id for c in job.cases]):
         try:
             if group is None:
                 raise RuntimeError(why)

@@ -571,3 +571,36 @@ def test_accuracy_rows_above_n_is_stated(tmp_path):
     assert "256 tokens, fewer than accuracy_rows = 1000" in res.stderr
     with h5py.File(tmp_path / "r.h5") as f:
         assert all(g["accuracy"].attrs["rows"] == 256 for g in f["cases"].values())
+
+
+def _break_case_list(path: Path) -> None:
+    """Corrupt the signature of the symbol-table node that lists /cases (the root still opens)."""
+    from hilbert_hpc.results import is_results_file
+
+    data = path.read_bytes()
+    at = data.find(b"SNOD")
+    while at >= 0:
+        broken = data[:at] + b"XXXX" + data[at + 4:]
+        path.write_bytes(broken)
+        if is_results_file(path):
+            with h5py.File(path, "r") as f:
+                try:
+                    list(f["cases"])
+                except RuntimeError:
+                    return
+        at = data.find(b"SNOD", at + 1)
+    path.write_bytes(data)
+    pytest.fail("no symbol-table node of /cases found")
+
+
+def test_a_damaged_list_of_cases_gives_report_one_line_and_resume_reruns(tmp_path, done):
+    full = outputs(done)
+    _break_case_list(done)
+    res = run(["report", "r.h5"], tmp_path)
+    one_error_line(res, "the list of its cases cannot be read")
+    res = run(["run", "job.toml", "-o", "r.h5", "--resume"], tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "Traceback" not in res.stderr
+    again = outputs(done)
+    assert sorted(again) == sorted(full) and all(np.array_equal(full[c], again[c]) for c in full)
+    assert run(["report", "r.h5"], tmp_path).returncode == 0
