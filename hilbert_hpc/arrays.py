@@ -36,6 +36,17 @@ class RowReader:
         return np.asarray(a[idx])
 
 
+def concatenate(parts: list[Any]) -> Any:
+    """The arrays or tensors ``parts`` joined along their first axis (the only one, as it is, when alone)."""
+    if len(parts) == 1:
+        return parts[0]
+    if _torch_tensor(parts[0]):
+        return sys.modules["torch"].cat(parts)
+    if _cupy_array(parts[0]):
+        return sys.modules["cupy"].concatenate(parts)
+    return np.concatenate(parts)
+
+
 def count_nonfinite(x: Any) -> int:
     """Number of NaN and infinite values of ``x``, counted where it lives (one reduction, one number back)."""
     if _torch_tensor(x):

@@ -40,6 +40,7 @@ import numpy as np
 from . import device_memory
 from .errors import ConfigError, JobFileError, UserError
 from .patterns import Pattern, parse_patterns
+from .precision import check_backend, precision
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,7 @@ class Search:
     seed: int
     accuracy_rows: int
     text: str = ""
+    dtype: str = "float32"
 
     @property
     def granule(self) -> int:
@@ -72,7 +74,7 @@ class Search:
 
 
 SEARCH_KEYS = {"name", "output", "backends", "heads", "head_dim", "local_patterns", "global_rows", "start", "limit",
-               "seed", "accuracy_rows"}
+               "seed", "accuracy_rows", "dtype"}
 
 
 def load_search(path: str | Path) -> Search:
@@ -107,7 +109,13 @@ def load_search(path: str | Path) -> Search:
                     heads=integer("heads", 8, 1), head_dim=integer("head_dim", 64, 1),
                     local_patterns=local, global_rows=integer("global_rows", 2048, 0),
                     start=integer("start", 1 << 20, 1), limit=integer("limit", 1 << 26, 1),
-                    seed=integer("seed", 11, 0), accuracy_rows=integer("accuracy_rows", 4, 0), text=text)
+                    seed=integer("seed", 11, 0), accuracy_rows=integer("accuracy_rows", 4, 0), text=text,
+                    dtype=s.get("dtype", "float32"))
+    try:
+        for b in backends:
+            check_backend(search.dtype, b, "search.dtype")
+    except ConfigError as exc:
+        raise JobFileError(exc.message, exc.param) from None
     if search.start % search.granule:
         raise JobFileError(f"start = {search.start} is not a multiple of {search.granule} (the largest segment "
                            f"and global_rows)", "search.start")
@@ -131,21 +139,21 @@ def trial(search: Search, backend: str, tokens: int, check_rows: int = 0) -> dic
     from .backends import get_backend
     from .jobfile import Case
     from .arrays import RowReader
-    from .runner import case_layout, generation_module, local_accuracy, shard_inputs
+    from .runner import backend_inputs, case_layout, local_accuracy
 
     be = get_backend(backend)
     case = Case(case_id=f"{backend}-{tokens}", name=search.name, grid=(tokens,), patterns=search.patterns(tokens),
-                heads=search.heads, head_dim=search.head_dim, backend=backend)
+                heads=search.heads, head_dim=search.head_dim, backend=backend, dtype=search.dtype)
     layout = case_layout(case, 1)
-    floor = 4 * tokens * search.heads * search.head_dim * 4
+    floor = 4 * tokens * search.heads * search.head_dim * precision(search.dtype).itemsize
     result = {"backend": backend, "tokens": tokens, "fits": False, "attention_s": np.nan, "peak_bytes": 0,
               "floor_bytes": floor, "memory_ratio": np.nan, "max_rel_err": np.nan}
     device_memory.reset_peak()
     from .mpi import SingleProcessComm
 
     try:
-        qkv = shard_inputs(case, search.seed, layout, SingleProcessComm(), 0, generation_module(be.on_gpu))
-        qkv = [be.to_device(x, np.float32) for x in qkv]
+        qkv = [be.to_device(x, search.dtype)
+               for x in backend_inputs(case, search.seed, layout, SingleProcessComm(), 0, be)]
         be.synchronize()
         device_memory.reset_peak()          # keeps Q, K, V; drops generation temporaries
         t0 = time.perf_counter()
@@ -235,7 +243,7 @@ def run_search(path: str | Path, output: str | None = None, stream: TextIO | Non
     with NewOutput(out_path, "hilbert-hpc max-length file", hdf5_attr_is("study", "max-length"),
                    protected=[(path, "study file")], overwrite=overwrite) as claim:
         print(f"hilbert-hpc: max-length search {search.name!r}, backends {', '.join(search.backends)}, "
-              f"H={search.heads}, D={search.head_dim}, results -> {out_path}", file=stream, flush=True)
+              f"{search.dtype}, H={search.heads}, D={search.head_dim}, results -> {out_path}", file=stream, flush=True)
         rows = []
         for b in search.backends:
             rows += search_backend(search, b, lambda r: _print_row(r, stream))
@@ -258,6 +266,7 @@ def _write_trials(target: Path, search: Search, path: str | Path, rows: list[dic
         h5.attrs["job_text"] = search.text
         h5.attrs["job_path"] = str(path)
         h5.attrs["study"] = "max-length"
+        h5.attrs["dtype"] = search.dtype
         g = h5.create_group("trials")
         for col in COLUMNS:
             values = [r[col] for r in rows]

@@ -76,7 +76,7 @@ def estimate(case: Case) -> Estimate:
     memory = floor + shard * case.heads * acc
     largest, sent = _ring_bytes(case, shard, itemsize) if ranks > 1 else (0, 0)
     memory += 2 * largest
-    on_gpu = case.backend in ("cupy", "cuda-fp32")
+    on_gpu = case.backend in ("cupy", "cuda-fp32", "cuda")
     if case.backend == "torch":
         on_gpu = bool(get_backend("torch").on_gpu) if "torch" in BACKENDS else False
         memory += int(TORCH_WORKSPACE * floor)

@@ -58,9 +58,9 @@ class Precision:
 #: bf16 keeps 8 significant bits (unit roundoff 2^-9), fp16 11 (2^-12): a few roundings of the output
 PRECISIONS = {
     "float64": Precision("float64", 8, 1e-10, ("numpy", "cupy", "torch"), "float64"),
-    "float32": Precision("float32", 4, 1e-4, ("numpy", "cupy", "torch", "cuda-fp32"), "float32"),
-    "bfloat16": Precision("bfloat16", 2, 2e-2, ("torch",), "float32"),
-    "float16": Precision("float16", 2, 4e-3, ("torch",), "float16"),
+    "float32": Precision("float32", 4, 1e-4, ("numpy", "cupy", "torch", "cuda-fp32", "cuda"), "float32"),
+    "bfloat16": Precision("bfloat16", 2, 2e-2, ("torch", "cuda"), "float32"),
+    "float16": Precision("float16", 2, 4e-3, ("torch", "cuda"), "float16"),
 }
 DTYPES = tuple(PRECISIONS)
 

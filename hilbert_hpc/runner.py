@@ -65,6 +65,11 @@ def check_case(case: Case, ranks: int | None = None) -> None:
             raise ConfigError(f"transport 'cuda-aware' requested but the MPI library is not known to be CUDA-aware "
                               f"({why}); use staged, or see 'hilbert-hpc cuda-env' "
                               f"(HILBERT_HPC_CUDA_AWARE=1 forces it)", f"{case.case_id}.transport")
+    if hasattr(be, "check_case"):
+        try:
+            be.check_case(case.head_dim, case.dtype, ranks)
+        except (RuntimeError, ValueError) as exc:
+            raise ConfigError(str(exc), f"{case.case_id}.dtype") from None
     if ranks > 1 and be.attend_fn is None:
         raise ConfigError(f"backend {case.backend!r} is the single-process baseline; run it with one rank "
                           f"or choose numpy/cupy", f"{case.case_id}.backend")
@@ -95,6 +100,28 @@ def shard_inputs(case: Case, seed: int, layout: Layout, comm: Any, batch_index: 
     positions = batch_index * case.tokens + layout.shard_natural(comm.Get_rank())
     return [random_rows(seed, t, positions, case.heads, case.head_dim, prec.generation_dtype(), xp)
             for t in ("q", "k", "v")]
+
+
+def backend_inputs(case: Case, seed: int, layout: Layout, comm: Any, batch_index: int, be: Any) -> list[Any]:
+    """This rank's Q, K, V shard as the backend computes with them (its arrays, the case's dtype).
+
+    16-bit random inputs are made a chunk of rows at a time, each chunk rounded as
+    it reaches the backend, so their float32 values never exist whole on the device
+    (a 16-bit sequence can then be twice as long as a float32 one). Other inputs
+    are made as ``shard_inputs`` makes them; the backend's ``to_device`` is then a
+    no-op in the timed calls.
+    """
+    from .arrays import concatenate
+    from .inputs import CHUNK_ELEMENTS
+
+    xp = generation_module(be.on_gpu)
+    if case.input or not precision(case.dtype).sixteen_bit:
+        return shard_inputs(case, seed, layout, comm, batch_index, xp)
+    positions = batch_index * case.tokens + layout.shard_natural(comm.Get_rank())
+    step = max(1, CHUNK_ELEMENTS // (case.heads * case.head_dim))
+    return [concatenate([be.to_device(random_rows(seed, t, positions[i:i + step], case.heads, case.head_dim,
+                                                  np.float32, xp), case.dtype)
+                         for i in range(0, len(positions), step)]) for t in ("q", "k", "v")]
 
 
 def local_accuracy(case: Case, seed: int, rows: int, output: Any, layout: Layout, rank: int) -> dict:
@@ -177,8 +204,7 @@ class CaseRun:
         from .arrays import RowReader, count_nonfinite
 
         c, job, be = self.case, self.job, self.be
-        xp = generation_module(be.on_gpu)
-        inputs = [shard_inputs(c, job.seed, self.layout, self.comm, b, xp) for b in range(c.batch)]
+        inputs = [backend_inputs(c, job.seed, self.layout, self.comm, b, be) for b in range(c.batch)]
         device_memory.reset_peak()
         timings = {name: [] for name in PHASES + RING_COUNTERS + MEMORY}
         outputs: list[np.ndarray] = []
@@ -362,7 +388,8 @@ def run_case(case: Case, job: Job, comm: Any, results: ResultsFile | None,
         "units": UNITS,
         "accuracy": accuracy,
         "attrs": {"ranks": run.ranks, "transport": "none" if run.transport is None else run.transport.name,
-                  "kernel": run.be.kernel_variant(case.head_dim) if hasattr(run.be, "kernel_variant") else "none",
+                  "kernel": run.be.kernel_variant(case.head_dim, case.dtype) if hasattr(run.be, "kernel_variant")
+                  else "none",
                   "transport_reason": run.transport_reason, "wall_s": time.perf_counter() - t0},
     }
     results.write_case(case, record, parts, (case.batch, case.tokens, case.heads, case.head_dim), run.layout.shard)

@@ -17,6 +17,7 @@ BACKENDS = {
     "torch": "hilbert_hpc.backends.torch_peer",
     "cupy": "hilbert_hpc.backends.cupy_backend",
     "cuda-fp32": "hilbert_hpc.backends.cuda_fp32",
+    "cuda": "hilbert_hpc.backends.cuda_fused",
 }
 
 

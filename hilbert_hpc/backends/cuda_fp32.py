@@ -20,7 +20,7 @@ on_gpu = True
 kernels = fused
 
 
-def kernel_variant(head_dim: int) -> str:
+def kernel_variant(head_dim: int, dtype: str = "float32") -> str:
     """The FP32 kernel variant this GPU runs for ``head_dim`` (rows aligned to 4 elements), for the results."""
     from .. import kernels as provider
 

@@ -1,0 +1,671 @@
+// Hopper (sm_90a) tensor-core dilated-attention forward for 16-bit inputs (bfloat16 or float16):
+// warpgroup MMA (wgmma m64nNk16, FP32 accumulation) with FP32 online softmax and the in-place
+// log-sum-exp merge.
+//
+// Same problem geometry and merge contract as dilated_fwd_wgmma_tf32.cu (problems numbered (segment,
+// head-in-group), rows addressed by element offsets, query i sees key j when j < mk and, if causal,
+// j <= i + causal_shift; rows with no visible key are left untouched), except that q, k, v and out hold
+// 16-bit values T (bf16_t or f16_t below: raw 16-bit storage, the bits of torch.bfloat16 / float16;
+// rows aligned to 8 elements = 16 bytes). lse stays float32 in natural-log units. Scores, softmax,
+// the running output and the log-sum-exp are FP32; the merge reads the old 16-bit output, combines in
+// FP32 and rounds once to T (round to nearest even). No CUDA headers are needed (NVRTC finds no
+// cuda_bf16.h without an include path): conversions are PTX cvt instructions.
+//
+// Block: WG warpgroups of 128 threads; warpgroup w owns queries 64w..64w+63 of the block's 64*WG.
+// Key tiles of BK keys, double-buffered: all threads cp.async the next tile's K and V rows (16 bytes
+// each, straight into the wgmma layout) while the current tile is computed. Per tile:
+//   1. S = Q K^T: D/16 wgmma m64n{BK}k16 (one per k-step), A = Q and B = K from shared memory, both
+//      K-major; Q is kept as given (not pre-scaled, so it is rounded only once, by the caller);
+//   2. online softmax in FP32 on the accumulator registers: exp2 of (s * scale * log2 e - m);
+//   3. P -> T pairs in registers (cvt.rn), O += P V: wgmma m64n{D}k16 (BK/16 k-steps), A = P from
+//      registers, B = V from shared memory:
+//        VMODE 0: V stays [key][d] (MN-major B, "N-major"), the instruction's imm-trans-b = 1;
+//        VMODE 1: V is transposed once per tile into a K-major V^T buffer (ldmatrix + stmatrix.trans,
+//                 one extra barrier), imm-trans-b = 0 (the layout the TF32 kernel uses).
+// Only tiles at the causal or length boundary are masked; a warpgroup skips the tiles wholly past its
+// own causal end (it still takes part in the block's loads and barriers).
+//
+// Shared-memory layouts, no swizzle. A core matrix is 8 rows x 16 bytes (8 elements), 128 contiguous
+// bytes. Q (64*WG rows), K and V (BK rows) are all stored as [row / 8][chunk = col / 8][row % 8][8]
+// (same cp.async code for each), so one 8-row group of a D-wide tile is 16 * D bytes.
+// Matrix descriptor: start address >> 4 (bits 0-13), LBO >> 4 (bits 16-29), SBO >> 4 (bits 32-45),
+// base offset 0, swizzle 0 (PTX ISA "Matrix Descriptor Format" and "Canonical Layouts", elements of
+// T = 8 per 16 bytes):
+//   K-major, no swizzle:  ((8,m),(T,2k)):((1T,SBO),(1,LBO)), i.e. LBO = bytes between the two core
+//                         matrices adjacent in K, SBO = bytes between 8-row groups (M or N);
+//   MN-major, no swizzle: ((T,1,m),(8,k)):((1,T,SBO),(1T,LBO)), i.e. SBO = bytes between core matrices
+//                         adjacent in M/N (8 columns on), LBO = bytes between core matrices adjacent in K
+//                         (8 K-rows on). (PTX ISA example "MN-major, no-swizzling, bf16": exact layout
+//                         ((8,1,2),(8,2)):((1,8,64),(8,128)) -> LBO = 128 elements, SBO = 64 elements;
+//                         CUTLASS make_gmma_desc<Major::MN> INTERLEAVE: SBO = stride<0,1>, LBO = stride<1,1>.)
+//   Q (A of Q K^T, K-major): LBO = 128, SBO = 16 D; k-step ks (16 columns) starts 256 ks bytes in.
+//   K (B of Q K^T, K-major, N = keys): LBO = 128, SBO = 16 D; k-step ks: + 256 ks bytes.
+//   V (B of P V, VMODE 0, MN-major: K = keys, N = d): the same [key / 8][d / 8][key % 8][8] tile read the
+//     other way: LBO = 16 D (next 8 keys), SBO = 128 (next 8 columns of d); k-step kk (16 keys): + 32 D kk bytes.
+//   V^T (VMODE 1, K-major, N = d): [d / 8][key / 8][d % 8][8 keys]: LBO = 128, SBO = 16 BK; k-step kk: + 256 kk.
+// Register fragments (per warp of the warpgroup, lane = 4 g + t, rows relative to the warp's 16 rows):
+//   accumulator (m64nN f32): d[4i + 2h + e] = (row g + 8h, column 8i + 2t + e);
+//   A from registers (m64nNk16, 16-bit): element r (0..7) of k-step kk = (row g + 8 ((r >> 1) & 1),
+//   column 16 kk + 8 (r >> 2) + 2t + (r & 1)), register j = elements 2j (low half), 2j + 1 (high half).
+// So element r of k-step kk is accumulator element 8 kk + r: the scores of keys 16kk..16kk+15 are the A
+// fragment of k-step kk in place, register j = pack(s[8kk + 2j], s[8kk + 2j + 1]); no permutation.
+
+#include "common.cuh"
+
+#define WG_THREADS 128
+#define WG_QUERIES 64
+#define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
+
+typedef unsigned long long desc_t;
+
+// 16-bit storage types (the bits of a bfloat16 / IEEE half value)
+struct bf16_t {
+    unsigned short bits;
+};
+struct f16_t {
+    unsigned short bits;
+};
+
+template <typename T>
+struct Half16;
+
+template <>
+struct Half16<bf16_t> {
+    // (lo, hi) -> one register, lo in the low 16 bits; round to nearest even
+    static __device__ __forceinline__ unsigned pack(float lo, float hi) {
+        unsigned r;
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+        return r;
+    }
+    static __device__ __forceinline__ float2 unpack(unsigned x) {
+        return make_float2(__uint_as_float(x << 16), __uint_as_float(x & 0xffff0000u));
+    }
+};
+
+template <>
+struct Half16<f16_t> {
+    static __device__ __forceinline__ unsigned pack(float lo, float hi) {
+        unsigned r;
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+        return r;
+    }
+    static __device__ __forceinline__ float2 unpack(unsigned x) {
+        float lo, hi;
+        asm("{\n.reg .f16 a, b;\nmov.b32 {a, b}, %2;\ncvt.f32.f16 %0, a;\ncvt.f32.f16 %1, b;\n}\n"
+            : "=f"(lo), "=f"(hi) : "r"(x));
+        return make_float2(lo, hi);
+    }
+};
+
+// The arguments of the 16-bit kernel: DILATED_FWD_PARAMS with 16-bit q, k, v, out (float lse)
+#define DILATED_FWD16_PARAMS(T)                                                                           \
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,                            \
+    T* __restrict__ out, float* __restrict__ lse,                                                         \
+    long long q_base, long long q_seg, long long q_head, long long q_row,                                 \
+    long long k_base, long long k_seg, long long k_head, long long k_row,                                 \
+    long long v_base, long long v_seg, long long v_head, long long v_row,                                 \
+    long long l_base, long long l_seg, long long l_head, long long l_row,                                 \
+    int heads, int mq, int mk, int causal, int causal_shift, float scale
+
+// wgmma D (+)= A * B, D f32 64 x N, A 64 x 16 and B 16 x N of T. ss: A and B from shared-memory
+// descriptors, both K-major. rs: A from four registers, B from a descriptor, TRANS_B = 1: B MN-major.
+// SCALE_D = 0 ignores the old D.
+template <typename T, int N>
+struct Wgmma16;
+
+template <>
+struct Wgmma16<bf16_t, 32> {
+    template <int SCALE_D>
+    static __device__ __forceinline__ void ss(float (&d)[16], desc_t da, desc_t db) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+            : "l"(da), "l"(db), "n"(SCALE_D));
+    }
+    template <int SCALE_D, int TRANS_B>
+    static __device__ __forceinline__ void rs(float (&d)[16], const unsigned (&a)[4], desc_t db) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, %22;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(SCALE_D), "n"(TRANS_B));
+    }
+};
+
+template <>
+struct Wgmma16<bf16_t, 64> {
+    template <int SCALE_D>
+    static __device__ __forceinline__ void ss(float (&d)[32], desc_t da, desc_t db) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+            : "l"(da), "l"(db), "n"(SCALE_D));
+    }
+    template <int SCALE_D, int TRANS_B>
+    static __device__ __forceinline__ void rs(float (&d)[32], const unsigned (&a)[4], desc_t db) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(SCALE_D), "n"(TRANS_B));
+    }
+};
+
+template <>
+struct Wgmma16<bf16_t, 96> {
+    template <int SCALE_D>
+    static __device__ __forceinline__ void ss(float (&d)[48], desc_t da, desc_t db) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, %48, %49, p, 1, 1, 0, 0;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+              "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+              "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+            : "l"(da), "l"(db), "n"(SCALE_D));
+    }
+    template <int SCALE_D, int TRANS_B>
+    static __device__ __forceinline__ void rs(float (&d)[48], const unsigned (&a)[4], desc_t db) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, {%48, %49, %50, %51}, %52, p, 1, 1, %54;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+              "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+              "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(SCALE_D), "n"(TRANS_B));
+    }
+};
+
+template <>
+struct Wgmma16<bf16_t, 128> {
+    template <int SCALE_D>
+    static __device__ __forceinline__ void ss(float (&d)[64], desc_t da, desc_t db) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+              "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+              "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+              "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+              "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+            : "l"(da), "l"(db), "n"(SCALE_D));
+    }
+    template <int SCALE_D, int TRANS_B>
+    static __device__ __forceinline__ void rs(float (&d)[64], const unsigned (&a)[4], desc_t db) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+              "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+              "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+              "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+              "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(SCALE_D), "n"(TRANS_B));
+    }
+};
+
+template <>
+struct Wgmma16<bf16_t, 192> {
+    template <int SCALE_D>
+    static __device__ __forceinline__ void ss(float (&d)[96], desc_t da, desc_t db) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, %96, %97, p, 1, 1, 0, 0;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+              "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+              "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+              "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+              "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+              "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+              "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+              "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+              "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+            : "l"(da), "l"(db), "n"(SCALE_D));
+    }
+    template <int SCALE_D, int TRANS_B>
+    static __device__ __forceinline__ void rs(float (&d)[96], const unsigned (&a)[4], desc_t db) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %101, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, {%96, %97, %98, %99}, %100, p, 1, 1, %102;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+              "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+              "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+              "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+              "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+              "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+              "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+              "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+              "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(SCALE_D), "n"(TRANS_B));
+    }
+};
+
+template <>
+struct Wgmma16<f16_t, 32> {
+    template <int SCALE_D>
+    static __device__ __forceinline__ void ss(float (&d)[16], desc_t da, desc_t db) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+            : "l"(da), "l"(db), "n"(SCALE_D));
+    }
+    template <int SCALE_D, int TRANS_B>
+    static __device__ __forceinline__ void rs(float (&d)[16], const unsigned (&a)[4], desc_t db) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, %22;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(SCALE_D), "n"(TRANS_B));
+    }
+};
+
+template <>
+struct Wgmma16<f16_t, 64> {
+    template <int SCALE_D>
+    static __device__ __forceinline__ void ss(float (&d)[32], desc_t da, desc_t db) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+            : "l"(da), "l"(db), "n"(SCALE_D));
+    }
+    template <int SCALE_D, int TRANS_B>
+    static __device__ __forceinline__ void rs(float (&d)[32], const unsigned (&a)[4], desc_t db) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(SCALE_D), "n"(TRANS_B));
+    }
+};
+
+template <>
+struct Wgmma16<f16_t, 96> {
+    template <int SCALE_D>
+    static __device__ __forceinline__ void ss(float (&d)[48], desc_t da, desc_t db) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, %48, %49, p, 1, 1, 0, 0;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+              "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+              "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+            : "l"(da), "l"(db), "n"(SCALE_D));
+    }
+    template <int SCALE_D, int TRANS_B>
+    static __device__ __forceinline__ void rs(float (&d)[48], const unsigned (&a)[4], desc_t db) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, {%48, %49, %50, %51}, %52, p, 1, 1, %54;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+              "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+              "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(SCALE_D), "n"(TRANS_B));
+    }
+};
+
+template <>
+struct Wgmma16<f16_t, 128> {
+    template <int SCALE_D>
+    static __device__ __forceinline__ void ss(float (&d)[64], desc_t da, desc_t db) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+              "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+              "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+              "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+              "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+            : "l"(da), "l"(db), "n"(SCALE_D));
+    }
+    template <int SCALE_D, int TRANS_B>
+    static __device__ __forceinline__ void rs(float (&d)[64], const unsigned (&a)[4], desc_t db) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+              "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+              "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+              "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+              "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(SCALE_D), "n"(TRANS_B));
+    }
+};
+
+template <>
+struct Wgmma16<f16_t, 192> {
+    template <int SCALE_D>
+    static __device__ __forceinline__ void ss(float (&d)[96], desc_t da, desc_t db) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n192k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, %96, %97, p, 1, 1, 0, 0;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+              "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+              "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+              "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+              "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+              "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+              "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+              "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+              "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+            : "l"(da), "l"(db), "n"(SCALE_D));
+    }
+    template <int SCALE_D, int TRANS_B>
+    static __device__ __forceinline__ void rs(float (&d)[96], const unsigned (&a)[4], desc_t db) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %101, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n192k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, {%96, %97, %98, %99}, %100, p, 1, 1, %102;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+              "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+              "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+              "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+              "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+              "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+              "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+              "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+              "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(SCALE_D), "n"(TRANS_B));
+    }
+};
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// this thread's shared-memory writes (cp.async landed and waited for, or ordinary stores) are visible to
+// wgmma (the async proxy) after the next barrier
+__device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+// keeps the compiler from moving reads or writes of an accumulator across a wgmma issue or wait
+template <int R>
+__device__ __forceinline__ void pin(float (&x)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; ++i) asm volatile("" : "+f"(x[i])::"memory");
+}
+template <int R>
+__device__ __forceinline__ void pin_u(unsigned (&x)[R][4]) {
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(x[i][j])::"memory");
+}
+
+// shared-memory matrix descriptor (shared-window byte address), no swizzle, base offset 0
+__device__ __forceinline__ desc_t smem_desc16(unsigned addr, unsigned lbo, unsigned sbo) {
+    return (desc_t)((addr & 0x3FFFFu) >> 4) | ((desc_t)((lbo & 0x3FFFFu) >> 4) << 16) |
+           ((desc_t)((sbo & 0x3FFFFu) >> 4) << 32);
+}
+
+// rows [r0, r0 + ROWS) of a D-wide 16-bit matrix (row j at src + off + j * row_stride elements; rows at or
+// past rend are zero-filled) into shared memory at byte address dst in core-matrix order
+// [row / 8][chunk = col / 8][row % 8][8]; one 16-byte cp.async per chunk, no commit. Eight consecutive
+// threads write one 128-byte core matrix (no bank conflicts); a warp reads 64 contiguous bytes of 8 rows.
+template <typename T, int D, int ROWS, int THREADS>
+__device__ __forceinline__ void load_rows_async(unsigned dst, const T* __restrict__ src, long long off,
+                                                long long row_stride, int r0, int rend) {
+    constexpr int KC = D / 8;
+#pragma unroll 4
+    for (int p = threadIdx.x; p < ROWS * KC; p += THREADS) {
+        const int r = (p / (8 * KC)) * 8 + (p & 7), c = (p >> 3) % KC, j = r0 + r;
+        const T* from = src + off + (long long)max(0, min(j, rend - 1)) * row_stride + 8 * c;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + 16 * p), "l"(from),
+                     "r"(j < rend ? 16 : 0)
+                     : "memory");
+    }
+}
+
+// VMODE 1: the staged V tile ([key / 8][d / 8][key % 8][8], BK x D) transposed into V^T
+// ([d / 8][key / 8][d % 8][8 keys]): per 8 x 8 core matrix, ldmatrix (lane l: row l / 4, columns
+// 2 (l % 4), +1) then stmatrix .trans (element (r, c) to row c, column r). Four matrices per warp step.
+template <int D, int BK, int THREADS>
+__device__ __forceinline__ void transpose_v_tile(unsigned vt, unsigned vs) {
+    constexpr int KC = D / 8, KB = BK / 8, MATS = KB * KC;
+    static_assert(MATS % 4 == 0, "whole ldmatrix.x4 steps");
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int m0 = 4 * warp; m0 < MATS; m0 += THREADS / 8) {
+        const int m = m0 + (lane >> 3), row = lane & 7;      // lanes 8i..8i+7: rows of matrix m0 + i
+        const int a = m / KC, c = m % KC;                    // key group a, d chunk c
+        const unsigned from = vs + 128 * (a * KC + c) + 16 * row;
+        const unsigned to = vt + 128 * (c * KB + a) + 16 * row;
+        unsigned r0, r1, r2, r3;
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(from) : "memory");
+        asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n"
+                     ::"r"(to), "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
+    }
+}
+
+// Shared memory of one block in bytes: Q (64 WG rows), 2 stages of (K, V) tiles, and for VMODE 1 one V^T tile.
+template <int D, int BK, int WG, int VMODE>
+struct Smem16 {
+    static constexpr int Q = WG_QUERIES * WG * D * 2;
+    static constexpr int TILE = BK * D * 2;
+    static constexpr int bytes = Q + 4 * TILE + (VMODE == 1 ? TILE : 0);
+};
+
+template <typename T, int D, int BK, int WG, int VMODE>
+__global__ void __launch_bounds__(WG_THREADS * WG, 1)
+dilated_fwd_wgmma_16(DILATED_FWD16_PARAMS(T))
+{
+    using H = Half16<T>;
+    using L = Smem16<D, BK, WG, VMODE>;
+    constexpr int THREADS = WG_THREADS * WG;
+    constexpr int BQ = WG_QUERIES * WG;
+    constexpr int NS = BK / 2;               // score registers per thread
+    constexpr int NO = D / 2;                // output registers per thread
+    constexpr int KQ = D / 16;               // k-steps of Q K^T
+    constexpr int KP = BK / 16;              // k-steps of P V
+    static_assert(D % 16 == 0 && D <= 256 && BK % 16 == 0 && BK <= 256, "wgmma shapes");
+    static_assert(VMODE == 0 || VMODE == 1, "VMODE");
+
+    extern __shared__ __align__(128) unsigned char smem16[];
+    const unsigned sQ = (unsigned)__cvta_generic_to_shared(smem16);
+    const unsigned sKV = sQ + L::Q;          // stage s: K at sKV + 2 s TILE, V at sKV + (2 s + 1) TILE
+    const unsigned sVt = sKV + 4 * L::TILE;  // VMODE 1
+
+    const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int qblock = blockIdx.y * BQ;
+    DILATED_FWD_PROBLEM_OFFSETS;
+
+    int kend = mk;
+    if (causal) kend = min(kend, max(0, qblock + BQ + causal_shift));
+    if (kend <= 0) return;                   // no key visible to this block (uniform)
+
+    // this warpgroup's queries and keys: tiles at or past kend_wg are skipped, those below open_end unmasked
+    const int qwg = qblock + WG_QUERIES * wg;
+    int kend_wg = (qwg < mq) ? kend : 0;
+    if (causal) kend_wg = min(kend_wg, max(0, qwg + WG_QUERIES + causal_shift));
+    const int open_end = causal ? min(kend, max(0, qwg + causal_shift + 1)) : kend;
+
+    load_rows_async<T, D, BQ, THREADS>(sQ, q, qoff, q_row, qblock, mq);
+    load_rows_async<T, D, BK, THREADS>(sKV, k, koff, k_row, 0, kend);
+    load_rows_async<T, D, BK, THREADS>(sKV + L::TILE, v, voff, v_row, 0, kend);
+    cp_async_commit();
+
+    const desc_t dQ = smem_desc16(sQ + WG_QUERIES * D * 2 * wg, 128, 16 * D);
+    const desc_t dK0 = smem_desc16(sKV, 128, 16 * D);
+    const desc_t dV0 = (VMODE == 0) ? smem_desc16(sKV + L::TILE, 16 * D, 128) : smem_desc16(sVt, 128, 16 * BK);
+    constexpr desc_t STAGE16 = (desc_t)(2 * L::TILE / 16);     // one stage to the next, 16-byte units
+
+    const int row0 = qwg + 16 * warp + g;    // this thread's rows: row0, row0 + 8
+    const float mul = scale * LOG2E;         // scores -> log2 units
+    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f};
+    float o[NO];
+#pragma unroll
+    for (int i = 0; i < NO; ++i) o[i] = 0.0f;
+
+    for (int kt = 0, it = 0; kt < kend; kt += BK, ++it) {
+        const int cur = it & 1;
+        cp_async_wait_all();
+        if (VMODE == 0) fence_async_shared();
+        __syncthreads();                     // tile kt landed for all; every warpgroup is done with tile kt - BK
+        if (VMODE == 1) {
+            transpose_v_tile<D, BK, THREADS>(sVt, sKV + (2 * cur + 1) * L::TILE);
+            fence_async_shared();
+            __syncthreads();                 // V^T (and K, Q) visible to wgmma
+        }
+        if (kt + BK < kend) {                // the next tile into the other stage (read last in tile kt - BK)
+            const unsigned st = sKV + 2 * (cur ^ 1) * L::TILE;
+            load_rows_async<T, D, BK, THREADS>(st, k, koff, k_row, kt + BK, kend);
+            load_rows_async<T, D, BK, THREADS>(st + L::TILE, v, voff, v_row, kt + BK, kend);
+            cp_async_commit();
+        }
+        if (kt >= kend_wg) continue;         // uniform over the warpgroup: nothing visible to its queries
+
+        // S = Q K^T (64 queries of this warpgroup x BK keys)
+        const desc_t dK = dK0 + (desc_t)cur * STAGE16;
+        float s[NS];
+        pin(s);
+        wgmma_fence();
+        Wgmma16<T, BK>::template ss<0>(s, dQ, dK);
+#pragma unroll
+        for (int ks = 1; ks < KQ; ++ks) Wgmma16<T, BK>::template ss<1>(s, dQ + 16 * ks, dK + 16 * ks);
+        wgmma_commit();
+        wgmma_wait<0>();
+        pin(s);
+
+        // online softmax over the tile (log2 units); a row's statistics live in its 4 lanes (t = 0..3)
+        const bool masked = kt + BK > open_end;          // only boundary tiles need the mask
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int i = row0 + 8 * h;
+            float mx = NEG_INF;
+#pragma unroll
+            for (int b = 0; b < BK / 8; ++b)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    float& x = s[4 * b + 2 * h + e];
+                    if (masked) {
+                        const int j = kt + 8 * b + 2 * t + e;
+                        x = (j < kend && (!causal || j <= i + causal_shift)) ? x : NEG_INF;
+                    }
+                    mx = fmaxf(mx, x);
+                }
+            const float m_new = fmaxf(m[h], lanes_max<4>(mx) * mul);
+            const float m_use = (m_new == NEG_INF) ? 0.0f : m_new;
+            const float alpha = exp2f(m[h] - m_use);
+            float sum = 0.0f;
+#pragma unroll
+            for (int b = 0; b < BK / 8; ++b)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    float& x = s[4 * b + 2 * h + e];
+                    x = exp2f(fmaf(x, mul, -m_use));
+                    sum += x;
+                }
+            l[h] = l[h] * alpha + sum;       // this lane's partial row sum (FP32 probabilities)
+            m[h] = m_new;
+#pragma unroll
+            for (int n = 0; n < D / 8; ++n) {
+                o[4 * n + 2 * h] *= alpha;
+                o[4 * n + 2 * h + 1] *= alpha;
+            }
+        }
+
+        // P as the A operand: k-step kk = accumulator elements 8 kk .. 8 kk + 7, in pairs
+        unsigned p[KP][4];
+#pragma unroll
+        for (int kk = 0; kk < KP; ++kk)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) p[kk][j] = H::pack(s[8 * kk + 2 * j], s[8 * kk + 2 * j + 1]);
+
+        // O += P V
+        const desc_t dV = (VMODE == 0) ? dV0 + (desc_t)cur * STAGE16 : dV0;
+        constexpr desc_t VSTEP = (VMODE == 0) ? (desc_t)(2 * D) : (desc_t)16;   // 16 keys on, 16-byte units
+        pin(o);
+        pin_u(p);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < KP; ++kk) Wgmma16<T, D>::template rs<1, VMODE == 0 ? 1 : 0>(o, p[kk], dV + VSTEP * kk);
+        wgmma_commit();
+        wgmma_wait<0>();
+        pin(o);
+    }
+
+    // merge into the running output (16-bit, rounded once) and log-sum-exp (natural-log units)
+    float old[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        l[h] = lanes_sum<4>(l[h]);
+        const int i = row0 + 8 * h;
+        old[h] = (i < mq && l[h] > 0.0f) ? lse[loff + i * l_row] : NEG_INF;
+    }
+    __syncwarp();                            // every lane has read L before lane t == 0 writes it
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int i = row0 + 8 * h;
+        if (i >= mq || l[h] <= 0.0f) continue;   // no visible key: nothing to merge
+        const float mine = (m[h] + log2f(l[h])) * LN2;
+        const MergeWeights w = merge_weights(old[h], mine);
+        const float inv_l = 1.0f / l[h];
+        const float wb = inv_l * w.wb, inv_den = 1.0f / w.den;
+        unsigned* orow = reinterpret_cast<unsigned*>(out + qoff + i * q_row + 2 * t);
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+            const float2 prev = (w.wa == 0.0f) ? make_float2(0.0f, 0.0f) : H::unpack(orow[4 * n]);
+            const float lo = (prev.x * w.wa + o[4 * n + 2 * h] * wb) * inv_den;
+            const float hi = (prev.y * w.wa + o[4 * n + 2 * h + 1] * wb) * inv_den;
+            orow[4 * n] = H::pack(lo, hi);
+        }
+        if (t == 0) lse[loff + i * l_row] = w.mx + logf(w.den);
+    }
+}

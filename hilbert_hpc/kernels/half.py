@@ -1,0 +1,215 @@
+"""Kernel provider for 16-bit inputs (bfloat16, float16): the Hopper tensor-core kernel
+``dilated_fwd_wgmma_16.cu`` (wgmma m64nNk16 with FP32 accumulation, FP32 softmax, in-place
+log-sum-exp merge into a 16-bit output and a float32 log-sum-exp).
+
+CuPy has no bfloat16, so the data are held by the caller (torch tensors, or CuPy uint16/float16
+arrays) and passed as raw device pointers: ``launch_local_patterns`` takes ints (or anything with
+``data_ptr()`` / ``.data.ptr`` / ``__cuda_array_interface__``) plus the (n, H, D) shape and the dtype
+name, and launches one kernel per (pattern, head offset) with the same element-offset geometry as
+``hilbert_hpc.fused.local_patterns``.
+
+Compute capability 9.0 only (code for sm_90a); elsewhere ``select_half`` raises a RuntimeError that
+names the dtype and the GPU's compute capability. ``HILBERT_HPC_HALF_KERNEL`` forces a configuration:
+``wgmma16`` (the default table) or ``wgmma16:BK,WG,VMODE`` (key tile, warpgroups, V mode), e.g.
+``wgmma16:64,2,1``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from functools import lru_cache
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import ArchKernel, Variant, compile_cubin, source  # noqa: F401 - compile_cubin, source re-exported
+from .. import kernels as _kernels
+
+HALF_SOURCE = "dilated_fwd_wgmma_16.cu"
+HALF_ARCH = "sm_90a"
+HALF_VARIANT = "wgmma16"
+HALF_ENV = "HILBERT_HPC_HALF_KERNEL"
+#: dtype name -> the kernel's 16-bit storage type (template argument T)
+HALF_TYPES = {"bfloat16": "bf16_t", "float16": "f16_t"}
+#: other spellings accepted for the dtype
+_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "f16": "float16", "half": "float16"}
+HALF_HEAD_DIMS = (32, 64, 96, 128)
+#: per head dim: (key tile BK, warpgroups of 64 queries per block, V mode), template arguments of
+#: dilated_fwd_wgmma_16<T, D, BK, WG, VMODE>. V mode 0: V read as MN-major B (wgmma imm-trans-b = 1,
+#: no extra work); 1: V transposed once per tile into a K-major V^T buffer (ldmatrix/stmatrix.trans).
+#: No spills with ptxas for sm_90a (tests/test_kernel16_sources.py). Measured on an H200 (N = 262,144,
+#: patterns (2048,1) (4096,2) (8192,4), bf16 and fp16): D = 64 (128, 2, 1) 15.9 ms / (128, 2, 0) 16.5 ms /
+#: (192, 2, 0) 15.7-16.0 ms / (64, 2, 0) 17.1 ms / (64, 1, 0) 20.2 ms non-causal (H = 12); D = 128 (128, 2, 0)
+#: 16.3-16.6 ms / (128, 2, 1) 17.8 ms / (64, 2, 0) 17.7 ms (H = 8). D = 32 and 96: not timed yet.
+HALF_CONFIG = {32: (128, 2, 0), 64: (128, 2, 1), 96: (128, 2, 0), 128: (128, 2, 0)}
+#: other configurations compiled in CI and timed by tests/scripts/wgmma16_probe.py --sweep
+HALF_ALTERNATIVES = {
+    32: [(128, 2, 1), (64, 2, 0)],
+    64: [(128, 2, 0), (192, 2, 0), (64, 2, 0), (64, 1, 0)],
+    96: [(128, 2, 1), (64, 2, 0)],
+    128: [(128, 2, 1), (64, 2, 0)],
+}
+#: rows (and every geometry offset) must be multiples of this many elements (16-byte cp.async)
+HALF_ALIGN = 8
+#: opt-in shared memory per block on compute capability 9.0
+HOPPER_SHARED = 227 * 1024
+
+
+def dtype_name(dtype: Any) -> str:
+    """'bfloat16' or 'float16' for a dtype given as a string, a torch dtype or a NumPy dtype."""
+    name = str(getattr(dtype, "name", None) or dtype)
+    name = name.replace("torch.", "").lower()
+    name = _ALIASES.get(name, name)
+    if name not in HALF_TYPES:
+        raise ValueError(f"the 16-bit kernel takes dtype bfloat16 or float16, got {dtype!r}")
+    return name
+
+
+def half_shared_bytes(head_dim: int, keys: int, warpgroups: int, vmode: int = 0) -> int:
+    """Dynamic shared memory of one block (Smem16 in dilated_fwd_wgmma_16.cu): Q, two K/V stages, V^T."""
+    tile = 2 * keys * head_dim
+    return 2 * 64 * warpgroups * head_dim + 4 * tile + (tile if vmode == 1 else 0)
+
+
+def half_variant(head_dim: int, dtype: Any, cfg: tuple | None = None) -> Variant:
+    """The 16-bit variant for ``head_dim`` and ``dtype`` with configuration ``cfg`` (BK, WG, VMODE)."""
+    if head_dim not in HALF_HEAD_DIMS:
+        raise ValueError(f"the 16-bit kernel supports head_dim in {list(HALF_HEAD_DIMS)}, got {head_dim}")
+    name = dtype_name(dtype)
+    keys, wgs, vmode = (int(x) for x in (HALF_CONFIG[head_dim] if cfg is None else cfg))
+    if keys % 16 or not 16 <= keys <= 256 or wgs not in (1, 2) or vmode not in (0, 1):
+        raise ValueError(f"16-bit kernel configuration (BK, WG, VMODE) = {(keys, wgs, vmode)} is not supported")
+    t = HALF_TYPES[name]
+    return Variant(HALF_VARIANT, head_dim, HALF_SOURCE, f"dilated_fwd_wgmma_16<{t},{head_dim},{keys},{wgs},{vmode}>",
+                   128 * wgs, 64 * wgs, half_shared_bytes(head_dim, keys, wgs, vmode), HALF_ALIGN, 90, 90, HALF_ARCH)
+
+
+def all_half_variants() -> list[Variant]:
+    """Every instantiation CI compiles: both dtypes, every head dim, the default and alternative configurations."""
+    out = []
+    for name in HALF_TYPES:
+        for d in HALF_HEAD_DIMS:
+            for cfg in dict.fromkeys([HALF_CONFIG[d], *HALF_ALTERNATIVES.get(d, [])]):
+                out.append(half_variant(d, name, cfg))
+    return out
+
+
+def _forced_config(forced: str) -> tuple | None:
+    """The configuration of a HILBERT_HPC_HALF_KERNEL value ('wgmma16' -> None: the table's)."""
+    head, _, rest = forced.strip().partition(":")
+    if head != HALF_VARIANT:
+        raise RuntimeError(f"{HALF_ENV}={forced}: unknown 16-bit kernel variant {head!r}; "
+                           f"use {HALF_VARIANT} or {HALF_VARIANT}:BK,WG,VMODE")
+    if not rest:
+        return None
+    try:
+        cfg = tuple(int(x) for x in rest.split(","))
+    except ValueError:
+        raise RuntimeError(f"{HALF_ENV}={forced}: expected {HALF_VARIANT}:BK,WG,VMODE with integers") from None
+    if len(cfg) != 3:
+        raise RuntimeError(f"{HALF_ENV}={forced}: expected three numbers BK,WG,VMODE")
+    return cfg
+
+
+def select_half(head_dim: int, dtype: Any) -> Variant:
+    """The 16-bit variant for ``head_dim`` and ``dtype`` on this device (compute capability 9.0 only)."""
+    name = dtype_name(dtype)
+    cc = _kernels._compute_capability()
+    if cc != 90:
+        raise RuntimeError(f"dtype {name} needs the Hopper (compute capability 9.0) tensor-core kernel; "
+                           f"this GPU has {cc / 10:.1f}")
+    forced = os.environ.get(HALF_ENV)
+    cfg = _forced_config(forced) if forced else None
+    chosen = half_variant(head_dim, name, cfg)
+    if chosen.shared_bytes > HOPPER_SHARED:
+        raise RuntimeError(f"{chosen.name} needs {chosen.shared_bytes} bytes of shared memory per block; "
+                           f"compute capability 9.0 allows {HOPPER_SHARED}")
+    return chosen
+
+
+def compiled_half(v: Variant) -> Any:
+    """The compiled kernel of ``v`` on the current device (NVRTC sm_90a cubin, cached per variant and device);
+    called as ``fn(grid, block, args, shared_mem=bytes)``."""
+    import cupy
+
+    return _compiled_on(v, cupy.cuda.Device().id)
+
+
+@lru_cache(maxsize=None)
+def _compiled_on(v: Variant, device: int) -> Any:
+    return ArchKernel(v)
+
+
+def device_pointer(x: Any) -> int:
+    """The device address of ``x``: an int, a torch tensor, a CuPy array or a CUDA-array-interface object."""
+    if isinstance(x, (int, np.integer)):
+        return int(x)
+    if hasattr(x, "data_ptr"):
+        return int(x.data_ptr())
+    if hasattr(x, "data") and hasattr(x.data, "ptr"):
+        return int(x.data.ptr)
+    if hasattr(x, "__cuda_array_interface__"):
+        return int(x.__cuda_array_interface__["data"][0])
+    raise TypeError(f"expected a device pointer (int) or a GPU array, got {type(x).__name__}")
+
+
+def _pattern(p: Any) -> tuple[int, int]:
+    if hasattr(p, "segment"):
+        return int(p.segment), int(p.dilation)
+    w, r = p
+    return int(w), int(r)
+
+
+def launch(q: Any, k: Any, v: Any, out: Any, lse: Any, *, qg: tuple, kg: tuple, vg: tuple, lg: tuple,
+           segments: int, heads: int, mq: int, mk: int, shift: int | None, scale: float, head_dim: int,
+           dtype: Any) -> None:
+    """One kernel launch over ``segments x heads`` problems (geometry tuples: base, segment, head and row
+    strides in elements; q/k/v/out 16-bit, lse float32)."""
+    if segments == 0 or heads == 0 or mq == 0 or mk == 0:
+        return
+    if math.gcd(*qg, *kg, *vg, HALF_ALIGN) != HALF_ALIGN:
+        raise ValueError(f"the 16-bit kernel needs rows and offsets aligned to {HALF_ALIGN} elements, got "
+                         f"q {qg}, k {kg}, v {vg}")
+    if not scale > 0:
+        raise ValueError(f"the 16-bit kernel needs scale > 0, got {scale}")
+    chosen = select_half(head_dim, dtype)
+    fn = compiled_half(chosen)
+    grid = (segments * heads, -(-mq // chosen.block_queries))
+    ptrs = tuple(np.uint64(device_pointer(x)) for x in (q, k, v, out, lse))
+    args = (*ptrs, *(np.int64(x) for x in (*qg, *kg, *vg, *lg)),
+            np.int32(heads), np.int32(mq), np.int32(mk), np.int32(shift is not None),
+            np.int32(shift or 0), np.float32(scale))
+    fn(grid, (chosen.threads,), args, shared_mem=chosen.shared_bytes)
+
+
+def launch_local_patterns(q: Any, k: Any, v: Any, patterns: Sequence, causal: bool, scale: float, out: Any,
+                          lse: Any, shape: Sequence[int] | None = None, dtype: Any = None) -> None:
+    """Patterns whose segments lie inside these (n, H, D) 16-bit arrays, merged into ``out`` (16-bit, same
+    layout) and ``lse`` ((n, H) float32, natural log; -inf where nothing was merged yet), in place.
+
+    q, k, v, out, lse: device pointers (ints) to C-contiguous data, or tensors/arrays (their pointers are
+    taken); ``shape`` (n, H, D) and ``dtype`` ('bfloat16' / 'float16', or a torch dtype) are read from
+    ``q`` when it is a tensor and not given. Mirrors ``hilbert_hpc.fused.local_patterns``.
+    """
+    if shape is None:
+        if not hasattr(q, "shape"):
+            raise ValueError("give shape=(n, H, D) with raw pointers")
+        shape = tuple(q.shape)
+    if dtype is None:
+        if not hasattr(q, "dtype"):
+            raise ValueError("give dtype='bfloat16' or 'float16' with raw pointers")
+        dtype = q.dtype
+    name = dtype_name(dtype)
+    n, heads, d = (int(x) for x in shape)
+    row, hrow = heads * d, heads
+    for p in patterns:
+        w, r = _pattern(p)
+        m = w // r
+        for o in range(min(r, heads)):
+            nh = len(range(o, heads, r))
+            base = o * row + o * d          # row o of the segment, head o
+            geo = (base, w * row, r * d, r * row)
+            launch(q, k, v, out, lse, qg=geo, kg=geo, vg=geo, lg=(o * hrow + o, w * hrow, r, r * hrow),
+                   segments=n // w, heads=nh, mq=m, mk=m, shift=0 if causal else None, scale=scale,
+                   head_dim=d, dtype=name)

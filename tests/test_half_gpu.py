@@ -1,0 +1,81 @@
+"""Backend "cuda" with 16-bit dtypes on a Hopper GPU: the job path end to end against the PyTorch peer.
+
+The float64 reference starts from the same rounded inputs; the FlashAttention rule: our max relative
+error is at most twice the peer's on the same inputs.
+"""
+
+from __future__ import annotations
+
+import os
+
+import h5py
+import pytest
+
+from conftest import gpu_available
+
+pytestmark = pytest.mark.gpu
+
+JOB = """
+[job]
+name = "half"
+repeats = 1
+warmup = 1
+accuracy_rows = 96
+[defaults]
+heads = 6
+backend = "torch"
+[[cases]]
+name = "g"
+grid = [48, 64]
+patterns = [[256, 1], [1024, 2], [3072, 6]]
+ordering = "hilbert"
+[cases.sweep]
+dtype = ["bfloat16", "float16"]
+head_dim = [32, 64, 96, 128]
+causal = [false, true]
+backend = ["torch", "cuda"]
+"""
+
+
+def _hopper() -> bool:
+    if not gpu_available():
+        return False
+    import cupy
+
+    return int(cupy.cuda.Device().compute_capability) == 90
+
+
+@pytest.mark.skipif(not _hopper(), reason="needs a Hopper GPU (compute capability 9.0)")
+def test_cuda_backend_in_16_bits_matches_the_peer_rule(tmp_path):
+    from hilbert_hpc.jobfile import load_job
+    from hilbert_hpc.mpi import SingleProcessComm
+    from hilbert_hpc.runner import run_job
+
+    (tmp_path / "job.toml").write_text(JOB)
+    path = run_job(load_job(tmp_path / "job.toml", world_size=1), str(tmp_path / "r.h5"),
+                   comm=SingleProcessComm(), stream=open(os.devnull, "w"), progress=open(os.devnull, "w"))
+    errors: dict[tuple, dict[str, float]] = {}
+    with h5py.File(path) as f:
+        for g in f["cases"].values():
+            a = g.attrs
+            acc = g["accuracy"].attrs
+            assert acc["within_tolerance"] and acc["nonfinite"] == 0, dict(a)
+            if a["backend"] == "cuda":
+                assert a["kernel"] == "wgmma16"
+            errors.setdefault((a["dtype"], int(a["head_dim"]), bool(a["causal"])), {})[a["backend"]] = \
+                float(acc["max_rel_err"])
+    assert len(errors) == 16
+    for key, e in errors.items():
+        assert e["cuda"] <= 2 * e["torch"], (key, e)
+
+
+@pytest.mark.skipif(not gpu_available() or _hopper(), reason="needs a GPU that is not a Hopper")
+def test_cuda_backend_in_16_bits_elsewhere_is_one_clear_error(tmp_path):
+    from hilbert_hpc.errors import ConfigError
+    from hilbert_hpc.jobfile import load_job
+    from hilbert_hpc.runner import check_case
+
+    (tmp_path / "job.toml").write_text(JOB)
+    case = next(c for c in load_job(tmp_path / "job.toml", world_size=1).cases if c.backend == "cuda")
+    with pytest.raises(ConfigError, match="needs the Hopper"):
+        check_case(case)

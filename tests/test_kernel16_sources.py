@@ -1,0 +1,202 @@
+"""The 16-bit Hopper kernel (dilated_fwd_wgmma_16.cu) and its provider (kernels/half.py), without a GPU.
+
+NVRTC compiles every instantiation for compute_90a (PTX with wgmma .bf16 / .f16) and to an sm_90a cubin
+through its ptxas (-v): no spills, wgmma not serialized, shared memory within Hopper's 227 KiB. The
+provider refuses other compute capabilities with a message that names the dtype and the GPU's
+compute capability. The shared-memory layouts are checked against the PTX ISA canonical layouts.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+from hilbert_hpc import kernels
+from hilbert_hpc.kernels import half
+
+try:
+    from cupy.cuda import nvrtc
+
+    nvrtc.getVersion()
+    HAVE_NVRTC = True
+except Exception:  # noqa: BLE001 - CuPy or libnvrtc missing
+    HAVE_NVRTC = False
+
+REQUIRED = os.environ.get("HILBERT_HPC_REQUIRE_NVRTC") == "1"
+needs_nvrtc = pytest.mark.skipif(not HAVE_NVRTC, reason="needs CuPy with NVRTC")
+
+
+def test_nvrtc_present_where_required():
+    """CI sets HILBERT_HPC_REQUIRE_NVRTC=1, so the compile checks below cannot silently skip there."""
+    assert HAVE_NVRTC or not REQUIRED
+
+
+def _names(variants):
+    return [v.name for v in variants]
+
+
+@pytest.fixture(scope="module")
+def ptx() -> str:
+    """The PTX of every instantiation (one NVRTC program, compute_90a)."""
+    prog = nvrtc.createProgram(kernels.source(half.HALF_SOURCE), half.HALF_SOURCE, [], [])
+    try:
+        for n in _names(half.all_half_variants()):
+            nvrtc.addNameExpression(prog, n)
+        try:
+            nvrtc.compileProgram(prog, [*kernels.ARCH_OPTIONS, "-arch=compute_90a"])
+        except nvrtc.NVRTCError as exc:
+            pytest.fail(f"{half.HALF_SOURCE} for compute_90a: {exc}\n{nvrtc.getProgramLog(prog)}")
+        text = nvrtc.getPTX(prog)
+        return text.decode() if isinstance(text, bytes) else text
+    finally:
+        nvrtc.destroyProgram(prog)
+
+
+@needs_nvrtc
+def test_ptx_has_16bit_wgmma(ptx):
+    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.bf16\.bf16", ptx)
+    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.f16\.f16", ptx)
+    assert "cp.async.cg.shared.global" in ptx
+    assert "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx      # VMODE 1 configurations
+    for v in half.all_half_variants():
+        assert v.shared_bytes <= half.HOPPER_SHARED, v.name
+
+
+def _ptxas_report(v) -> dict:
+    """Registers and spills of ``v`` from NVRTC's ptxas -v (sm_90a cubin), as kernels.check does."""
+    prog = nvrtc.createProgram(kernels.source(v.source), v.source, [], [])
+    try:
+        nvrtc.addNameExpression(prog, v.name)
+        try:
+            nvrtc.compileProgram(prog, [*kernels.ARCH_OPTIONS, f"-arch={v.arch}", "--ptxas-options=-v"])
+        except nvrtc.NVRTCError as exc:
+            pytest.fail(f"{v.name} for {v.arch}: {exc}\n{nvrtc.getProgramLog(prog)}")
+        log = nvrtc.getProgramLog(prog)
+        cubin = nvrtc.getCUBIN(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+    regs = re.search(r"Used (\d+) registers", log)
+    spill = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    assert regs and spill, log
+    return {"registers": int(regs.group(1)), "stack": int(spill.group(1)), "stores": int(spill.group(2)),
+            "loads": int(spill.group(3)), "serialized": "serialized" in log, "cubin": len(cubin), "log": log}
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("v", half.all_half_variants(), ids=_names(half.all_half_variants()))
+def test_sm90a_cubin_without_spills(v):
+    r = _ptxas_report(v)
+    assert r["cubin"] > 0
+    assert r["stores"] == 0 and r["loads"] == 0, f"{v.name}: spills\n{r['log']}"
+    assert r["registers"] <= 255
+    assert not r["serialized"], f"{v.name}: ptxas serialized wgmma\n{r['log']}"
+
+
+@pytest.mark.parametrize("cc", [86, 80, 89, 100, 120])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_select_half_refuses_other_gpus(monkeypatch, cc, dtype):
+    monkeypatch.setattr(kernels, "_compute_capability", lambda: cc)
+    with pytest.raises(RuntimeError) as info:
+        half.select_half(64, dtype)
+    msg = str(info.value)
+    assert f"dtype {dtype} needs the Hopper (compute capability 9.0) tensor-core kernel" in msg
+    assert f"this GPU has {cc / 10:.1f}" in msg
+
+
+def test_select_half_on_hopper(monkeypatch):
+    monkeypatch.setattr(kernels, "_compute_capability", lambda: 90)
+    monkeypatch.delenv(half.HALF_ENV, raising=False)
+    for d in half.HALF_HEAD_DIMS:
+        for dt, t in half.HALF_TYPES.items():
+            v = half.select_half(d, dt)
+            keys, wgs, vmode = half.HALF_CONFIG[d]
+            assert v.name == f"dilated_fwd_wgmma_16<{t},{d},{keys},{wgs},{vmode}>"
+            assert (v.threads, v.block_queries, v.align, v.arch) == (128 * wgs, 64 * wgs, 8, "sm_90a")
+            assert v.runs_on(90) and not v.runs_on(86) and not v.runs_on(100)
+    assert half.select_half(64, "torch.bfloat16") == half.select_half(64, "bf16")
+    monkeypatch.setenv(half.HALF_ENV, "wgmma16:64,1,1")
+    assert half.select_half(128, "float16").name == "dilated_fwd_wgmma_16<f16_t,128,64,1,1>"
+    monkeypatch.setenv(half.HALF_ENV, "tf32x3")
+    with pytest.raises(RuntimeError, match="HILBERT_HPC_HALF_KERNEL"):
+        half.select_half(64, "bfloat16")
+    with pytest.raises(ValueError, match="head_dim"):
+        half.half_variant(80, "bfloat16")
+    with pytest.raises(ValueError, match="dtype"):
+        half.half_variant(64, "float32")
+
+
+def test_launch_geometry_matches_fused(monkeypatch):
+    """launch_local_patterns hands the kernel the geometry of fused.local_patterns, pointers as uint64."""
+    import numpy as np
+
+    monkeypatch.setattr(kernels, "_compute_capability", lambda: 90)
+    monkeypatch.delenv(half.HALF_ENV, raising=False)
+    calls = []
+    monkeypatch.setattr(half, "compiled_half",
+                        lambda v: lambda grid, block, args, shared_mem=0: calls.append((v, grid, block, args, shared_mem)))
+    n, h, d = 8192, 6, 64
+    half.launch_local_patterns(0x1000, 0x2000, 0x3000, [(2048, 1), (4096, 2), (8192, 4)], True, 0.125, 0x4000, 0x5000,
+                               shape=(n, h, d), dtype="bfloat16")
+    assert len(calls) == 1 + 2 + 4
+    row = h * d
+    v, grid, block, args, shared = calls[2]                 # pattern (4096, 2), head offset 1
+    assert all(isinstance(a, np.uint64) for a in args[:5]) and int(args[3]) == 0x4000
+    assert grid == (n // 4096 * 3, 2048 // 128) and block == (256,) and shared == v.shared_bytes
+    assert [int(x) for x in args[5:9]] == [row + d, 4096 * row, 2 * d, 2 * row]
+    assert [int(x) for x in args[17:21]] == [h + 1, 4096 * h, 2, 2 * h]
+    assert [int(x) for x in args[21:26]] == [3, 2048, 2048, 1, 0] and float(args[26]) == 0.125
+    with pytest.raises(ValueError, match="aligned"):
+        half.launch_local_patterns(0, 0, 0, [(16, 1)], False, 0.1, 0, 0, shape=(16, 2, 36), dtype="float16")
+
+
+def _canonical_offset(major: str, mn: int, kk: int, lbo: int, sbo: int) -> int:
+    """Byte offset of element (mn, k) of a 16-bit no-swizzle operand, PTX ISA canonical layouts (T = 8):
+    K-major ((8,m),(T,2k)):((1T,SBO),(1,LBO)); MN-major ((T,1,m),(8,k)):((1,T,SBO),(1T,LBO))."""
+    if major == "K":
+        return (mn % 8) * 16 + (mn // 8) * sbo + (kk % 8) * 2 + (kk // 8) * lbo
+    return (mn % 8) * 2 + (mn // 8) * sbo + (kk % 8) * 16 + (kk // 8) * lbo
+
+
+def _tile_offset(row: int, col: int, d: int) -> int:
+    """Byte offset of (row, col) in a tile stored [row / 8][col / 8][row % 8][8] (load_rows_async)."""
+    return (row // 8) * 16 * d + (col // 8) * 128 + (row % 8) * 16 + (col % 8) * 2
+
+
+@pytest.mark.parametrize("d", half.HALF_HEAD_DIMS)
+def test_descriptors_address_the_loaded_tiles(d):
+    """The descriptor fields and k-step offsets of the kernel address exactly the elements it means."""
+    bk = 128
+    # Q / K, K-major (A of Q K^T: rows = queries; B: rows = keys): LBO 128, SBO 16 D, k-step ks at 256 ks
+    for ks in range(d // 16):
+        for row in range(0, 64, 7):
+            for kk in range(16):
+                assert 256 * ks + _canonical_offset("K", row, kk, 128, 16 * d) == _tile_offset(row, 16 * ks + kk, d)
+    # V, VMODE 0, MN-major (B of P V: K = keys, N = d): LBO 16 D, SBO 128, k-step kk at 32 D kk bytes
+    for kstep in range(bk // 16):
+        for n in range(d):
+            for kk in range(16):
+                key = 16 * kstep + kk
+                assert 32 * d * kstep + _canonical_offset("MN", n, kk, 16 * d, 128) == _tile_offset(key, n, d)
+    # V^T, VMODE 1, K-major (N = d, K = keys), [d / 8][key / 8][d % 8][8]: LBO 128, SBO 16 BK, k-step at 256
+    for kstep in range(bk // 16):
+        for n in range(d):
+            for kk in range(16):
+                key = 16 * kstep + kk
+                want = (n // 8) * 16 * bk + (key // 8) * 128 + (n % 8) * 16 + (key % 8) * 2
+                assert 256 * kstep + _canonical_offset("K", n, kk, 128, 16 * bk) == want
+
+
+def test_accumulator_is_the_a_fragment():
+    """Accumulator element 8 kk + r is element r of the k16 A fragment of k-step kk (PTX ISA fragment figures:
+    accumulator d[4i + 2h + e] = (g + 8h, 8i + 2t + e); A element r = (g + 8 ((r >> 1) & 1), 8 (r >> 2) + 2t + (r & 1)))."""
+    for lane in range(32):
+        g, t = lane >> 2, lane & 3
+        for kk in range(8):
+            for r in range(8):
+                idx = 8 * kk + r
+                i, h, e = idx // 4, (idx // 2) % 2, idx % 2
+                acc = (g + 8 * h, 8 * i + 2 * t + e)
+                a = (g + 8 * ((r >> 1) & 1), 16 * kk + 8 * (r >> 2) + 2 * t + (r & 1))
+                assert acc == a
