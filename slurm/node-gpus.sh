@@ -35,7 +35,10 @@ echo "== environment: $NGPUS GPU(s); steps: $STEPS"
 hh info
 if want tests; then
   check "GPU tests, one GPU" python -m pytest -q -p no:cacheprovider -m "gpu and not mpi" tests
-  if [[ $NGPUS -ge 2 ]]; then
+  if [[ $NGPUS -ge 2 ]] && ! python -c "import pytest_mpi" 2>/dev/null; then
+    echo "== FAILED: GPU ring tests: pytest-mpi is not installed for $(command -v python) (carry its wheel)"
+    failed+=("GPU ring tests (no pytest-mpi)")
+  elif [[ $NGPUS -ge 2 ]]; then
     check "GPU ring tests, $NGPUS GPUs, system MPI (staged)" \
       sys_mpirun python -m pytest -q -p no:cacheprovider --with-mpi -m "gpu and mpi" tests
     [[ -n $CA ]] && check "GPU ring tests, $NGPUS GPUs, PyPI Open MPI + UCX (cuda-aware)" \

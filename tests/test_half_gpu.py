@@ -31,7 +31,7 @@ patterns = [[256, 1], [1024, 2], [3072, 6]]
 ordering = "hilbert"
 [cases.sweep]
 dtype = ["bfloat16", "float16"]
-head_dim = [32, 64, 96, 128]
+head_dim = [64, 128]
 causal = [false, true]
 backend = ["torch", "cuda"]
 """
@@ -64,7 +64,7 @@ def test_cuda_backend_in_16_bits_matches_the_peer_rule(tmp_path):
                 assert a["kernel"] == "wgmma16"
             errors.setdefault((a["dtype"], int(a["head_dim"]), bool(a["causal"])), {})[a["backend"]] = \
                 float(acc["max_rel_err"])
-    assert len(errors) == 16
+    assert len(errors) == 8
     for key, e in errors.items():
         assert e["cuda"] <= 2 * e["torch"], (key, e)
 

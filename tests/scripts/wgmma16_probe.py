@@ -186,9 +186,11 @@ def time_ms(fn, reps: int = 5, warm: int = 2, reset=None) -> float:
 
 
 def useful_tflops(n: int, h: int, d: int, patterns, causal: bool, ms: float) -> float:
-    """4 * n * w / r * d flops per head and pattern (QK^T and PV), halved when causal."""
-    flops = sum(4.0 * n * (p.segment // p.dilation) * d * h / (2 if causal else 1) for p in patterns)
-    return flops / ms / 1e9
+    """Useful TFLOP/s as the results files count them (hilbert_hpc.patterns.useful_flops: 4 D per attended
+    pair; a pattern of dilation r selects 1/r of the queries of each head, each seeing w/r keys)."""
+    from hilbert_hpc.patterns import useful_flops
+
+    return useful_flops(n, h, d, patterns, causal) / ms / 1e9
 
 
 def timing(quick: bool, sweep: bool) -> tuple[bool, list[str]]:
