@@ -64,32 +64,14 @@ def test_ptx_has_16bit_wgmma(ptx):
         assert v.shared_bytes <= half.HOPPER_SHARED, v.name
 
 
-def _ptxas_report(v) -> dict:
-    """Registers and spills of ``v`` from NVRTC's ptxas -v (sm_90a cubin), as kernels.check does."""
-    prog = nvrtc.createProgram(kernels.source(v.source), v.source, [], [])
-    try:
-        nvrtc.addNameExpression(prog, v.name)
-        try:
-            nvrtc.compileProgram(prog, [*kernels.ARCH_OPTIONS, f"-arch={v.arch}", "--ptxas-options=-v"])
-        except nvrtc.NVRTCError as exc:
-            pytest.fail(f"{v.name} for {v.arch}: {exc}\n{nvrtc.getProgramLog(prog)}")
-        log = nvrtc.getProgramLog(prog)
-        cubin = nvrtc.getCUBIN(prog)
-    finally:
-        nvrtc.destroyProgram(prog)
-    regs = re.search(r"Used (\d+) registers", log)
-    spill = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
-    assert regs and spill, log
-    return {"registers": int(regs.group(1)), "stack": int(spill.group(1)), "stores": int(spill.group(2)),
-            "loads": int(spill.group(3)), "serialized": "serialized" in log, "cubin": len(cubin), "log": log}
-
-
 @needs_nvrtc
 @pytest.mark.parametrize("v", half.all_half_variants(), ids=_names(half.all_half_variants()))
 def test_sm90a_cubin_without_spills(v):
-    r = _ptxas_report(v)
-    assert r["cubin"] > 0
-    assert r["stores"] == 0 and r["loads"] == 0, f"{v.name}: spills\n{r['log']}"
+    from hilbert_hpc.kernels.check import arch_ptxas_report
+
+    r = arch_ptxas_report(v)
+    assert r["cubin_bytes"] > 0 and r["registers"] > 0, r["log"]
+    assert r["spill_stores"] == 0 and r["spill_loads"] == 0, f"{v.name}: spills\n{r['log']}"
     assert r["registers"] <= 255
     assert not r["serialized"], f"{v.name}: ptxas serialized wgmma\n{r['log']}"
 
