@@ -48,41 +48,35 @@ def run_bandwidth(comm: Any, transport_name: str, device: str, max_bytes: int, i
     With ``output``, rank 0 claims the file before the sweep (same rules as
     results files: an existing one only with ``overwrite``) and writes it at the end.
     """
-    from contextlib import nullcontext
+    from contextlib import ExitStack
 
     from .errors import UserError
     from .mpi import agree
     from .output_files import NewOutput, hdf5_attr_is
 
-    claim, error = nullcontext(), None
-    if output and comm.Get_rank() == 0:
-        claim = NewOutput(output, "hilbert-hpc bandwidth file", hdf5_attr_is("study", "bandwidth"),
-                          overwrite=overwrite)
-        try:
-            claim.__enter__()
-        except UserError as exc:
-            claim, error = nullcontext(), exc
-    error = agree(comm, error)
-    if error is not None:
-        claim.__exit__(None, None, None)
-        raise error
-    try:
-        rows = _sweep(comm, transport_name, device, max_bytes, iterations)
+    with ExitStack() as held:
+        claim, error = None, None
         if output and comm.Get_rank() == 0:
-            claim.write(lambda tmp: _write(tmp, rows))
-    finally:
-        claim.__exit__(None, None, None)
+            try:
+                claim = held.enter_context(NewOutput(output, "hilbert-hpc bandwidth file",
+                                                     hdf5_attr_is("study", "bandwidth"), overwrite=overwrite))
+            except UserError as exc:
+                error = exc
+        error = agree(comm, error)
+        if error is not None:
+            raise error
+        rows = _sweep(comm, transport_name, device, max_bytes, iterations)
+        if claim is not None:
+            claim.write(lambda h5: _write(h5, rows))
     return [(nbytes, rate) for nbytes, rate, _ in rows]
 
 
-def _write(path: Any, rows: list[tuple[int, float, dict]]) -> None:
-    import h5py
-
-    with h5py.File(path, "w") as f:
-        f.attrs["program"] = "hilbert-hpc"
-        f.attrs["study"] = "bandwidth"
-        ds = f.create_dataset("bandwidth", data=np.asarray([r[:2] for r in rows], dtype=np.float64))
-        ds.attrs.update({"columns": "bytes, GB/s", **rows[0][2]} if rows else {"columns": "bytes, GB/s"})
+def _write(f: Any, rows: list[tuple[int, float, dict]]) -> None:
+    """The sweep into the open HDF5 file ``f``."""
+    f.attrs["program"] = "hilbert-hpc"
+    f.attrs["study"] = "bandwidth"
+    ds = f.create_dataset("bandwidth", data=np.asarray([r[:2] for r in rows], dtype=np.float64))
+    ds.attrs.update({"columns": "bytes, GB/s", **rows[0][2]} if rows else {"columns": "bytes, GB/s"})
 
 
 def _sweep(comm: Any, transport_name: str, device: str, max_bytes: int,

@@ -247,31 +247,31 @@ def run_search(path: str | Path, output: str | None = None, stream: TextIO | Non
         rows = []
         for b in search.backends:
             rows += search_backend(search, b, lambda r: _print_row(r, stream))
-        claim.write(lambda tmp: _write_trials(tmp, search, path, rows))
+        claim.write(lambda h5: _write_trials(h5, search, path, rows))
     if not any(r.get("longest") for r in rows):
         raise UserError(f"not even start = {search.start} tokens fit on this device", "search.start")
     return out_path
 
 
-def _write_trials(target: Path, search: Search, path: str | Path, rows: list[dict]) -> None:
+def _write_trials(h5: Any, search: Search, path: str | Path, rows: list[dict]) -> None:
+    """Provenance, the study and every trial into the open HDF5 file ``h5``."""
     import h5py
 
     from .mpi import SingleProcessComm
     from .provenance import provenance
     from .results import _attr
 
-    with h5py.File(target, "w") as h5:
-        for key, value in provenance(SingleProcessComm()).items():
-            h5.attrs[key] = _attr(value)
-        h5.attrs["job_text"] = search.text
-        h5.attrs["job_path"] = str(path)
-        h5.attrs["study"] = "max-length"
-        h5.attrs["dtype"] = search.dtype
-        g = h5.create_group("trials")
-        for col in COLUMNS:
-            values = [r[col] for r in rows]
-            g.create_dataset(col, data=np.asarray(values, dtype=h5py.string_dtype() if col == "backend" else None))
-        g.create_dataset("longest", data=np.asarray([bool(r.get("longest")) for r in rows]))
-        g.attrs["units"] = json.dumps({"attention_s": "s", "peak_bytes": "B", "floor_bytes": "B"})
-        g.attrs["patterns"] = json.dumps({"local": [[p.segment, p.dilation] for p in search.local_patterns],
-                                          "global_rows": search.global_rows})
+    for key, value in provenance(SingleProcessComm()).items():
+        h5.attrs[key] = _attr(value)
+    h5.attrs["job_text"] = search.text
+    h5.attrs["job_path"] = str(path)
+    h5.attrs["study"] = "max-length"
+    h5.attrs["dtype"] = search.dtype
+    g = h5.create_group("trials")
+    for col in COLUMNS:
+        values = [r[col] for r in rows]
+        g.create_dataset(col, data=np.asarray(values, dtype=h5py.string_dtype() if col == "backend" else None))
+    g.create_dataset("longest", data=np.asarray([bool(r.get("longest")) for r in rows]))
+    g.attrs["units"] = json.dumps({"attention_s": "s", "peak_bytes": "B", "floor_bytes": "B"})
+    g.attrs["patterns"] = json.dumps({"local": [[p.segment, p.dilation] for p in search.local_patterns],
+                                      "global_rows": search.global_rows})

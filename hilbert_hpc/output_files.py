@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import io
 import os
 import re
 import socket
 import sys
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from .errors import UserError
 
@@ -123,6 +124,33 @@ def move_into_place(tmp: Path, path: Path) -> None:
         os.close(fd)
 
 
+def replace_hdf5(path: Path, fill: Callable[[Any], None], start_from_current: bool = False) -> None:
+    """Write a new version of the HDF5 file ``path``: under a temporary name, synced, then renamed over it.
+
+    ``fill(h5)`` writes into the new version: an empty file, or the current file
+    with ``start_from_current``. HDF5 works on a copy in memory (our outputs are
+    small: bulk output data lives in separate part files) and plain file I/O
+    writes it out, so a full disk is an ordinary OSError that leaves ``path`` as
+    it was; HDF5 itself does not recover from a failed flush. Raises what the
+    file system or h5py raised (``IO_ERRORS``), after removing the temporary file.
+    """
+    import h5py
+
+    tmp = temporary_name(path)
+    try:
+        image = io.BytesIO(path.read_bytes() if start_from_current else b"")
+        with h5py.File(image, "a" if start_from_current else "w") as h5:
+            fill(h5)
+        with open(tmp, "wb") as fh:
+            fh.write(image.getbuffer())
+            fh.flush()
+            os.fsync(fh.fileno())
+        move_into_place(tmp, path)
+    except BaseException:
+        remove_quietly(tmp)
+        raise
+
+
 def remove_quietly(path: Path) -> None:
     """Remove a file of ours if it is there (a temporary file after a failure)."""
     try:
@@ -205,11 +233,11 @@ def _read_holder(fd: int) -> str:
 class NewOutput:
     """An output written once, at the end of a command: claimed (checked and locked) before the work starts.
 
-    ``with NewOutput(path, kind, is_ours, overwrite=...) as out: ...; out.write(writer)``
+    ``with NewOutput(path, kind, is_ours, overwrite=...) as out: ...; out.write(fill)``
     refuses a protected path or another program's file at once, refuses an
     existing output of ``kind`` unless ``overwrite``, holds the lock while the
-    command works, and has ``writer(tmp)`` write a temporary file that is then
-    renamed into place.
+    command works, and writes the HDF5 file that ``fill(h5)`` fills with
+    :func:`replace_hdf5`.
     """
 
     def __init__(self, path: str | Path, kind: str, is_ours: Callable[[Path], bool],
@@ -231,18 +259,12 @@ class NewOutput:
             raise
         return self
 
-    def write(self, writer: Callable[[Path], None]) -> None:
-        """Have ``writer`` write the file under a temporary name, then rename it into place."""
-        tmp = temporary_name(self.path)
+    def write(self, fill: Callable[[Any], None]) -> None:
+        """Write the HDF5 file that ``fill(h5)`` fills, atomically (:func:`replace_hdf5`); one line on failure."""
         try:
-            writer(tmp)
-            move_into_place(tmp, self.path)
+            replace_hdf5(self.path, fill)
         except IO_ERRORS as exc:
-            remove_quietly(tmp)
             raise io_error(exc, "write", self.path) from None
-        except BaseException:
-            remove_quietly(tmp)
-            raise
 
     def __exit__(self, *exc: object) -> None:
         self.lock.release()

@@ -18,9 +18,7 @@ so a run stopped at any moment leaves a consistent file of complete cases.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -32,7 +30,7 @@ import numpy as np
 from .jobfile import Case, Job
 from .precision import precision
 from .output_files import (IO_ERRORS, OutputError, OutputLock, existing_output, io_error, make_parent,
-                           move_into_place, refuse_protected, remove_quietly, temporary_name)
+                           refuse_protected, replace_hdf5)
 from .provenance import utc_now
 
 
@@ -205,31 +203,11 @@ class ResultsFile:
 
     def _replace(self, fill: Callable[[h5py.File], None], what: str, start_from_current: bool = False,
                  hint: str = "") -> None:
-        """Write the new version of the file under a temporary name, then rename it over the old one.
-
-        ``fill`` writes into the new version: an empty file, or the current file
-        with ``start_from_current``. HDF5 works on a copy in memory (results
-        files are small: outputs live in the parts files), and plain file I/O
-        writes it out, so a full disk is an ordinary error that leaves the file
-        under the final name as it was (HDF5 itself does not recover from a
-        failed flush).
-        """
-        tmp = temporary_name(self.path)
+        """The next version of the file (:func:`output_files.replace_hdf5`); one line naming ``what`` failed."""
         try:
-            image = io.BytesIO(self.path.read_bytes() if start_from_current else b"")
-            with h5py.File(image, "a" if start_from_current else "w") as h5:
-                fill(h5)
-            with open(tmp, "wb") as fh:
-                fh.write(image.getbuffer())
-                fh.flush()
-                os.fsync(fh.fileno())
-            move_into_place(tmp, self.path)
+            replace_hdf5(self.path, fill, start_from_current)
         except IO_ERRORS as exc:
-            remove_quietly(tmp)
             raise io_error(exc, what, self.path, hint) from None
-        except BaseException:
-            remove_quietly(tmp)
-            raise
 
     def _resume(self, job: Job, provenance: dict[str, Any]) -> None:
         """Check the old file read-only; if it is this job's, write a copy holding its sound complete cases."""
@@ -351,8 +329,9 @@ def _check_parts_are_ours(parts: Path) -> None:
     strange = [p for p in parts.rglob("*") if not (p.is_dir() and p.parent == parts)
                and not (p.is_file() and p.parent.parent == parts and p.suffix == ".h5")]
     if not parts.is_dir() or strange:
-        raise OutputError(f"{str(parts)!r} holds files that are not output parts (e.g. {str(strange[0]) if strange else str(parts)!r}); "
-                          f"it is not removed: move it away first", "output")
+        example = str(strange[0]) if strange else str(parts)
+        raise OutputError(f"{str(parts)!r} holds files that are not output parts (e.g. {example!r}); it is not "
+                          f"removed: move it away first", "output")
 
 
 def _plan_resume(src: h5py.File, path: Path, job: Job) -> tuple[list[str], list[str]]:

@@ -160,11 +160,13 @@ def combine_accuracy(parts: list[dict]) -> dict[str, float]:
     rows = sum(p["rows"] for p in parts)
     nonfinite = sum(p.get("nonfinite", 0) for p in parts)
     if rows == 0:
-        return {"rows": 0, "max_abs_err": np.nan, "max_rel_err": np.nan, "rel_l2_err": np.nan, "nonfinite": nonfinite}
+        return {"rows": 0, "nonfinite": nonfinite, "max_abs_err": np.nan, "max_rel_err": np.nan, "rel_l2_err": np.nan}
     tiny = np.finfo(np.float64).tiny
     max_abs = max(p["max_abs"] for p in parts)
-    return {"rows": rows, "nonfinite": nonfinite, "max_abs_err": max_abs, "max_rel_err": max_abs / max(max(p["max_ref"] for p in parts), tiny),
-            "rel_l2_err": float(np.sqrt(sum(p["sq_err"] for p in parts)) / max(np.sqrt(sum(p["sq_ref"] for p in parts)), tiny))}
+    max_ref = max(p["max_ref"] for p in parts)
+    l2_ref = np.sqrt(sum(p["sq_ref"] for p in parts))
+    return {"rows": rows, "nonfinite": nonfinite, "max_abs_err": max_abs, "max_rel_err": max_abs / max(max_ref, tiny),
+            "rel_l2_err": float(np.sqrt(sum(p["sq_err"] for p in parts)) / max(l2_ref, tiny))}
 
 
 class CaseRun:
@@ -468,10 +470,8 @@ def run_job(job: Job, output: str | None = None, stream: TextIO | None = None, c
             results = ResultsFile.open(path, job, prov, resume=resume, overwrite=overwrite)
         except UserError as exc:
             error = exc
-    error = agree(comm, error)
+    error = agree(comm, error)                 # only rank 0 can fail here, and then it holds no file
     if error is not None:
-        if results is not None:
-            results.close(quiet=True)
         raise error
     done = set(comm.bcast(results.kept if rank0 else None, root=0))
     todo = [c for c in job.cases if c.case_id not in done]
