@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 
 
-def _torch_tensor(x: Any) -> bool:
+def is_tensor(x: Any) -> bool:
+    """True for a torch tensor (without importing torch when it is not loaded)."""
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(x, torch.Tensor)
 
@@ -26,21 +27,28 @@ class RowReader:
 
     def __getitem__(self, idx: np.ndarray) -> np.ndarray:
         a = self.array
-        if _torch_tensor(a):
+        if is_tensor(a):
             torch = sys.modules["torch"]
-            rows = a[torch.as_tensor(np.asarray(idx), device=a.device)]
-            return (rows.float() if rows.dtype == torch.bfloat16 else rows).cpu().numpy()
+            return tensor_to_numpy(a[torch.as_tensor(np.asarray(idx), device=a.device)])
         if _cupy_array(a):
             cupy = sys.modules["cupy"]
             return cupy.asnumpy(a[cupy.asarray(idx)])
         return np.asarray(a[idx])
 
 
+def tensor_to_numpy(t: Any) -> np.ndarray:
+    """A host copy of a torch tensor as a NumPy array (bfloat16, which NumPy lacks, as float32: exactly)."""
+    import torch
+
+    t = t.detach()
+    return (t.float() if t.dtype == torch.bfloat16 else t).cpu().numpy()
+
+
 def concatenate(parts: list[Any]) -> Any:
     """The arrays or tensors ``parts`` joined along their first axis (the only one, as it is, when alone)."""
     if len(parts) == 1:
         return parts[0]
-    if _torch_tensor(parts[0]):
+    if is_tensor(parts[0]):
         return sys.modules["torch"].cat(parts)
     if _cupy_array(parts[0]):
         return sys.modules["cupy"].concatenate(parts)
@@ -49,7 +57,7 @@ def concatenate(parts: list[Any]) -> Any:
 
 def count_nonfinite(x: Any) -> int:
     """Number of NaN and infinite values of ``x``, counted where it lives (one reduction, one number back)."""
-    if _torch_tensor(x):
+    if is_tensor(x):
         torch = sys.modules["torch"]
         return int(x.numel() - int(torch.isfinite(x).sum().item()))
     if _cupy_array(x):

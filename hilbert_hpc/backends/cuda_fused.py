@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import cupy
 import numpy as np
 
+from ..arrays import is_tensor, tensor_to_numpy
 from ..patterns import Pattern
 from ..precision import precision
 from . import cuda_fp32
@@ -30,13 +31,6 @@ kernels = cuda_fp32.kernels
 
 def _sixteen_bit(dtype: Any) -> bool:
     return precision(np.dtype(dtype).name if not isinstance(dtype, str) else dtype).sixteen_bit
-
-
-def _is_tensor(x: Any) -> bool:
-    import sys
-
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(x, torch.Tensor)
 
 
 def check_case(head_dim: int, dtype: str, ranks: int) -> None:
@@ -74,10 +68,8 @@ def to_device(x: Any, dtype: Any) -> Any:
 
 def to_numpy(x: Any) -> np.ndarray:
     """A host copy (bfloat16 as float32, exactly)."""
-    if _is_tensor(x):
-        from . import torch_peer
-
-        return torch_peer.to_numpy(x)
+    if is_tensor(x):
+        return tensor_to_numpy(x)
     return cupy.asnumpy(x)
 
 
@@ -89,7 +81,7 @@ def synchronize() -> None:
 def serialized_attention(qs: Any, ks: Any, vs: Any, patterns: Sequence[Pattern], causal: bool,
                          scale: float) -> Any:
     """Dilated attention of a whole serialized sequence with the fused kernel of its dtype."""
-    if not _is_tensor(qs):
+    if not is_tensor(qs):
         return cuda_fp32.serialized_attention(qs, ks, vs, patterns, causal, scale)
     import torch
 

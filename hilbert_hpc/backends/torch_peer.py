@@ -44,8 +44,9 @@ def to_device(x: Any, dtype: Any) -> torch.Tensor:
 
 def to_numpy(x: torch.Tensor) -> np.ndarray:
     """Copy a tensor back to host memory as a NumPy array (bfloat16 as float32, exactly)."""
-    x = x.detach()
-    return (x.float() if x.dtype == torch.bfloat16 else x).cpu().numpy()
+    from ..arrays import tensor_to_numpy
+
+    return tensor_to_numpy(x)
 
 
 def synchronize() -> None:
