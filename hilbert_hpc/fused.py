@@ -1,26 +1,32 @@
-"""Fused FP32 kernels applied to dilated attention: local patterns and packed ring blocks, merged in place.
+"""Fused kernels applied to dilated attention: local patterns and packed ring blocks, merged in place.
 
-Each call launches :mod:`hilbert_hpc.kernels`' FP32 kernel with element-offset
-geometry, so Q rows are read where they lie in the shard (segment, dilation and
-offset indexing), K/V rows from the shard or from a packed ring block, and the
-result is merged by log-sum-exp into the running output and LSE.
+Each call launches one fused kernel with element-offset geometry, so Q rows are
+read where they lie in the shard (segment, dilation and offset indexing), K/V
+rows from the shard or from a packed ring block, and the result is merged by
+log-sum-exp into the running output and LSE. :class:`FusedKernels` holds that
+geometry for any launcher with the kernels' common argument list: the FP32
+kernels (the module-level functions here, on float32 CuPy arrays) and the
+16-bit kernels (:mod:`hilbert_hpc.kernels.half`, whose output stays 16-bit).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from .patterns import Pattern
 
 Array = Any
+#: launch(q, k, v, out, lse, *, qg, kg, vg, lg, segments, heads, mq, mk, shift, scale, head_dim)
+Launcher = Callable[..., None]
 
 
-def _launch(q: Array, k: Array, v: Array, out: Array, lse: Array, *, qg: tuple, kg: tuple, vg: tuple, lg: tuple,
-            segments: int, heads: int, mq: int, mk: int, shift: int | None, scale: float, head_dim: int) -> None:
-    """One kernel launch over ``segments x heads`` problems (geometry tuples: base, seg, head, row strides)."""
+def _launch_fp32(q: Array, k: Array, v: Array, out: Array, lse: Array, *, qg: tuple, kg: tuple, vg: tuple,
+                 lg: tuple, segments: int, heads: int, mq: int, mk: int, shift: int | None, scale: float,
+                 head_dim: int) -> None:
+    """One FP32 kernel launch over ``segments x heads`` problems (geometry tuples: base, seg, head, row strides)."""
     from . import kernels
 
     if segments == 0 or heads == 0 or mq == 0 or mk == 0:
@@ -36,39 +42,80 @@ def _launch(q: Array, k: Array, v: Array, out: Array, lse: Array, *, qg: tuple, 
 
 
 def check_arrays(*arrays: Array) -> None:
-    """The fused path takes C-contiguous float32 CuPy arrays."""
+    """The fused FP32 path takes C-contiguous float32 CuPy arrays."""
     for a in arrays:
         if a.dtype != np.float32 or not a.flags.c_contiguous:
             raise ValueError("the fused FP32 kernels need C-contiguous float32 arrays")
 
 
+class FusedKernels:
+    """Local patterns and ring blocks for one kernel launcher (the provider the ring takes as ``kernels``).
+
+    ``out_dtype``: dtype of the running output the ring allocates (None: float32
+    for float32 inputs); the log-sum-exp is always float32.
+    """
+
+    def __init__(self, launch: Launcher, check: Callable[..., None] | None = None, out_dtype: Any = None) -> None:
+        self.launch = launch
+        self.check = check
+        self.out_dtype = out_dtype
+
+    def accumulators(self, xp: Any, n: int, heads: int, dv: int, dtype: Any) -> tuple[Array, Array]:
+        """Running output zeros (n, H, Dv) and log-sum-exp -inf (n, H, float32) for this launcher."""
+        out_dtype = self.out_dtype if self.out_dtype is not None else np.result_type(dtype, np.float32)
+        return xp.zeros((n, heads, dv), dtype=out_dtype), xp.full((n, heads), -np.inf, dtype=np.float32)
+
+    def local_patterns(self, qs: Array, ks: Array, vs: Array, patterns: Sequence[Any], causal: bool,
+                       scale: float, out: Array, lse: Array, shape: Sequence[int] | None = None) -> None:
+        """Patterns (``Pattern`` or ``(segment, dilation)``) whose segments lie inside these (n, H, D)
+        arrays, merged into ``out``/``lse``. ``shape`` is read from ``qs`` unless given (raw pointers)."""
+        if self.check is not None:
+            self.check(qs, ks, vs, out, lse)
+        n, heads, d = (int(x) for x in (qs.shape if shape is None else shape))
+        row, hrow = heads * d, heads
+        for p in patterns:
+            w, r = (int(p.segment), int(p.dilation)) if hasattr(p, "segment") else (int(p[0]), int(p[1]))
+            m = w // r
+            for o in range(min(r, heads)):
+                nh = len(range(o, heads, r))
+                base = o * row + o * d          # row o of the segment, head o
+                geo = (base, w * row, r * d, r * row)
+                self.launch(qs, ks, vs, out, lse, qg=geo, kg=geo, vg=geo, lg=(o * hrow + o, w * hrow, r, r * hrow),
+                            segments=n // w, heads=nh, mq=m, mk=m, shift=0 if causal else None, scale=scale,
+                            head_dim=d)
+
+    def ring_block(self, qs: Array, block: Array, geom: Any, pos: int, src: int, shift: int | None, scale: float,
+                   out: Array, lse: Array) -> None:
+        """Attend this rank's selected queries to a packed ring block from ring position ``src``; merge in place."""
+        n, heads, d = qs.shape
+        row, hrow = heads * d, heads
+        for (o, mk, k0, v0) in geom.layout(src):
+            rows = geom.rows(pos, o)
+            mq = len(range(rows.start, rows.stop, rows.step))
+            nh = geom.nheads(o)
+            r = geom.pattern.dilation
+            qg = (rows.start * row + o * d, 0, r * d, r * row)
+            self.launch(qs, block, block, out, lse, qg=qg, kg=(k0, 0, d, nh * d), vg=(v0, 0, d, nh * d),
+                        lg=(rows.start * hrow + o, 0, r, r * hrow), segments=1, heads=nh, mq=mq, mk=mk,
+                        shift=shift, scale=scale, head_dim=d)
+
+
+#: the FP32 kernels (backend cuda-fp32, and cuda with float32)
+FP32 = FusedKernels(_launch_fp32, check_arrays)
+
+
 def local_patterns(qs: Array, ks: Array, vs: Array, patterns: Sequence[Pattern], causal: bool, scale: float,
                    out: Array, lse: Array) -> None:
-    """Patterns whose segments lie inside these (n, H, D) arrays, merged into ``out``/``lse``."""
-    check_arrays(qs, ks, vs, out, lse)
-    n, heads, d = qs.shape
-    row, hrow = heads * d, heads
-    for p in patterns:
-        w, r, m = p.segment, p.dilation, p.selected
-        for o in range(min(r, heads)):
-            nh = len(range(o, heads, r))
-            base = o * row + o * d          # row o of the segment, head o
-            geo = (base, w * row, r * d, r * row)
-            _launch(qs, ks, vs, out, lse, qg=geo, kg=geo, vg=geo, lg=(o * hrow + o, w * hrow, r, r * hrow),
-                    segments=n // w, heads=nh, mq=m, mk=m, shift=0 if causal else None, scale=scale, head_dim=d)
+    """FP32: patterns whose segments lie inside these (n, H, D) arrays, merged into ``out``/``lse``."""
+    FP32.local_patterns(qs, ks, vs, patterns, causal, scale, out, lse)
 
 
 def ring_block(qs: Array, block: Array, geom: Any, pos: int, src: int, shift: int | None, scale: float,
                out: Array, lse: Array) -> None:
-    """Attend this rank's selected queries to a packed ring block from ring position ``src``; merge in place."""
-    n, heads, d = qs.shape
-    row, hrow = heads * d, heads
-    for (o, mk, k0, v0) in geom.layout(src):
-        rows = geom.rows(pos, o)
-        mq = len(range(rows.start, rows.stop, rows.step))
-        nh = geom.nheads(o)
-        r = geom.pattern.dilation
-        qg = (rows.start * row + o * d, 0, r * d, r * row)
-        _launch(qs, block, block, out, lse, qg=qg, kg=(k0, 0, d, nh * d), vg=(v0, 0, d, nh * d),
-                lg=(rows.start * hrow + o, 0, r, r * hrow), segments=1, heads=nh, mq=mq, mk=mk,
-                shift=shift, scale=scale, head_dim=d)
+    """FP32: attend this rank's selected queries to a packed ring block from ``src``; merge in place."""
+    FP32.ring_block(qs, block, geom, pos, src, shift, scale, out, lse)
+
+
+def accumulators(xp: Any, n: int, heads: int, dv: int, dtype: Any) -> tuple[Array, Array]:
+    """FP32: running output and log-sum-exp for the ring."""
+    return FP32.accumulators(xp, n, heads, dv, dtype)

@@ -223,7 +223,10 @@ def ring_dilated_attention(qs: Array, ks: Array, vs: Array, *, patterns: Sequenc
     scale = 1.0 / math.sqrt(dk) if scale is None else scale
     transport = transport or HostTransport(comm)
     stats = stats if stats is not None else RingStats()
-    out, lse = empty_accumulators(xp, shard, heads, dv, qs.dtype)
+    if kernels is not None and hasattr(kernels, "accumulators"):
+        out, lse = kernels.accumulators(xp, shard, heads, dv, qs.dtype)   # the kernels' own output dtype
+    else:
+        out, lse = empty_accumulators(xp, shard, heads, dv, qs.dtype)
     local = [p for p in patterns if p.segment <= shard]
     t0 = time.perf_counter()
     if local and kernels is not None:

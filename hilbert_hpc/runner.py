@@ -182,16 +182,22 @@ class CaseRun:
         self.transport, self.transport_reason = (None, "single rank: no communication")
         if self.ranks > 1:
             self.transport, self.transport_reason = resolve_transport(case.transport, self.be.on_gpu, comm)
+        #: fused kernels of the ring for this dtype, and the arrays the ring moves (16 bits: int16 views)
+        ring_kernels = getattr(self.be, "ring_kernels", None)
+        self.ring_kernels = ring_kernels(case.dtype) if ring_kernels else getattr(self.be, "kernels", None)
+        self.ring_view = getattr(self.be, "ring_view", lambda x: x)
+        self.ring_output = getattr(self.be, "ring_output", lambda out, dtype: out)
 
     def attention(self, qs: Any, ks: Any, vs: Any, stats: RingStats) -> Any:
         """Dilated attention of this rank's shard (the whole sequence on one rank)."""
         c = self.case
         if self.ranks == 1:
             return self.be.serialized_attention(qs, ks, vs, c.patterns, c.causal, c.softmax_scale)
-        return ring_dilated_attention(qs, ks, vs, patterns=c.patterns, comm=self.comm, causal=c.causal,
-                                      scale=c.softmax_scale, transport=self.transport,
-                                      attend_fn=self.be.attend_fn, stats=stats, sync_rings=True,
-                                      kernels=getattr(self.be, "kernels", None))
+        out = ring_dilated_attention(qs, ks, vs, patterns=c.patterns, comm=self.comm, causal=c.causal,
+                                     scale=c.softmax_scale, transport=self.transport,
+                                     attend_fn=self.be.attend_fn, stats=stats, sync_rings=True,
+                                     kernels=self.ring_kernels)
+        return self.ring_output(out, c.dtype)
 
     def run(self) -> tuple[dict, list[np.ndarray], dict]:
         """Warm-up and timed repeats; returns (per-repeat timings, host outputs, accuracy sums).
@@ -220,6 +226,8 @@ class CaseRun:
             for b, (q, k, v) in enumerate(inputs):
                 t0 = time.perf_counter()
                 qs, ks, vs = (be.to_device(x, c.dtype) for x in (q, k, v))
+                if self.ranks > 1:
+                    qs, ks, vs = (self.ring_view(x) for x in (qs, ks, vs))
                 be.synchronize()
                 t1 = time.perf_counter()
                 out_s = self.attention(qs, ks, vs, stats)

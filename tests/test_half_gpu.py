@@ -1,4 +1,4 @@
-"""Backend "cuda" with 16-bit dtypes on a Hopper GPU: the job path end to end against the PyTorch peer.
+"""Backend "cuda" with 16-bit dtypes on a GPU with 16-bit tensor cores (wgmma16 on Hopper, mma16): the job path end to end against the PyTorch peer.
 
 The float64 reference starts from the same rounded inputs; the FlashAttention rule: our max relative
 error is at most twice the peer's on the same inputs.
@@ -45,12 +45,29 @@ def _hopper() -> bool:
     return int(cupy.cuda.Device().compute_capability) == 90
 
 
-@pytest.mark.skipif(not _hopper(), reason="needs a Hopper GPU (compute capability 9.0)")
-def test_cuda_backend_in_16_bits_matches_the_peer_rule(tmp_path):
+def _sm80() -> bool:
+    if not gpu_available():
+        return False
+    import cupy
+
+    return int(cupy.cuda.Device().compute_capability) >= 80
+
+
+@pytest.mark.skipif(not _sm80(), reason="needs a GPU with 16-bit tensor cores (compute capability 8.0+)")
+@pytest.mark.parametrize("variant", ["default", "mma16"])
+def test_cuda_backend_in_16_bits_matches_the_peer_rule(tmp_path, monkeypatch, variant):
+    """Both 16-bit kernels (the default for this GPU, and mma16 forced, which is the default off Hopper)."""
     from hilbert_hpc.jobfile import load_job
+    from hilbert_hpc.kernels import half
     from hilbert_hpc.mpi import SingleProcessComm
     from hilbert_hpc.runner import run_job
 
+    if variant == "default":
+        monkeypatch.delenv(half.HALF_ENV, raising=False)
+        expected = "wgmma16" if _hopper() else "mma16"
+    else:
+        monkeypatch.setenv(half.HALF_ENV, variant)
+        expected = variant
     (tmp_path / "job.toml").write_text(JOB)
     path = run_job(load_job(tmp_path / "job.toml", world_size=1), str(tmp_path / "r.h5"),
                    comm=SingleProcessComm(), stream=open(os.devnull, "w"), progress=open(os.devnull, "w"))
@@ -61,7 +78,7 @@ def test_cuda_backend_in_16_bits_matches_the_peer_rule(tmp_path):
             acc = g["accuracy"].attrs
             assert acc["within_tolerance"] and acc["nonfinite"] == 0, dict(a)
             if a["backend"] == "cuda":
-                assert a["kernel"] == "wgmma16"
+                assert a["kernel"] == expected
             errors.setdefault((a["dtype"], int(a["head_dim"]), bool(a["causal"])), {})[a["backend"]] = \
                 float(acc["max_rel_err"])
     assert len(errors) == 8
@@ -69,7 +86,7 @@ def test_cuda_backend_in_16_bits_matches_the_peer_rule(tmp_path):
         assert e["cuda"] <= 2 * e["torch"], (key, e)
 
 
-@pytest.mark.skipif(not gpu_available() or _hopper(), reason="needs a GPU that is not a Hopper")
+@pytest.mark.skipif(not gpu_available() or _sm80(), reason="needs a GPU older than compute capability 8.0")
 def test_cuda_backend_in_16_bits_elsewhere_is_one_clear_error(tmp_path):
     from hilbert_hpc.errors import ConfigError
     from hilbert_hpc.jobfile import load_job
@@ -77,5 +94,5 @@ def test_cuda_backend_in_16_bits_elsewhere_is_one_clear_error(tmp_path):
 
     (tmp_path / "job.toml").write_text(JOB)
     case = next(c for c in load_job(tmp_path / "job.toml", world_size=1).cases if c.backend == "cuda")
-    with pytest.raises(ConfigError, match="needs the Hopper"):
+    with pytest.raises(ConfigError, match="needs 16-bit tensor cores"):
         check_case(case)

@@ -1,4 +1,5 @@
-"""The 16-bit Hopper kernel (dilated_fwd_wgmma_16.cu) and its provider (kernels/half.py), without a GPU.
+"""The 16-bit kernels (dilated_fwd_wgmma_16.cu for Hopper, dilated_fwd_mma_16.cu for compute capability 8.0+)
+and their provider (kernels/half.py), without a GPU.
 
 NVRTC compiles every instantiation for compute_90a (PTX with wgmma .bf16 / .f16) and to an sm_90a cubin
 through its ptxas (-v): no spills, wgmma not serialized, shared memory within Hopper's 227 KiB. The
@@ -76,19 +77,44 @@ def test_sm90a_cubin_without_spills(v):
     assert not r["serialized"], f"{v.name}: ptxas serialized wgmma\n{r['log']}"
 
 
-@pytest.mark.parametrize("cc", [86, 80, 89, 100, 120])
+@pytest.mark.parametrize("cc", [61, 70, 75])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_select_half_refuses_other_gpus(monkeypatch, cc, dtype):
+def test_select_half_refuses_gpus_without_16bit_tensor_cores(monkeypatch, cc, dtype):
     monkeypatch.setattr(kernels, "_compute_capability", lambda: cc)
     with pytest.raises(RuntimeError) as info:
         half.select_half(64, dtype)
     msg = str(info.value)
-    assert f"dtype {dtype} needs the Hopper (compute capability 9.0) tensor-core kernel" in msg
+    assert f"dtype {dtype} needs 16-bit tensor cores (compute capability 8.0 or newer)" in msg
     assert f"this GPU has {cc / 10:.1f}" in msg
+
+
+@pytest.mark.parametrize("cc,limit", [(80, 163 * 1024), (86, 99 * 1024), (89, 99 * 1024), (100, 227 * 1024),
+                                      (120, 99 * 1024)])
+def test_select_half_takes_mma16_off_hopper(monkeypatch, cc, limit):
+    """A100, A10/L40S, RTX 30/40 and Blackwell run mma16; every default configuration fits their shared memory."""
+    monkeypatch.setattr(kernels, "_compute_capability", lambda: cc)
+    monkeypatch.setattr(kernels, "_shared_limit", lambda: limit)
+    monkeypatch.delenv(half.HALF_ENV, raising=False)
+    for d in half.HALF_HEAD_DIMS:
+        for dt, t in half.HALF_TYPES.items():
+            v = half.select_half(d, dt)
+            assert v.variant == "mma16" and v.arch is None and v.min_cc == 80
+            assert v.name == f"dilated_fwd_mma_16<{t},{d},{half.MMA16_CONFIG[d]}>"
+            assert v.threads == 128 and v.block_queries == 64 and v.shared_bytes <= limit
+    monkeypatch.setenv(half.HALF_ENV, "wgmma16")
+    with pytest.raises(RuntimeError, match="runs on compute capability 9.0 only"):
+        half.select_half(64, "bfloat16")
+    monkeypatch.setenv(half.HALF_ENV, "mma16:64")
+    if half.mma16_shared_bytes(128, 64) > limit:
+        with pytest.raises(RuntimeError, match="bytes of shared memory"):
+            half.select_half(128, "bfloat16")
+    else:
+        assert half.select_half(128, "bfloat16").name == "dilated_fwd_mma_16<bf16_t,128,64>"
 
 
 def test_select_half_on_hopper(monkeypatch):
     monkeypatch.setattr(kernels, "_compute_capability", lambda: 90)
+    monkeypatch.setattr(kernels, "_shared_limit", lambda: 227 * 1024)
     monkeypatch.delenv(half.HALF_ENV, raising=False)
     for d in half.HALF_HEAD_DIMS:
         for dt, t in half.HALF_TYPES.items():
@@ -100,9 +126,15 @@ def test_select_half_on_hopper(monkeypatch):
     assert half.select_half(64, "torch.bfloat16") == half.select_half(64, "bf16")
     monkeypatch.setenv(half.HALF_ENV, "wgmma16:64,1,1")
     assert half.select_half(128, "float16").name == "dilated_fwd_wgmma_16<f16_t,128,64,1,1>"
+    monkeypatch.setenv(half.HALF_ENV, "mma16")
+    assert half.select_half(64, "float16").name == "dilated_fwd_mma_16<f16_t,64,64>"
     monkeypatch.setenv(half.HALF_ENV, "tf32x3")
     with pytest.raises(RuntimeError, match="HILBERT_HPC_HALF_KERNEL"):
         half.select_half(64, "bfloat16")
+    for bad in ("mma16:64,2,1", "wgmma16:64", "mma16:x"):
+        monkeypatch.setenv(half.HALF_ENV, bad)
+        with pytest.raises(RuntimeError, match="HILBERT_HPC_HALF_KERNEL"):
+            half.select_half(64, "bfloat16")
     with pytest.raises(ValueError, match="head_dim"):
         half.half_variant(80, "bfloat16")
     with pytest.raises(ValueError, match="dtype"):
@@ -182,3 +214,56 @@ def test_accumulator_is_the_a_fragment():
                 acc = (g + 8 * h, 8 * i + 2 * t + e)
                 a = (g + 8 * ((r >> 1) & 1), 16 * kk + 8 * (r >> 2) + 2 * t + (r & 1))
                 assert acc == a
+
+
+@pytest.fixture(scope="module", params=["compute_80", "compute_90"])
+def mma16_ptx(request) -> str:
+    """The PTX of every mma16 instantiation for compute_80 and compute_90 (one NVRTC program each)."""
+    prog = nvrtc.createProgram(kernels.source(half.MMA16_SOURCE), half.MMA16_SOURCE, [], [])
+    try:
+        for n in _names(half.all_mma16_variants()):
+            nvrtc.addNameExpression(prog, n)
+        try:
+            nvrtc.compileProgram(prog, [*kernels.OPTIONS, f"-arch={request.param}"])
+        except nvrtc.NVRTCError as exc:
+            pytest.fail(f"{half.MMA16_SOURCE} for {request.param}: {exc}\n{nvrtc.getProgramLog(prog)}")
+        text = nvrtc.getPTX(prog)
+        return text.decode() if isinstance(text, bytes) else text
+    finally:
+        nvrtc.destroyProgram(prog)
+
+
+@needs_nvrtc
+def test_mma16_ptx_has_16bit_mma_sync(mma16_ptx):
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in mma16_ptx
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in mma16_ptx
+    assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in mma16_ptx
+    assert "cp.async.cg.shared.global" in mma16_ptx
+    assert "wgmma" not in mma16_ptx
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("v", half.all_mma16_variants(), ids=_names(half.all_mma16_variants()))
+def test_mma16_sm80_cubin_without_spills(v):
+    import dataclasses
+
+    from hilbert_hpc.kernels.check import arch_ptxas_report
+
+    r = arch_ptxas_report(dataclasses.replace(v, arch="sm_80"))
+    assert r["cubin_bytes"] > 0 and r["registers"] > 0, r["log"]
+    assert r["spill_stores"] == 0 and r["spill_loads"] == 0, f"{v.name}: spills\n{r['log']}"
+
+
+def test_mma16_launch_geometry(monkeypatch):
+    """Off Hopper the provider launches mma16 with the same geometry: 128 threads per 64 queries."""
+    monkeypatch.setattr(kernels, "_compute_capability", lambda: 80)
+    monkeypatch.setattr(kernels, "_shared_limit", lambda: 163 * 1024)
+    monkeypatch.delenv(half.HALF_ENV, raising=False)
+    calls = []
+    monkeypatch.setattr(half, "compiled_half",
+                        lambda v: lambda grid, block, args, shared_mem=0: calls.append((v, grid, block, shared_mem)))
+    half.launch_local_patterns(0x1000, 0x2000, 0x3000, [(4096, 2)], False, 0.125, 0x4000, 0x5000,
+                               shape=(8192, 6, 128), dtype="float16")
+    assert len(calls) == 2
+    v, grid, block, shared = calls[0]
+    assert v.variant == "mma16" and grid == (2 * 3, 2048 // 64) and block == (128,) and shared == v.shared_bytes

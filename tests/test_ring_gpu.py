@@ -50,3 +50,74 @@ def test_gpu_ring_equals_cpu_ring(transport_name, causal):
     err = float(np.abs(cupy.asnumpy(got) - want).max() / np.abs(want).max())
     assert err < 1e-12, f"rank {rank}: {err:.2e}"
     assert stats.ring_steps > 0
+
+
+RING_JOB = """
+[job]
+name = "ring-fused"
+repeats = 1
+warmup = 0
+accuracy_rows = 64
+save_output = true
+[defaults]
+heads = 6
+head_dim = 64
+backend = "cuda"
+[[cases]]
+name = "g"
+grid = [32, 64]
+ranks = "pow2"
+ordering = "hilbert"
+patterns = [[256, 1], [1024, 2], ["N", "N/512"]]
+[cases.sweep]
+dtype = ["float32", "bfloat16", "float16"]
+causal = [false, true]
+transport = ["staged", "TRANSPORT"]
+"""
+
+
+def _hopper() -> bool:
+    return HAVE_GPU and int(cupy.cuda.Device().compute_capability) == 90
+
+
+@pytest.mark.skipif(not _hopper(), reason="the 16-bit kernel needs a Hopper GPU (compute capability 9.0)")
+def test_fused_ring_in_every_dtype_agrees_with_one_gpu(tmp_path_factory):
+    """Backend cuda around the ring (float32, bfloat16, float16; both transports): each case on 2, 4 ... GPUs
+    is within its dtype's tolerance of float64, no more than twice the one-GPU error (16 bits: the output is
+    rounded once per merge, and the ring merges more often), and close to the one-GPU output."""
+    import io
+    from pathlib import Path
+
+    import h5py
+    from mpi4py import MPI
+
+    from hilbert_hpc.cuda_aware import cuda_aware_support
+    from hilbert_hpc.jobfile import load_job
+    from hilbert_hpc.precision import precision
+    from hilbert_hpc.runner import run_job
+
+    comm = MPI.COMM_WORLD
+    tmp = Path(comm.bcast(str(tmp_path_factory.mktemp("ring16")) if comm.Get_rank() == 0 else None))
+    second = "cuda-aware" if cuda_aware_support()[0] else "staged"
+    text = RING_JOB.replace('"staged", "TRANSPORT"', '"staged"' if second == "staged" else '"staged", "cuda-aware"')
+    job = load_job(tmp / "ring.toml", text=text, world_size=comm.Get_size())
+    out = run_job(job, output=str(tmp / "r.h5"), stream=io.StringIO(), comm=comm, progress=io.StringIO())
+    comm.Barrier()
+    if comm.Get_rank() != 0:
+        return
+    groups: dict[tuple, dict[int, tuple]] = {}
+    with h5py.File(out) as f:
+        for g in f["cases"].values():
+            a, acc = g.attrs, g["accuracy"].attrs
+            assert g.attrs["complete"] and acc["within_tolerance"] and acc["nonfinite"] == 0, dict(a)
+            key = (str(a["dtype"]), bool(a["causal"]), str(a["transport"]))
+            groups.setdefault(key, {})[int(a["ranks"])] = (float(acc["max_rel_err"]), g["output"][...])
+    assert len(groups) == 3 * 2 * (2 if second == "cuda-aware" else 1)
+    for (dtype, causal, transport), by_ranks in groups.items():
+        assert sorted(by_ranks) == [p for p in (1, 2, 4, 8) if p <= comm.Get_size()]
+        err1, out1 = by_ranks[1]
+        tol = precision(dtype).tolerance
+        for ranks, (err, output) in by_ranks.items():
+            assert err <= max(2 * err1, 1e-6), (dtype, causal, transport, ranks, err, err1)
+            diff = float(np.abs(output.astype(np.float64) - out1).max() / np.abs(out1).max())
+            assert diff <= (tol if precision(dtype).sixteen_bit else 1e-6), (dtype, causal, transport, ranks, diff)

@@ -2,12 +2,14 @@
 
 float32 runs the FP32 kernels of backend ``cuda-fp32`` (split-TF32 tensor cores,
 FP32 FMA on older GPUs) on CuPy arrays, on one rank or around the ring.
-bfloat16 and float16 run the 16-bit Hopper tensor-core kernel
-(``kernels/dilated_fwd_wgmma_16.cu``: wgmma with FP32 scores, softmax, running
-output and log-sum-exp, the output rounded once per merge). CuPy has no
+bfloat16 and float16 run the 16-bit tensor-core kernels (``kernels/half.py``:
+wgmma16 on Hopper, mma16 on compute capability 8.0+; FP32 scores, softmax,
+running output and log-sum-exp, the output rounded once per merge). CuPy has no
 bfloat16, so 16-bit arrays are torch tensors (made exactly as the PyTorch peer
-makes them), and the kernel gets their device pointers. 16-bit cases run on
-one rank (the ring moves float32 and float64 blocks).
+makes them), and the kernel gets their device pointers. Around the ring the
+16-bit tensors travel as CuPy int16 views of their bits (``ring_view``): the
+packed K/V blocks carry half the bytes of float32, and the running output stays
+16-bit (``ring_output`` turns it back into a tensor of the case's dtype).
 """
 
 from __future__ import annotations
@@ -42,9 +44,6 @@ def check_case(head_dim: int, dtype: str, ranks: int) -> None:
         return
     from ..kernels import half
 
-    if ranks > 1:
-        raise RuntimeError(f"dtype {dtype} runs on one rank with backend 'cuda' (the ring moves float32 and "
-                           f"float64 blocks)")
     half.select_half(head_dim, dtype)
 
 
@@ -76,6 +75,35 @@ def to_numpy(x: Any) -> np.ndarray:
 def synchronize() -> None:
     """Wait for all work queued on this GPU (CuPy launches and torch conversions)."""
     cupy.cuda.Device().synchronize()
+
+
+def ring_kernels(dtype: str) -> Any:
+    """The fused-kernel provider the ring uses for ``dtype`` (16 bits: on int16 views, 16-bit output)."""
+    if not precision(dtype).sixteen_bit:
+        return kernels
+    from ..kernels import half
+
+    return half.half_kernels(dtype)
+
+
+def ring_view(x: Any) -> Any:
+    """The array the ring packs and moves: a 16-bit tensor as a CuPy int16 view of its bits (no copy)."""
+    if not is_tensor(x):
+        return x
+    import torch
+
+    return cupy.asarray(x.view(torch.int16))
+
+
+def ring_output(out: Any, dtype: str) -> Any:
+    """The ring's running output as the case's array: 16 bits as a tensor of ``dtype`` (a view, no copy)."""
+    if not precision(dtype).sixteen_bit:
+        return out
+    import torch
+
+    from . import torch_peer
+
+    return torch.as_tensor(out, device=torch_peer.device()).view(torch_peer.torch_dtype(dtype))
 
 
 def serialized_attention(qs: Any, ks: Any, vs: Any, patterns: Sequence[Pattern], causal: bool,

@@ -23,6 +23,11 @@ on_gpu = torch.cuda.is_available()
 _DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a case dtype name ('float32', 'bfloat16', ...)."""
+    return _DTYPES[name]
+
+
 def device() -> torch.device:
     """The GPU this rank uses if CUDA is available, else the CPU."""
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")

@@ -50,3 +50,50 @@ __device__ __forceinline__ MergeWeights merge_weights(float old, float mine) {
     w.den = w.wa + w.wb;
     return w;
 }
+
+// Online softmax of one key tile for this thread's two query rows (row0, row0 + 8), in log2 units, on the
+// accumulator layout of mma.sync m16n8 and wgmma m64nN (lane = 4 g + t): s[4 b + 2 h + e] = score of
+// (row g + 8 h, key kt + 8 b + 2 t + e), o[4 n + 2 h + e] = running output (row g + 8 h, column 8 n + 2 t + e).
+// Scores become mul * score (mul = scale * log2 e, or 1 when Q was pre-scaled); masked (only boundary tiles
+// need it): keys at or past kend, and past i + causal_shift when causal. On return s holds the FP32
+// probabilities exp2(mul s - m), m the running max, l this lane's partial row sum, and o is rescaled.
+template <int NB, int NO>
+__device__ __forceinline__ void online_softmax_tile(float (&s)[4 * NB], float (&o)[NO], float (&m)[2], float (&l)[2],
+                                                    bool masked, int kt, int kend, int causal, int causal_shift,
+                                                    int row0, int t, float mul) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int i = row0 + 8 * h;
+        float mx = NEG_INF;
+#pragma unroll
+        for (int b = 0; b < NB; ++b)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                float& x = s[4 * b + 2 * h + e];
+                if (masked) {
+                    const int j = kt + 8 * b + 2 * t + e;
+                    x = (j < kend && (!causal || j <= i + causal_shift)) ? x : NEG_INF;
+                }
+                mx = fmaxf(mx, x);
+            }
+        const float m_new = fmaxf(m[h], lanes_max<4>(mx) * mul);
+        const float m_use = (m_new == NEG_INF) ? 0.0f : m_new;
+        const float alpha = exp2f(m[h] - m_use);
+        float sum = 0.0f;
+#pragma unroll
+        for (int b = 0; b < NB; ++b)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                float& x = s[4 * b + 2 * h + e];
+                x = exp2f(fmaf(x, mul, -m_use));
+                sum += x;
+            }
+        l[h] = l[h] * alpha + sum;           // this lane's partial row sum (FP32 probabilities)
+        m[h] = m_new;
+#pragma unroll
+        for (int n = 0; n < NO / 4; ++n) {
+            o[4 * n + 2 * h] *= alpha;
+            o[4 * n + 2 * h + 1] *= alpha;
+        }
+    }
+}

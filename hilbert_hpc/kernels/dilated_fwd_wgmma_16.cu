@@ -8,8 +8,7 @@
 // 16-bit values T (bf16_t or f16_t below: raw 16-bit storage, the bits of torch.bfloat16 / float16;
 // rows aligned to 8 elements = 16 bytes). lse stays float32 in natural-log units. Scores, softmax,
 // the running output and the log-sum-exp are FP32; the merge reads the old 16-bit output, combines in
-// FP32 and rounds once to T (round to nearest even). No CUDA headers are needed (NVRTC finds no
-// cuda_bf16.h without an include path): conversions are PTX cvt instructions.
+// FP32 and rounds once to T (round to nearest even; half16.cuh, shared with the mma16 kernel).
 //
 // Block: WG warpgroups of 128 threads; warpgroup w owns queries 64w..64w+63 of the block's 64*WG.
 // Key tiles of BK keys, double-buffered: all threads cp.async the next tile's K and V rows (16 bytes
@@ -51,62 +50,12 @@
 // fragment of k-step kk in place, register j = pack(s[8kk + 2j], s[8kk + 2j + 1]); no permutation.
 
 #include "common.cuh"
+#include "half16.cuh"
 
 #define WG_THREADS 128
 #define WG_QUERIES 64
-#define LOG2E 1.4426950408889634f
-#define LN2 0.6931471805599453f
 
 typedef unsigned long long desc_t;
-
-// 16-bit storage types (the bits of a bfloat16 / IEEE half value)
-struct bf16_t {
-    unsigned short bits;
-};
-struct f16_t {
-    unsigned short bits;
-};
-
-template <typename T>
-struct Half16;
-
-template <>
-struct Half16<bf16_t> {
-    // (lo, hi) -> one register, lo in the low 16 bits; round to nearest even
-    static __device__ __forceinline__ unsigned pack(float lo, float hi) {
-        unsigned r;
-        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-        return r;
-    }
-    static __device__ __forceinline__ float2 unpack(unsigned x) {
-        return make_float2(__uint_as_float(x << 16), __uint_as_float(x & 0xffff0000u));
-    }
-};
-
-template <>
-struct Half16<f16_t> {
-    static __device__ __forceinline__ unsigned pack(float lo, float hi) {
-        unsigned r;
-        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-        return r;
-    }
-    static __device__ __forceinline__ float2 unpack(unsigned x) {
-        float lo, hi;
-        asm("{\n.reg .f16 a, b;\nmov.b32 {a, b}, %2;\ncvt.f32.f16 %0, a;\ncvt.f32.f16 %1, b;\n}\n"
-            : "=f"(lo), "=f"(hi) : "r"(x));
-        return make_float2(lo, hi);
-    }
-};
-
-// The arguments of the 16-bit kernel: DILATED_FWD_PARAMS with 16-bit q, k, v, out (float lse)
-#define DILATED_FWD16_PARAMS(T)                                                                           \
-    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,                            \
-    T* __restrict__ out, float* __restrict__ lse,                                                         \
-    long long q_base, long long q_seg, long long q_head, long long q_row,                                 \
-    long long k_base, long long k_seg, long long k_head, long long k_row,                                 \
-    long long v_base, long long v_seg, long long v_head, long long v_row,                                 \
-    long long l_base, long long l_seg, long long l_head, long long l_row,                                 \
-    int heads, int mq, int mk, int causal, int causal_shift, float scale
 
 // wgmma D (+)= A * B, D f32 64 x N, A 64 x 16 and B 16 x N of T. ss: A and B from shared-memory
 // descriptors, both K-major. rs: A from four registers, B from a descriptor, TRANS_B = 1: B MN-major.
@@ -584,42 +533,7 @@ dilated_fwd_wgmma_16(DILATED_FWD16_PARAMS(T))
         pin(s);
 
         // online softmax over the tile (log2 units); a row's statistics live in its 4 lanes (t = 0..3)
-        const bool masked = kt + BK > open_end;          // only boundary tiles need the mask
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int i = row0 + 8 * h;
-            float mx = NEG_INF;
-#pragma unroll
-            for (int b = 0; b < BK / 8; ++b)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    float& x = s[4 * b + 2 * h + e];
-                    if (masked) {
-                        const int j = kt + 8 * b + 2 * t + e;
-                        x = (j < kend && (!causal || j <= i + causal_shift)) ? x : NEG_INF;
-                    }
-                    mx = fmaxf(mx, x);
-                }
-            const float m_new = fmaxf(m[h], lanes_max<4>(mx) * mul);
-            const float m_use = (m_new == NEG_INF) ? 0.0f : m_new;
-            const float alpha = exp2f(m[h] - m_use);
-            float sum = 0.0f;
-#pragma unroll
-            for (int b = 0; b < BK / 8; ++b)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    float& x = s[4 * b + 2 * h + e];
-                    x = exp2f(fmaf(x, mul, -m_use));
-                    sum += x;
-                }
-            l[h] = l[h] * alpha + sum;       // this lane's partial row sum (FP32 probabilities)
-            m[h] = m_new;
-#pragma unroll
-            for (int n = 0; n < D / 8; ++n) {
-                o[4 * n + 2 * h] *= alpha;
-                o[4 * n + 2 * h + 1] *= alpha;
-            }
-        }
+        online_softmax_tile<BK / 8, NO>(s, o, m, l, kt + BK > open_end, kt, kend, causal, causal_shift, row0, t, mul);
 
         // P as the A operand: k-step kk = accumulator elements 8 kk .. 8 kk + 7, in pairs
         unsigned p[KP][4];
@@ -642,30 +556,5 @@ dilated_fwd_wgmma_16(DILATED_FWD16_PARAMS(T))
     }
 
     // merge into the running output (16-bit, rounded once) and log-sum-exp (natural-log units)
-    float old[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        l[h] = lanes_sum<4>(l[h]);
-        const int i = row0 + 8 * h;
-        old[h] = (i < mq && l[h] > 0.0f) ? lse[loff + i * l_row] : NEG_INF;
-    }
-    __syncwarp();                            // every lane has read L before lane t == 0 writes it
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int i = row0 + 8 * h;
-        if (i >= mq || l[h] <= 0.0f) continue;   // no visible key: nothing to merge
-        const float mine = (m[h] + log2f(l[h])) * LN2;
-        const MergeWeights w = merge_weights(old[h], mine);
-        const float inv_l = 1.0f / l[h];
-        const float wb = inv_l * w.wb, inv_den = 1.0f / w.den;
-        unsigned* orow = reinterpret_cast<unsigned*>(out + qoff + i * q_row + 2 * t);
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-            const float2 prev = (w.wa == 0.0f) ? make_float2(0.0f, 0.0f) : H::unpack(orow[4 * n]);
-            const float lo = (prev.x * w.wa + o[4 * n + 2 * h] * wb) * inv_den;
-            const float hi = (prev.y * w.wa + o[4 * n + 2 * h + 1] * wb) * inv_den;
-            orow[4 * n] = H::pack(lo, hi);
-        }
-        if (t == 0) lse[loff + i * l_row] = w.mx + logf(w.den);
-    }
+    merge_rows16<T, D>(out, lse, qoff, q_row, loff, l_row, row0, mq, t, m, l, o);
 }

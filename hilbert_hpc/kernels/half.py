@@ -1,6 +1,10 @@
-"""Kernel provider for 16-bit inputs (bfloat16, float16): the Hopper tensor-core kernel
-``dilated_fwd_wgmma_16.cu`` (wgmma m64nNk16 with FP32 accumulation, FP32 softmax, in-place
-log-sum-exp merge into a 16-bit output and a float32 log-sum-exp).
+"""Kernel provider for 16-bit inputs (bfloat16, float16): tensor-core kernels with FP32 accumulation,
+FP32 softmax and the in-place log-sum-exp merge into a 16-bit output and a float32 log-sum-exp:
+
+* ``wgmma16`` (``dilated_fwd_wgmma_16.cu``): Hopper, compute capability 9.0 (wgmma m64nNk16, code for
+  sm_90a compiled by NVRTC to a cubin);
+* ``mma16`` (``dilated_fwd_mma_16.cu``): compute capability 8.0 and newer (mma.sync m16n8k16: A100,
+  A10/L40S, RTX 30/40, Blackwell), and Hopper when forced.
 
 CuPy has no bfloat16, so the data are held by the caller (torch tensors, or CuPy uint16/float16
 arrays) and passed as raw device pointers: ``launch_local_patterns`` takes ints (or anything with
@@ -8,10 +12,10 @@ arrays) and passed as raw device pointers: ``launch_local_patterns`` takes ints 
 name, and launches one kernel per (pattern, head offset) with the same element-offset geometry as
 ``hilbert_hpc.fused.local_patterns``.
 
-Compute capability 9.0 only (code for sm_90a); elsewhere ``select_half`` raises a RuntimeError that
-names the dtype and the GPU's compute capability. ``HILBERT_HPC_HALF_KERNEL`` forces a configuration:
-``wgmma16`` (the default table) or ``wgmma16:BK,WG,VMODE`` (key tile, warpgroups, V mode), e.g.
-``wgmma16:64,2,1``.
+``select_half`` picks ``wgmma16`` on compute capability 9.0 and ``mma16`` on other GPUs from 8.0; older
+GPUs get a RuntimeError that names the dtype and the GPU's compute capability. ``HILBERT_HPC_HALF_KERNEL``
+forces a variant or configuration: ``wgmma16`` (the default table), ``wgmma16:BK,WG,VMODE`` (key tile,
+warpgroups, V mode, e.g. ``wgmma16:64,2,1``), ``mma16`` or ``mma16:BK``.
 """
 
 from __future__ import annotations
@@ -29,6 +33,15 @@ from .. import kernels as _kernels
 HALF_SOURCE = "dilated_fwd_wgmma_16.cu"
 HALF_ARCH = "sm_90a"
 HALF_VARIANT = "wgmma16"
+MMA16_SOURCE = "dilated_fwd_mma_16.cu"
+MMA16_VARIANT = "mma16"
+#: mma16 key tile per head dim (4 warps x 16 queries per block); shared memory 2 (D + 8) (64 + 4 BK) bytes:
+#: D = 128 with BK = 32 keeps two blocks per SM on compute capability 8.0 and fits 8.6/8.9's 99 KiB
+MMA16_CONFIG = {32: 64, 64: 64, 96: 32, 128: 32}
+#: other key tiles compiled in CI (the mma16 kernel has not been timed on a GPU of compute capability 8.x)
+MMA16_ALTERNATIVES = {32: [32], 64: [32], 96: [64], 128: [64]}
+#: oldest compute capability with bf16/fp16 mma.sync m16n8k16
+MMA16_MIN_CC = 80
 HALF_ENV = "HILBERT_HPC_HALF_KERNEL"
 #: dtype name -> the kernel's 16-bit storage type (template argument T)
 HALF_TYPES = {"bfloat16": "bf16_t", "float16": "f16_t"}
@@ -85,8 +98,26 @@ def half_variant(head_dim: int, dtype: Any, cfg: tuple | None = None) -> Variant
                    128 * wgs, 64 * wgs, half_shared_bytes(head_dim, keys, wgs, vmode), HALF_ALIGN, 90, 90, HALF_ARCH)
 
 
+def mma16_shared_bytes(head_dim: int, keys: int) -> int:
+    """Dynamic shared memory of one mma16 block: Q (64 rows) and two K/V stages, rows padded to D + 8."""
+    return 2 * (head_dim + 8) * (64 + 4 * keys)
+
+
+def mma16_variant(head_dim: int, dtype: Any, keys: int | None = None) -> Variant:
+    """The mma16 variant (compute capability 8.0+) for ``head_dim`` and ``dtype`` with key tile ``keys``."""
+    if head_dim not in HALF_HEAD_DIMS:
+        raise ValueError(f"the 16-bit kernel supports head_dim in {list(HALF_HEAD_DIMS)}, got {head_dim}")
+    name = dtype_name(dtype)
+    keys = MMA16_CONFIG[head_dim] if keys is None else int(keys)
+    if keys % 16 or not 16 <= keys <= 128:
+        raise ValueError(f"mma16 key tile {keys} is not supported (a multiple of 16 up to 128)")
+    return Variant(MMA16_VARIANT, head_dim, MMA16_SOURCE, f"dilated_fwd_mma_16<{HALF_TYPES[name]},{head_dim},{keys}>",
+                   128, 64, mma16_shared_bytes(head_dim, keys), HALF_ALIGN, MMA16_MIN_CC)
+
+
 def all_half_variants() -> list[Variant]:
-    """Every instantiation CI compiles: both dtypes, every head dim, the default and alternative configurations."""
+    """Every wgmma16 instantiation CI compiles: both dtypes, every head dim, the default and alternative
+    configurations."""
     out = []
     for name in HALF_TYPES:
         for d in HALF_HEAD_DIMS:
@@ -95,42 +126,58 @@ def all_half_variants() -> list[Variant]:
     return out
 
 
-def _forced_config(forced: str) -> tuple | None:
-    """The configuration of a HILBERT_HPC_HALF_KERNEL value ('wgmma16' -> None: the table's)."""
+def all_mma16_variants() -> list[Variant]:
+    """Every mma16 instantiation CI compiles (both dtypes, every head dim, default and alternative key tiles)."""
+    return [mma16_variant(d, name, keys) for name in HALF_TYPES for d in HALF_HEAD_DIMS
+            for keys in dict.fromkeys([MMA16_CONFIG[d], *MMA16_ALTERNATIVES[d]])]
+
+
+def _forced_config(forced: str) -> tuple[str, tuple | None]:
+    """(variant, configuration) of a HILBERT_HPC_HALF_KERNEL value ('wgmma16' -> the table's, None)."""
     head, _, rest = forced.strip().partition(":")
-    if head != HALF_VARIANT:
+    sizes = {HALF_VARIANT: 3, MMA16_VARIANT: 1}
+    if head not in sizes:
         raise RuntimeError(f"{HALF_ENV}={forced}: unknown 16-bit kernel variant {head!r}; "
-                           f"use {HALF_VARIANT} or {HALF_VARIANT}:BK,WG,VMODE")
+                           f"use {HALF_VARIANT}, {HALF_VARIANT}:BK,WG,VMODE, {MMA16_VARIANT} or {MMA16_VARIANT}:BK")
     if not rest:
-        return None
+        return head, None
     try:
         cfg = tuple(int(x) for x in rest.split(","))
     except ValueError:
-        raise RuntimeError(f"{HALF_ENV}={forced}: expected {HALF_VARIANT}:BK,WG,VMODE with integers") from None
-    if len(cfg) != 3:
-        raise RuntimeError(f"{HALF_ENV}={forced}: expected three numbers BK,WG,VMODE")
-    return cfg
+        raise RuntimeError(f"{HALF_ENV}={forced}: expected integers after {head}:") from None
+    if len(cfg) != sizes[head]:
+        raise RuntimeError(f"{HALF_ENV}={forced}: {head} takes {'BK,WG,VMODE' if sizes[head] == 3 else 'BK'}")
+    return head, cfg
 
 
 def select_half(head_dim: int, dtype: Any) -> Variant:
-    """The 16-bit variant for ``head_dim`` and ``dtype`` on this device (compute capability 9.0 only)."""
+    """The 16-bit variant for ``head_dim`` and ``dtype`` on this device: wgmma16 on compute capability 9.0,
+    mma16 on others from 8.0 (or the one ``HILBERT_HPC_HALF_KERNEL`` forces)."""
     name = dtype_name(dtype)
     cc = _kernels._compute_capability()
-    if cc != 90:
-        raise RuntimeError(f"dtype {name} needs the Hopper (compute capability 9.0) tensor-core kernel; "
+    if cc < MMA16_MIN_CC:
+        raise RuntimeError(f"dtype {name} needs 16-bit tensor cores (compute capability 8.0 or newer); "
                            f"this GPU has {cc / 10:.1f}")
     forced = os.environ.get(HALF_ENV)
-    cfg = _forced_config(forced) if forced else None
-    chosen = half_variant(head_dim, name, cfg)
-    if chosen.shared_bytes > HOPPER_SHARED:
+    variant, cfg = _forced_config(forced) if forced else (HALF_VARIANT if cc == 90 else MMA16_VARIANT, None)
+    if variant == HALF_VARIANT:
+        if cc != 90:
+            raise RuntimeError(f"{HALF_ENV}={forced}: {HALF_VARIANT} runs on compute capability 9.0 only; "
+                               f"this GPU has {cc / 10:.1f}")
+        chosen = half_variant(head_dim, name, cfg)
+        limit = HOPPER_SHARED
+    else:
+        chosen = mma16_variant(head_dim, name, cfg[0] if cfg else None)
+        limit = _kernels._shared_limit()
+    if chosen.shared_bytes > limit:
         raise RuntimeError(f"{chosen.name} needs {chosen.shared_bytes} bytes of shared memory per block; "
-                           f"compute capability 9.0 allows {HOPPER_SHARED}")
+                           f"this GPU allows {limit}")
     return chosen
 
 
 def compiled_half(v: Variant) -> Any:
-    """The compiled kernel of ``v`` on the current device (NVRTC sm_90a cubin, cached per variant and device);
-    called as ``fn(grid, block, args, shared_mem=bytes)``."""
+    """The compiled kernel of ``v`` on the current device (wgmma16: an NVRTC sm_90a cubin; mma16: CuPy's
+    RawModule for the device), cached per variant and device; called as ``fn(grid, block, args, shared_mem=bytes)``."""
     import cupy
 
     return _compiled_on(v, cupy.cuda.Device().id)
@@ -138,7 +185,7 @@ def compiled_half(v: Variant) -> Any:
 
 @lru_cache(maxsize=None)
 def _compiled_on(v: Variant, device: int) -> Any:
-    return ArchKernel(v)
+    return ArchKernel(v) if v.arch else _kernels.compiled(v)
 
 
 def device_pointer(x: Any) -> int:
@@ -183,6 +230,16 @@ def launch(q: Any, k: Any, v: Any, out: Any, lse: Any, *, qg: tuple, kg: tuple, 
     fn(grid, (chosen.threads,), args, shared_mem=chosen.shared_bytes)
 
 
+def half_kernels(dtype: Any) -> Any:
+    """The fused-kernel provider (:class:`hilbert_hpc.fused.FusedKernels`) of the 16-bit kernel for ``dtype``:
+    local patterns and packed ring blocks on 16-bit arrays (held as int16 bits), 16-bit running output."""
+    from functools import partial
+
+    from ..fused import FusedKernels
+
+    return FusedKernels(partial(launch, dtype=dtype_name(dtype)), out_dtype=np.int16)
+
+
 def launch_local_patterns(q: Any, k: Any, v: Any, patterns: Sequence, causal: bool, scale: float, out: Any,
                           lse: Any, shape: Sequence[int] | None = None, dtype: Any = None) -> None:
     """Patterns whose segments lie inside these (n, H, D) 16-bit arrays, merged into ``out`` (16-bit, same
@@ -190,7 +247,7 @@ def launch_local_patterns(q: Any, k: Any, v: Any, patterns: Sequence, causal: bo
 
     q, k, v, out, lse: device pointers (ints) to C-contiguous data, or tensors/arrays (their pointers are
     taken); ``shape`` (n, H, D) and ``dtype`` ('bfloat16' / 'float16', or a torch dtype) are read from
-    ``q`` when it is a tensor and not given. Mirrors ``hilbert_hpc.fused.local_patterns``.
+    ``q`` when it is a tensor and not given. The geometry is ``hilbert_hpc.fused.FusedKernels``'.
     """
     if shape is None:
         if not hasattr(q, "shape"):
@@ -200,16 +257,4 @@ def launch_local_patterns(q: Any, k: Any, v: Any, patterns: Sequence, causal: bo
         if not hasattr(q, "dtype"):
             raise ValueError("give dtype='bfloat16' or 'float16' with raw pointers")
         dtype = q.dtype
-    name = dtype_name(dtype)
-    n, heads, d = (int(x) for x in shape)
-    row, hrow = heads * d, heads
-    for p in patterns:
-        w, r = _pattern(p)
-        m = w // r
-        for o in range(min(r, heads)):
-            nh = len(range(o, heads, r))
-            base = o * row + o * d          # row o of the segment, head o
-            geo = (base, w * row, r * d, r * row)
-            launch(q, k, v, out, lse, qg=geo, kg=geo, vg=geo, lg=(o * hrow + o, w * hrow, r, r * hrow),
-                   segments=n // w, heads=nh, mq=m, mk=m, shift=0 if causal else None, scale=scale,
-                   head_dim=d, dtype=name)
+    half_kernels(dtype).local_patterns(q, k, v, patterns, causal, scale, out, lse, shape=shape)

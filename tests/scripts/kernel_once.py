@@ -1,11 +1,11 @@
-"""One forward call of a forced FP32 kernel variant on the DESIGN anchor, for Nsight Compute.
+"""One forward call of a forced kernel variant on the DESIGN anchor, for Nsight Compute.
 
     ncu --clock-control none --kernel-name regex:dilated_fwd --launch-skip 7 --launch-count 1 \\
         --section SpeedOfLight --section WarpStateStats python3 tests/scripts/kernel_once.py wgmma 64
 
-Arguments: variant (wgmma, tf32x3, tiled128, ...), head dim (default 64), tokens (default 262144),
-heads (default 768 / head dim), and for wgmma a block configuration "keys,warpgroups,parts"
-(kernels.WGMMA_CONFIG). A warm-up call (7 launches for the anchor's patterns, compiles the
+Arguments: variant (FP32: wgmma, tf32x3, tiled128, ...; bfloat16: wgmma16, mma16), head dim (default 64),
+tokens (default 262144), heads (default 768 / head dim), and for wgmma a block configuration
+"keys,warpgroups,parts" (kernels.WGMMA_CONFIG), for wgmma16 "keys,warpgroups,vmode", for mma16 "keys". A warm-up call (7 launches for the anchor's patterns, compiles the
 kernel) comes first, so ``--launch-skip 7`` profiles the first launch of the measured call: pattern
 (2048, 1), all heads.
 """
@@ -30,16 +30,36 @@ def main() -> int:
     h = int(sys.argv[4]) if len(sys.argv) > 4 else 768 // d
     if len(sys.argv) > 5:
         kernels.WGMMA_CONFIG[d] = tuple(int(x) for x in sys.argv[5].split(","))
+    patterns = [Pattern(2048, 1), Pattern(4096, 2), Pattern(8192, 4)]
+    if variant in ("wgmma16", "mma16"):
+        return sixteen_bit(variant, d, n, h, sys.argv[5] if len(sys.argv) > 5 else "", patterns)
     os.environ[kernels.VARIANT_ENV] = variant
     rng = cupy.random.default_rng(3)
     q, k, v = (rng.standard_normal((n, h, d), dtype=cupy.float32) for _ in range(3))
-    patterns = [Pattern(2048, 1), Pattern(4096, 2), Pattern(8192, 4)]
     for _ in range(2):
         out = cupy.zeros((n, h, d), dtype=cupy.float32)
         lse = cupy.full((n, h), -np.inf, dtype=cupy.float32)
         fused.local_patterns(q, k, v, patterns, False, 1.0 / math.sqrt(d), out, lse)
     cupy.cuda.get_current_stream().synchronize()
     print(f"{variant} D={d} N={n} H={h}: {kernels.select_fp32(d).name}")
+    return 0
+
+
+def sixteen_bit(variant: str, d: int, n: int, h: int, cfg: str, patterns: list) -> int:
+    """The same two calls with a 16-bit kernel on bfloat16 inputs."""
+    import torch
+
+    from hilbert_hpc.kernels import half
+
+    os.environ[half.HALF_ENV] = f"{variant}:{cfg}" if cfg else variant
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    q, k, v = (torch.randn((n, h, d), generator=gen, device="cuda").to(torch.bfloat16) for _ in range(3))
+    for _ in range(2):
+        out = torch.zeros_like(q)
+        lse = torch.full((n, h), float("-inf"), device="cuda")
+        half.launch_local_patterns(q, k, v, patterns, False, 1.0 / math.sqrt(d), out, lse)
+    torch.cuda.synchronize()
+    print(f"{variant} D={d} N={n} H={h}: {half.select_half(d, 'bfloat16').name}")
     return 0
 
 
