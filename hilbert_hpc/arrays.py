@@ -55,12 +55,23 @@ def concatenate(parts: list[Any]) -> Any:
     return np.concatenate(parts)
 
 
+#: elements per step of count_nonfinite (its temporaries: one byte each, never a copy of the whole output)
+NONFINITE_CHUNK = 1 << 24
+
+
 def count_nonfinite(x: Any) -> int:
-    """Number of NaN and infinite values of ``x``, counted where it lives (one reduction, one number back)."""
+    """Number of NaN and infinite values of ``x``, counted where it lives, a chunk of elements at a time.
+
+    Chunked so that the check adds at most ``NONFINITE_CHUNK`` bytes to the peak (a whole-tensor
+    ``isfinite(x).sum()`` in torch allocates a bool mask and then an int64 copy of it: 4.5x a
+    16-bit output).
+    """
     if is_tensor(x):
         torch = sys.modules["torch"]
-        return int(x.numel() - int(torch.isfinite(x).sum().item()))
-    if _cupy_array(x):
-        cupy = sys.modules["cupy"]
-        return int(x.size - int(cupy.count_nonzero(cupy.isfinite(x))))
-    return int(x.size - np.count_nonzero(np.isfinite(x)))
+        flat = x.reshape(-1)
+        return sum(int(c.numel() - int(torch.count_nonzero(torch.isfinite(c)).item()))
+                   for c in flat.split(NONFINITE_CHUNK))
+    xp = sys.modules["cupy"] if _cupy_array(x) else np
+    flat = x.reshape(-1)
+    return sum(int(min(NONFINITE_CHUNK, flat.size - i) - int(xp.count_nonzero(xp.isfinite(flat[i:i + NONFINITE_CHUNK]))))
+               for i in range(0, flat.size, NONFINITE_CHUNK))

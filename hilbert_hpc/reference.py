@@ -41,9 +41,10 @@ def reference_rows(rows: np.ndarray, *, source: RowSource, perm: np.ndarray, inv
             for c0 in range(0, sel_all.size, chunk):
                 sel = sel_all[c0:c0 + chunk]
                 keys_s = (s[sel] // w * w + o)[:, None] + r * np.arange(m)[None, :]
-                nat = perm[keys_s].ravel()
-                kk = source("k", nat)[:, hs].astype(np.float64).reshape(len(sel), m, len(hs), -1)
-                vv = source("v", nat)[:, hs].astype(np.float64).reshape(len(sel), m, len(hs), -1)
+                # sampled rows of one segment share its keys: each distinct key row is made once
+                nat, where = np.unique(perm[keys_s].ravel(), return_inverse=True)
+                kk = source("k", nat)[:, hs].astype(np.float64)[where].reshape(len(sel), m, len(hs), -1)
+                vv = source("v", nat)[:, hs].astype(np.float64)[where].reshape(len(sel), m, len(hs), -1)
                 scores = np.einsum("nhd,nmhd->nhm", q[sel][:, hs], kk) * scale
                 if causal:
                     scores = np.where((keys_s <= s[sel][:, None])[:, None, :], scores, -np.inf)

@@ -127,3 +127,18 @@ def test_redistribute_moves_bfloat16_rows_by_their_bits():
     expected[targets] = everything
     assert got.dtype == np.dtype(ml_dtypes.bfloat16)
     assert np.array_equal(got.view(np.uint16), expected[mine].view(np.uint16))
+
+
+@pytest.mark.parametrize("chunk", [7, 1 << 24])
+def test_nonfinite_count_is_exact_in_chunks(monkeypatch, chunk):
+    """Every NaN/Inf is counted, whatever the chunking, for NumPy arrays and torch tensors (bf16 included)."""
+    torch = pytest.importorskip("torch")
+    from hilbert_hpc import arrays
+
+    monkeypatch.setattr(arrays, "NONFINITE_CHUNK", chunk)
+    x = np.arange(120, dtype=np.float32).reshape(4, 5, 6)
+    x[0, 0, 0], x[1, 3, 5], x[3, 4, 5] = np.nan, np.inf, -np.inf
+    assert arrays.count_nonfinite(x) == 3
+    assert arrays.count_nonfinite(torch.from_numpy(x)) == 3
+    assert arrays.count_nonfinite(torch.from_numpy(x).to(torch.bfloat16)) == 3
+    assert arrays.count_nonfinite(x[:, :2]) == 1 and arrays.count_nonfinite(np.zeros((0, 3))) == 0
