@@ -51,6 +51,42 @@ __device__ __forceinline__ MergeWeights merge_weights(float old, float mine) {
     return w;
 }
 
+// Merge this thread's two rows (row0, row0 + 8) of an unnormalized FP32 result into the running FP32
+// output and log-sum-exp (natural-log units), in place: out = (old * wa + o / l * wb) / den. Accumulator
+// layout of mma.sync m16n8 and wgmma m64nN (lane = 4 g + t): o[4 n + 2 h + e] = (row g + 8 h, column
+// 8 n + 2 t + e); m: running max (log2 units), l: this lane's partial row sums (summed over the row's 4
+// lanes here). Rows past mq or with no visible key are left untouched. Every lane of the warp must call it.
+template <int D>
+__device__ __forceinline__ void merge_rows32(float* __restrict__ out, float* __restrict__ lse, long long qoff,
+                                             long long q_row, long long loff, long long l_row, int row0, int mq,
+                                             int t, const float (&m)[2], float (&l)[2], const float (&o)[D / 2]) {
+    float old[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        l[h] = lanes_sum<4>(l[h]);
+        const int i = row0 + 8 * h;
+        old[h] = (i < mq && l[h] > 0.0f) ? lse[loff + i * l_row] : NEG_INF;
+    }
+    __syncwarp();                            // every lane has read L before lane t == 0 writes it
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int i = row0 + 8 * h;
+        if (i >= mq || l[h] <= 0.0f) continue;   // no visible key: nothing to merge
+        const float mine = (m[h] + log2f(l[h])) * 0.6931471805599453f;
+        const MergeWeights w = merge_weights(old[h], mine);
+        const float inv_l = 1.0f / l[h];
+        float* orow = out + qoff + i * q_row + 2 * t;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const float prev = (w.wa == 0.0f) ? 0.0f : orow[8 * n + e];
+                orow[8 * n + e] = (prev * w.wa + o[4 * n + 2 * h + e] * inv_l * w.wb) / w.den;
+            }
+        if (t == 0) lse[loff + i * l_row] = w.mx + logf(w.den);
+    }
+}
+
 // Online softmax of one key tile for this thread's two query rows (row0, row0 + 8), in log2 units, on the
 // accumulator layout of mma.sync m16n8 and wgmma m64nN (lane = 4 g + t): s[4 b + 2 h + e] = score of
 // (row g + 8 h, key kt + 8 b + 2 t + e), o[4 n + 2 h + e] = running output (row g + 8 h, column 8 n + 2 t + e).

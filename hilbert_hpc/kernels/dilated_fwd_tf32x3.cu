@@ -180,43 +180,9 @@ dilated_fwd_tf32x3(DILATED_FWD_PARAMS)
             }
         }
 
-        // online softmax over the tile; a row's statistics live in its 4 lanes (t = 0..3)
-        const bool masked = kt + MMA_BK > open_end;      // only boundary tiles need the mask
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            const int i = row0 + 8 * half;
-            float mx = NEG_INF;
-#pragma unroll
-            for (int b = 0; b < NB; ++b)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    float& x = s[b][2 * half + e];
-                    if (masked) {
-                        const int j = kt + 8 * b + 2 * t + e;
-                        x = (j < kend && (!causal || j <= i + causal_shift)) ? x : NEG_INF;
-                    }
-                    mx = fmaxf(mx, x);
-                }
-            const float m_new = fmaxf(m[half], lanes_max<4>(mx));
-            const float m_use = (m_new == NEG_INF) ? 0.0f : m_new;
-            const float alpha = exp2f(m[half] - m_use);
-            float sum = 0.0f;
-#pragma unroll
-            for (int b = 0; b < NB; ++b)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    float& x = s[b][2 * half + e];
-                    x = exp2f(x - m_use);
-                    sum += x;
-                }
-            l[half] = l[half] * alpha + sum;             // this lane's partial row sum
-            m[half] = m_new;
-#pragma unroll
-            for (int n = 0; n < ND; ++n) {
-                o[n][2 * half] *= alpha;
-                o[n][2 * half + 1] *= alpha;
-            }
-        }
+        // online softmax over the tile (Q pre-scaled: mul = 1); a row's statistics live in its 4 lanes
+        online_softmax_tile<NB, 4 * ND>(reinterpret_cast<float(&)[4 * NB]>(s), reinterpret_cast<float(&)[4 * ND]>(o),
+                                        m, l, kt + MMA_BK > open_end, kt, kend, causal, causal_shift, row0, t, 1.0f);
 
         // O += P V: A = the scores of 8-key block b in place (k' = t <-> key 2t, k' = t + 4 <-> key 2t + 1);
         // GROUP 8-key blocks per fresh accumulator
@@ -244,29 +210,5 @@ dilated_fwd_tf32x3(DILATED_FWD_PARAMS)
     }
 
     // merge into the running output and log-sum-exp (natural-log units)
-    float old[2];
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        l[half] = lanes_sum<4>(l[half]);
-        const int i = row0 + 8 * half;
-        old[half] = (i < mq && l[half] > 0.0f) ? lse[loff + i * l_row] : NEG_INF;
-    }
-    __syncwarp();                                        // every lane has read L before lane t == 0 writes it
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const int i = row0 + 8 * half;
-        if (i >= mq || l[half] <= 0.0f) continue;        // no visible key: nothing to merge
-        const float mine = (m[half] + log2f(l[half])) * LN2;
-        const MergeWeights w = merge_weights(old[half], mine);
-        const float inv_l = 1.0f / l[half];
-        float* orow = out + qoff + i * q_row + 2 * t;
-#pragma unroll
-        for (int n = 0; n < ND; ++n)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const float prev = (w.wa == 0.0f) ? 0.0f : orow[8 * n + e];
-                orow[8 * n + e] = (prev * w.wa + o[n][2 * half + e] * inv_l * w.wb) / w.den;
-            }
-        if (t == 0) lse[loff + i * l_row] = w.mx + logf(w.den);
-    }
+    merge_rows32<D>(out, lse, qoff, q_row, loff, l_row, row0, mq, t, m, l, reinterpret_cast<const float(&)[D / 2]>(o));
 }

@@ -442,43 +442,8 @@ dilated_fwd_wgmma_tf32(DILATED_FWD_PARAMS)
             add_to(s, cs[(US - 1) & 1]);
         }
 
-        // online softmax over the tile; a row's statistics live in its 4 lanes (t = 0..3)
-        const bool masked = kt + BK > open_end;          // only boundary tiles need the mask
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int i = row0 + 8 * h;
-            float mx = NEG_INF;
-#pragma unroll
-            for (int b = 0; b < NB; ++b)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    float& x = s[4 * b + 2 * h + e];
-                    if (masked) {
-                        const int j = kt + 8 * b + 2 * t + e;
-                        x = (j < kend && (!causal || j <= i + causal_shift)) ? x : NEG_INF;
-                    }
-                    mx = fmaxf(mx, x);
-                }
-            const float m_new = fmaxf(m[h], lanes_max<4>(mx));
-            const float m_use = (m_new == NEG_INF) ? 0.0f : m_new;
-            const float alpha = exp2f(m[h] - m_use);
-            float sum = 0.0f;
-#pragma unroll
-            for (int b = 0; b < NB; ++b)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    float& x = s[4 * b + 2 * h + e];
-                    x = exp2f(x - m_use);
-                    sum += x;
-                }
-            l[h] = l[h] * alpha + sum;       // this lane's partial row sum
-            m[h] = m_new;
-#pragma unroll
-            for (int n = 0; n < D / 8; ++n) {
-                o[4 * n + 2 * h] *= alpha;
-                o[4 * n + 2 * h + 1] *= alpha;
-            }
-        }
+        // online softmax over the tile (Q pre-scaled: mul = 1); a row's statistics live in its 4 lanes
+        online_softmax_tile<NB, D / 2>(s, o, m, l, kt + BK > open_end, kt, kend, causal, causal_shift, row0, t, 1.0f);
 
         // P as the A operand in place: k-step b, a = (row g, k' t) (g + 8, t) (g, t + 4) (g + 8, t + 4)
         // = keys 2t, 2t, 2t + 1, 2t + 1 of block b; split into hi/lo
@@ -514,29 +479,5 @@ dilated_fwd_wgmma_tf32(DILATED_FWD_PARAMS)
     }
 
     // merge into the running output and log-sum-exp (natural-log units)
-    float old[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        l[h] = lanes_sum<4>(l[h]);
-        const int i = row0 + 8 * h;
-        old[h] = (i < mq && l[h] > 0.0f) ? lse[loff + i * l_row] : NEG_INF;
-    }
-    __syncwarp();                            // every lane has read L before lane t == 0 writes it
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int i = row0 + 8 * h;
-        if (i >= mq || l[h] <= 0.0f) continue;   // no visible key: nothing to merge
-        const float mine = (m[h] + log2f(l[h])) * LN2;
-        const MergeWeights w = merge_weights(old[h], mine);
-        const float inv_l = 1.0f / l[h];
-        float* orow = out + qoff + i * q_row + 2 * t;
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const float prev = (w.wa == 0.0f) ? 0.0f : orow[8 * n + e];
-                orow[8 * n + e] = (prev * w.wa + o[4 * n + 2 * h + e] * inv_l * w.wb) / w.den;
-            }
-        if (t == 0) lse[loff + i * l_row] = w.mx + logf(w.den);
-    }
+    merge_rows32<D>(out, lse, qoff, q_row, loff, l_row, row0, mq, t, m, l, o);
 }
