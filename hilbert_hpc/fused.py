@@ -51,8 +51,9 @@ def check_arrays(*arrays: Array) -> None:
 class FusedKernels:
     """Local patterns and ring blocks for one kernel launcher (the provider the ring takes as ``kernels``).
 
-    ``out_dtype``: dtype of the running output the ring allocates (None: float32
-    for float32 inputs); the log-sum-exp is always float32.
+    ``out_dtype``: dtype of the running output the ring allocates, with a float32
+    log-sum-exp (the 16-bit kernels); None: both in the accumulator dtype of the
+    inputs (float32 for float32).
     """
 
     def __init__(self, launch: Launcher, check: Callable[..., None] | None = None, out_dtype: Any = None) -> None:
@@ -61,9 +62,10 @@ class FusedKernels:
         self.out_dtype = out_dtype
 
     def accumulators(self, xp: Any, n: int, heads: int, dv: int, dtype: Any) -> tuple[Array, Array]:
-        """Running output zeros (n, H, Dv) and log-sum-exp -inf (n, H, float32) for this launcher."""
-        out_dtype = self.out_dtype if self.out_dtype is not None else np.result_type(dtype, np.float32)
-        return xp.zeros((n, heads, dv), dtype=out_dtype), xp.full((n, heads), -np.inf, dtype=np.float32)
+        """Running output zeros (n, H, Dv) and log-sum-exp -inf (n, H) for this launcher."""
+        acc = np.result_type(dtype, np.float32)
+        out_dtype, lse_dtype = (acc, acc) if self.out_dtype is None else (self.out_dtype, np.float32)
+        return xp.zeros((n, heads, dv), dtype=out_dtype), xp.full((n, heads), -np.inf, dtype=lse_dtype)
 
     def local_patterns(self, qs: Array, ks: Array, vs: Array, patterns: Sequence[Any], causal: bool,
                        scale: float, out: Array, lse: Array, shape: Sequence[int] | None = None) -> None:

@@ -1,0 +1,100 @@
+"""The geometry of the fused kernels (hilbert_hpc.fused.FusedKernels), on the CPU.
+
+Every fused kernel (FP32 and 16-bit, local patterns and packed ring blocks) takes the same element-offset
+geometry and merges in place. ``numpy_launch`` does what one launch does, in float64 NumPy, straight from
+the kernels' contract (docs/kernels.md); with it, FusedKernels must reproduce the unfused computation on
+one rank and around the ring (pytest-mpi), so the geometry the GPU kernels receive is checked without a GPU.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hilbert_hpc.dilated import local_dilated_attention
+from hilbert_hpc.fused import FusedKernels
+from hilbert_hpc.inputs import random_rows
+from hilbert_hpc.patterns import Pattern
+from hilbert_hpc.ring import ring_dilated_attention
+from hilbert_hpc.sharding import Layout, check_distribution
+
+
+def numpy_launch(q, k, v, out, lse, *, qg, kg, vg, lg, segments, heads, mq, mk, shift, scale, head_dim):
+    """One fused launch: for each (segment, head) problem, rows at base + seg*segment + head*h + i*row;
+    query i sees key j < mk (and j <= i + shift when shift is not None); the result merges by log-sum-exp
+    into out (rows of q's geometry) and lse (lg); rows with no visible key stay untouched."""
+    qf, kf, vf, of, lf = (x.reshape(-1) for x in (q, k, v, out, lse))
+    assert np.shares_memory(of, out) and np.shares_memory(lf, lse)
+    cols = np.arange(head_dim)
+    for s in range(segments):
+        for h in range(heads):
+            def rows(g, m):
+                return (g[0] + s * g[1] + h * g[2] + g[3] * np.arange(m))[:, None] + cols
+
+            qi, ki, vi = rows(qg, mq), rows(kg, mk), rows(vg, mk)
+            li = lg[0] + s * lg[1] + h * lg[2] + lg[3] * np.arange(mq)
+            scores = qf[qi] @ kf[ki].T * scale
+            if shift is not None:
+                scores = np.where(np.arange(mk)[None, :] <= np.arange(mq)[:, None] + shift, scores, -np.inf)
+            mx = scores.max(axis=1)
+            seen = np.isfinite(mx)
+            p = np.exp(scores[seen] - mx[seen, None])
+            part = p @ vf[vi] / p.sum(axis=1, keepdims=True)
+            part_lse = mx[seen] + np.log(p.sum(axis=1))
+            old = lf[li[seen]]
+            top = np.maximum(old, part_lse)
+            wa = np.where(np.isneginf(old), 0.0, np.exp(old - top))
+            wb = np.exp(part_lse - top)
+            prev = np.where(np.isneginf(old)[:, None], 0.0, of[qi[seen]])
+            of[qi[seen]] = (prev * wa[:, None] + part * wb[:, None]) / (wa + wb)[:, None]
+            lf[li[seen]] = top + np.log(wa + wb)
+
+
+KERNELS = FusedKernels(numpy_launch)
+
+
+def _inputs(n: int, heads: int, d: int, positions=None) -> list[np.ndarray]:
+    nat = np.arange(n) if positions is None else positions
+    return [random_rows(7, t, nat, heads, d, np.float64) for t in ("q", "k", "v")]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("patterns,heads", [([(16, 1), (64, 2), (192, 6)], 6), ([(32, 4), (96, 3)], 5),
+                                            ([(192, 8)], 3)])
+def test_local_patterns_geometry_equals_the_unfused_computation(patterns, heads, causal):
+    n, d = 192, 8
+    qs, ks, vs = _inputs(n, heads, d)
+    pats = [Pattern(w, r) for w, r in patterns]
+    want = local_dilated_attention(qs, ks, vs, pats, causal, 0.3)
+    out, lse = KERNELS.accumulators(np, n, heads, d, qs.dtype)
+    KERNELS.local_patterns(qs, ks, vs, pats, causal, 0.3, out, lse)
+    assert out.dtype == lse.dtype == np.float64
+    assert np.abs(out - want).max() <= 1e-12 * np.abs(want).max()
+
+
+def test_sixteen_bit_provider_keeps_a_16bit_output():
+    """The 16-bit provider's ring accumulators: the output as 16-bit storage (zero bits = +0.0), LSE float32."""
+    from hilbert_hpc.kernels import half
+
+    out, lse = half.half_kernels("bfloat16").accumulators(np, 4, 3, 8, np.int16)
+    assert out.dtype == np.int16 and not out.any() and lse.dtype == np.float32 and np.isneginf(lse).all()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("ordering", ["natural", "hilbert"])
+def test_ring_block_geometry_equals_the_unfused_ring(causal, ordering):
+    """Packed blocks around the ring through FusedKernels.ring_block: the same result as the unfused ring."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    shard, heads, d = 48, 6, 8
+    n = shard * size
+    patterns = [Pattern(24, 2), Pattern(2 * shard, 3), Pattern(n, 4)]
+    check_distribution(n, size, patterns)
+    layout = Layout((n // 16, 16), ordering, size)
+    qs, ks, vs = _inputs(n, heads, d, layout.shard_natural(rank))
+    want = ring_dilated_attention(qs, ks, vs, patterns=patterns, comm=comm, causal=causal)
+    got = ring_dilated_attention(qs, ks, vs, patterns=patterns, comm=comm, causal=causal, kernels=KERNELS)
+    assert np.abs(got - want).max() <= 1e-12 * np.abs(want).max(), rank
