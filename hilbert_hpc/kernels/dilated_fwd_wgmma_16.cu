@@ -450,8 +450,11 @@ struct Smem16 {
     static constexpr int bytes = Q + 4 * TILE + (VMODE == 1 ? TILE : 0);
 };
 
+// Blocks per SM the register budget is cut for: with key tiles of 64 and D <= 64 the block fits in 128
+// registers a thread without spills (ptxas, tests/test_kernel16_sources.py), so 16 warps share an SM and one
+// block's softmax and loads hide under another's wgmma; larger tiles need more registers (one block per SM).
 template <typename T, int D, int BK, int WG, int VMODE>
-__global__ void __launch_bounds__(WG_THREADS * WG, 1)
+__global__ void __launch_bounds__(WG_THREADS * WG, (BK <= 64 && D <= 64) ? 4 / WG : 1)
 dilated_fwd_wgmma_16(DILATED_FWD16_PARAMS(T))
 {
     using H = Half16<T>;
