@@ -60,18 +60,19 @@ NONFINITE_CHUNK = 1 << 24
 
 
 def count_nonfinite(x: Any) -> int:
-    """Number of NaN and infinite values of ``x``, counted where it lives, a chunk of elements at a time.
+    """Number of NaN and infinite values of ``x``, counted where it lives, a block of leading-axis rows at a time.
 
-    Chunked so that the check adds at most ``NONFINITE_CHUNK`` bytes to the peak (a whole-tensor
+    Blocked so that the check adds about ``NONFINITE_CHUNK`` bytes to the peak (a whole-tensor
     ``isfinite(x).sum()`` in torch allocates a bool mask and then an int64 copy of it: 4.5x a
-    16-bit output).
+    16-bit output); slicing the leading axis never copies the array.
     """
+    if x.ndim == 0:
+        x = x.reshape(1)
+    per_row = max(1, int(np.prod(x.shape[1:])))
+    step = max(1, NONFINITE_CHUNK // per_row)
     if is_tensor(x):
         torch = sys.modules["torch"]
-        flat = x.reshape(-1)
-        return sum(int(c.numel() - int(torch.count_nonzero(torch.isfinite(c)).item()))
-                   for c in flat.split(NONFINITE_CHUNK))
+        return sum(int(c.numel() - int(torch.count_nonzero(torch.isfinite(c)).item())) for c in x.split(step))
     xp = sys.modules["cupy"] if _cupy_array(x) else np
-    flat = x.reshape(-1)
-    return sum(int(min(NONFINITE_CHUNK, flat.size - i) - int(xp.count_nonzero(xp.isfinite(flat[i:i + NONFINITE_CHUNK]))))
-               for i in range(0, flat.size, NONFINITE_CHUNK))
+    return sum(int(x[i:i + step].size - int(xp.count_nonzero(xp.isfinite(x[i:i + step]))))
+               for i in range(0, x.shape[0], step))

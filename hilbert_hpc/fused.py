@@ -23,6 +23,20 @@ Array = Any
 Launcher = Callable[..., None]
 
 
+#: most blocks a launch may have along grid y (the query blocks of one problem)
+MAX_GRID_Y = 65535
+
+
+def query_chunks(qg: tuple, lg: tuple, mq: int, shift: int | None, block_queries: int,
+                 max_blocks: int = MAX_GRID_Y) -> list[tuple[tuple, tuple, int, int | None]]:
+    """``(qg, lg, mq, shift)`` of launches that together cover ``mq`` query rows with at most ``max_blocks``
+    query blocks each: a chunk starting at row ``c`` moves the Q/output and log-sum-exp bases by ``c`` rows
+    and the causal shift by ``c`` (query ``i`` of the chunk is query ``c + i`` of the problem)."""
+    rows = max_blocks * block_queries
+    return [((qg[0] + c * qg[3], *qg[1:]), (lg[0] + c * lg[3], *lg[1:]), min(rows, mq - c),
+             None if shift is None else shift + c) for c in range(0, mq, rows)]
+
+
 def _launch_fp32(q: Array, k: Array, v: Array, out: Array, lse: Array, *, qg: tuple, kg: tuple, vg: tuple,
                  lg: tuple, segments: int, heads: int, mq: int, mk: int, shift: int | None, scale: float,
                  head_dim: int) -> None:
@@ -34,11 +48,12 @@ def _launch_fp32(q: Array, k: Array, v: Array, out: Array, lse: Array, *, qg: tu
     align = math.gcd(*qg, *kg, *vg, 16)
     chosen = kernels.select_fp32(head_dim, align)
     fn = kernels.compiled(chosen)
-    grid = (segments * heads, -(-mq // chosen.block_queries))
-    args = (q, k, v, out, lse, *(np.int64(x) for x in (*qg, *kg, *vg, *lg)),
-            np.int32(heads), np.int32(mq), np.int32(mk), np.int32(shift is not None),
-            np.int32(shift or 0), np.float32(scale))
-    fn(grid, (chosen.threads,), args, shared_mem=chosen.shared_bytes)
+    for qc, lc, mc, sc in query_chunks(qg, lg, mq, shift, chosen.block_queries):
+        grid = (segments * heads, -(-mc // chosen.block_queries))
+        args = (q, k, v, out, lse, *(np.int64(x) for x in (*qc, *kg, *vg, *lc)),
+                np.int32(heads), np.int32(mc), np.int32(mk), np.int32(sc is not None),
+                np.int32(sc or 0), np.float32(scale))
+        fn(grid, (chosen.threads,), args, shared_mem=chosen.shared_bytes)
 
 
 def check_arrays(*arrays: Array) -> None:

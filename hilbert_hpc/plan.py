@@ -71,8 +71,9 @@ def estimate(case: Case) -> Estimate:
     shard = case.tokens // ranks
     itemsize = precision(case.dtype).itemsize
     acc = max(itemsize, 4)
+    out_item = itemsize if case.backend == "cuda" else acc   # the fused kernels keep a 16-bit output 16-bit
     row = case.heads * case.head_dim
-    floor = case.batch * shard * row * (3 * itemsize + acc)
+    floor = case.batch * shard * row * (3 * itemsize + out_item)
     memory = floor + shard * case.heads * acc
     largest, sent = _ring_bytes(case, shard, itemsize) if ranks > 1 else (0, 0)
     memory += 2 * largest

@@ -98,3 +98,50 @@ def test_ring_block_geometry_equals_the_unfused_ring(causal, ordering):
     want = ring_dilated_attention(qs, ks, vs, patterns=patterns, comm=comm, causal=causal)
     got = ring_dilated_attention(qs, ks, vs, patterns=patterns, comm=comm, causal=causal, kernels=KERNELS)
     assert np.abs(got - want).max() <= 1e-12 * np.abs(want).max(), rank
+
+
+def test_query_chunks_cover_every_row_once():
+    """Launches past the grid's y limit are split by query rows, with bases and causal shifts moved along."""
+    from hilbert_hpc.fused import query_chunks
+
+    qg, lg = (100, 7, 3, 40), (5, 2, 1, 8)
+    chunks = query_chunks(qg, lg, 1000, 2, block_queries=64, max_blocks=5)
+    assert [c[2] for c in chunks] == [320, 320, 320, 40]
+    for start, (qc, lc, m, shift) in zip(range(0, 1000, 320), chunks):
+        assert qc == (100 + 40 * start, 7, 3, 40) and lc == (5 + 8 * start, 2, 1, 8) and shift == 2 + start
+    assert query_chunks(qg, lg, 1000, None, 64)[0] == (qg, lg, 1000, None)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_split_launches_equal_one_launch(causal):
+    """The chunks, run through the NumPy launcher, give the result of one launch over all rows."""
+    from hilbert_hpc.fused import query_chunks
+
+    n, heads, d = 96, 2, 8
+    qs, ks, vs = _inputs(n, heads, d)
+    whole = [np.zeros((n, heads, d)), np.full((n, heads), -np.inf)]
+    parts = [np.zeros((n, heads, d)), np.full((n, heads), -np.inf)]
+    geo, lgeo = (0, 0, d, heads * d), (0, 0, 1, heads)
+    common = dict(kg=geo, vg=geo, segments=1, heads=heads, mk=n, scale=0.4, head_dim=d)
+    numpy_launch(qs, ks, vs, *whole, qg=geo, lg=lgeo, mq=n, shift=0 if causal else None, **common)
+    for qc, lc, m, shift in query_chunks(geo, lgeo, n, 0 if causal else None, block_queries=8, max_blocks=3):
+        numpy_launch(qs, ks, vs, *parts, qg=qc, lg=lc, mq=m, shift=shift, **common)
+    assert np.array_equal(parts[0], whole[0]) and np.array_equal(parts[1], whole[1])
+
+
+def test_sixteen_bit_inputs_are_checked():
+    """The 16-bit provider refuses what its kernels would misread (torch CPU tensors stand in for GPU ones)."""
+    torch = pytest.importorskip("torch")
+    from hilbert_hpc.kernels import half
+
+    q = torch.zeros((64, 2, 32), dtype=torch.bfloat16)
+    lse = torch.zeros((64, 2), dtype=torch.float32)
+    half.check_half_arrays(q, q, q, q, lse)
+    with pytest.raises(ValueError, match="C-contiguous q"):
+        half.check_half_arrays(q.transpose(0, 1), q, q, q, lse)
+    with pytest.raises(ValueError, match="2-byte items"):
+        half.check_half_arrays(q, q.float(), q, q, lse)
+    with pytest.raises(ValueError, match="float32 lse"):
+        half.check_half_arrays(q, q, q, q, lse.to(torch.int32))
+    with pytest.raises(ValueError, match="aligned to 16 bytes"):
+        half.check_half_arrays(q, q, q, 0x1008, lse)

@@ -144,3 +144,5 @@ def test_nonfinite_count_is_exact_in_chunks(monkeypatch, chunk):
     assert arrays.count_nonfinite(torch.from_numpy(x)) == 3
     assert arrays.count_nonfinite(torch.from_numpy(x).to(torch.bfloat16)) == 3
     assert arrays.count_nonfinite(x[:, :2]) == 1 and arrays.count_nonfinite(np.zeros((0, 3))) == 0
+    assert arrays.count_nonfinite(x.transpose(2, 0, 1)) == 3 and arrays.count_nonfinite(np.float32(np.nan)) == 1
+    assert arrays.count_nonfinite(torch.from_numpy(x).transpose(0, 2)) == 3

@@ -36,7 +36,9 @@ def _sixteen_bit(dtype: Any) -> bool:
 
 
 def check_case(head_dim: int, dtype: str, ranks: int) -> None:
-    """Refuse (RuntimeError or ValueError with the reason) what this GPU or backend cannot run: before any work."""
+    """Refuse (RuntimeError or ValueError with the reason) what this GPU or backend cannot run: before any work.
+
+    Every dtype runs on any number of ranks (``ranks`` is part of the backends' common signature)."""
     if not precision(dtype).sixteen_bit:
         from ..kernels import _check_head_dim
 

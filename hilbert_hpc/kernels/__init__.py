@@ -172,10 +172,18 @@ def check_device() -> tuple[int, int]:
 
 
 def _shared_limit() -> int:
-    """Largest dynamic shared memory one block may opt in to on the current device."""
+    """Largest dynamic shared memory one block may opt in to on the current device (asked once per device:
+    kernel selection runs at every launch)."""
     import cupy
 
-    attrs = cupy.cuda.Device().attributes
+    return _shared_limit_of(cupy.cuda.Device().id)
+
+
+@lru_cache(maxsize=None)
+def _shared_limit_of(device: int) -> int:
+    import cupy
+
+    attrs = cupy.cuda.Device(device).attributes
     return int(attrs.get("MaxSharedMemoryPerBlockOptin", attrs.get("MaxSharedMemoryPerBlock", PASCAL_SHARED)))
 
 

@@ -1,4 +1,5 @@
-// Pieces shared by the FP32 forward kernels: -inf, lane reductions, the log-sum-exp merge weights.
+// Pieces shared by the forward kernels: -inf, lane reductions, the log-sum-exp merge weights, the argument
+// list of the FP32 kernels, and for the tensor-core kernels the online softmax of a tile and the FP32 merge.
 #pragma once
 
 #define NEG_INF (-__int_as_float(0x7f800000))

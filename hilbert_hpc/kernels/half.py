@@ -222,14 +222,39 @@ def launch(q: Any, k: Any, v: Any, out: Any, lse: Any, *, qg: tuple, kg: tuple, 
                          f"q {qg}, k {kg}, v {vg}")
     if not scale > 0:
         raise ValueError(f"the 16-bit kernel needs scale > 0, got {scale}")
+    from ..fused import query_chunks
+
     chosen = select_half(head_dim, dtype)
     fn = compiled_half(chosen)
-    grid = (segments * heads, -(-mq // chosen.block_queries))
     ptrs = tuple(np.uint64(device_pointer(x)) for x in (q, k, v, out, lse))
-    args = (*ptrs, *(np.int64(x) for x in (*qg, *kg, *vg, *lg)),
-            np.int32(heads), np.int32(mq), np.int32(mk), np.int32(shift is not None),
-            np.int32(shift or 0), np.float32(scale))
-    fn(grid, (chosen.threads,), args, shared_mem=chosen.shared_bytes)
+    for qc, lc, mc, sc in query_chunks(qg, lg, mq, shift, chosen.block_queries):
+        grid = (segments * heads, -(-mc // chosen.block_queries))
+        args = (*ptrs, *(np.int64(x) for x in (*qc, *kg, *vg, *lc)),
+                np.int32(heads), np.int32(mc), np.int32(mk), np.int32(sc is not None),
+                np.int32(sc or 0), np.float32(scale))
+        fn(grid, (chosen.threads,), args, shared_mem=chosen.shared_bytes)
+
+
+def check_half_arrays(q: Any, k: Any, v: Any, out: Any, lse: Any) -> None:
+    """Refuse what the 16-bit kernels would misread: arrays that are not C-contiguous, q/k/v/out items that
+    are not 2 bytes, an lse that is not float32, base addresses not aligned to 16 bytes (cp.async).
+    Raw pointers (ints) are only checked for alignment."""
+    for name, x in (("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse)):
+        if isinstance(x, (int, np.integer)):
+            if int(x) % 16:
+                raise ValueError(f"the 16-bit kernel needs {name} aligned to 16 bytes, got address {int(x):#x}")
+            continue
+        contiguous = x.is_contiguous() if hasattr(x, "is_contiguous") else bool(x.flags.c_contiguous)
+        itemsize = x.element_size() if hasattr(x, "element_size") else int(x.dtype.itemsize)
+        wanted = 4 if name == "lse" else 2
+        if not contiguous or itemsize != wanted:
+            raise ValueError(f"the 16-bit kernel needs C-contiguous {name} of {wanted}-byte items"
+                             f"{' (float32)' if name == 'lse' else ''}, got {getattr(x, 'dtype', type(x))}"
+                             f"{'' if contiguous else ', not contiguous'}")
+        if name == "lse" and "float32" not in str(x.dtype):
+            raise ValueError(f"the 16-bit kernel needs a float32 lse, got {x.dtype}")
+        if device_pointer(x) % 16:
+            raise ValueError(f"the 16-bit kernel needs {name} aligned to 16 bytes")
 
 
 def half_kernels(dtype: Any) -> Any:
@@ -239,7 +264,7 @@ def half_kernels(dtype: Any) -> Any:
 
     from ..fused import FusedKernels
 
-    return FusedKernels(partial(launch, dtype=dtype_name(dtype)), out_dtype=np.int16)
+    return FusedKernels(partial(launch, dtype=dtype_name(dtype)), check_half_arrays, out_dtype=np.int16)
 
 
 def launch_local_patterns(q: Any, k: Any, v: Any, patterns: Sequence, causal: bool, scale: float, out: Any,
