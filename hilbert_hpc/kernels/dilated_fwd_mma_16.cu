@@ -67,8 +67,6 @@ __device__ __forceinline__ void ldsm_x4_trans(unsigned addr, unsigned& r0, unsig
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr) : "memory");
 }
 
-__device__ __forceinline__ void cp_async16_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async16_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
 // rows [r0, r0 + ROWS) of a D-wide 16-bit matrix (row j at src + off + j * row_stride elements; rows at or
 // past rend are zero-filled) into shared rows of D + 8 elements at byte address dst; one 16-byte cp.async
@@ -126,7 +124,7 @@ dilated_fwd_mma_16(DILATED_FWD16_PARAMS(T))
     load_rows_padded<T, D, MMA16_BQ>(sQ, q, qoff, q_row, qblock, mq);
     load_rows_padded<T, D, BK>(sKV, k, koff, k_row, 0, kend);
     load_rows_padded<T, D, BK>(sKV + TILE, v, voff, v_row, 0, kend);
-    cp_async16_commit();
+    cp_async_commit();
 
     // per-lane byte offsets of the ldmatrix rows
     const unsigned q_lane = sQ + (16 * warp + r8 + 8 * (mi & 1)) * S + 16 * (mi >> 1);
@@ -143,7 +141,7 @@ dilated_fwd_mma_16(DILATED_FWD16_PARAMS(T))
 
     for (int kt = 0, it = 0; kt < kend; kt += BK, ++it) {
         const int cur = it & 1;
-        cp_async16_wait_all();
+        cp_async_wait_all();
         __syncthreads();                     // tile kt (and Q) landed for all; all are done with tile kt - BK
         if (it == 0) {
 #pragma unroll
@@ -153,7 +151,7 @@ dilated_fwd_mma_16(DILATED_FWD16_PARAMS(T))
             const unsigned st = sKV + 2 * (cur ^ 1) * TILE;
             load_rows_padded<T, D, BK>(st, k, koff, k_row, kt + BK, kend);
             load_rows_padded<T, D, BK>(st + TILE, v, voff, v_row, kt + BK, kend);
-            cp_async16_commit();
+            cp_async_commit();
         }
         const unsigned sK = sKV + 2 * cur * TILE, sV = sK + TILE;
 

@@ -50,12 +50,10 @@
 // fragment of k-step kk in place, register j = pack(s[8kk + 2j], s[8kk + 2j + 1]); no permutation.
 
 #include "common.cuh"
+#include "wgmma.cuh"
 #include "half16.cuh"
 
-#define WG_THREADS 128
-#define WG_QUERIES 64
 
-typedef unsigned long long desc_t;
 
 // wgmma D (+)= A * B, D f32 64 x N, A 64 x 16 and B 16 x N of T. ss: A and B from shared-memory
 // descriptors, both K-major. rs: A from four registers, B from a descriptor, TRANS_B = 1: B MN-major.
@@ -371,24 +369,7 @@ struct Wgmma16<f16_t, 192> {
     }
 };
 
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// this thread's shared-memory writes (cp.async landed and waited for, or ordinary stores) are visible to
-// wgmma (the async proxy) after the next barrier
-__device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
-// keeps the compiler from moving reads or writes of an accumulator across a wgmma issue or wait
-template <int R>
-__device__ __forceinline__ void pin(float (&x)[R]) {
-#pragma unroll
-    for (int i = 0; i < R; ++i) asm volatile("" : "+f"(x[i])::"memory");
-}
 template <int R>
 __device__ __forceinline__ void pin_u(unsigned (&x)[R][4]) {
 #pragma unroll
@@ -397,11 +378,6 @@ __device__ __forceinline__ void pin_u(unsigned (&x)[R][4]) {
         for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(x[i][j])::"memory");
 }
 
-// shared-memory matrix descriptor (shared-window byte address), no swizzle, base offset 0
-__device__ __forceinline__ desc_t smem_desc16(unsigned addr, unsigned lbo, unsigned sbo) {
-    return (desc_t)((addr & 0x3FFFFu) >> 4) | ((desc_t)((lbo & 0x3FFFFu) >> 4) << 16) |
-           ((desc_t)((sbo & 0x3FFFFu) >> 4) << 32);
-}
 
 // rows [r0, r0 + ROWS) of a D-wide 16-bit matrix (row j at src + off + j * row_stride elements; rows at or
 // past rend are zero-filled) into shared memory at byte address dst in core-matrix order
@@ -493,9 +469,9 @@ dilated_fwd_wgmma_16(DILATED_FWD16_PARAMS(T))
     load_rows_async<T, D, BK, THREADS>(sKV + L::TILE, v, voff, v_row, 0, kend);
     cp_async_commit();
 
-    const desc_t dQ = smem_desc16(sQ + WG_QUERIES * D * 2 * wg, 128, 16 * D);
-    const desc_t dK0 = smem_desc16(sKV, 128, 16 * D);
-    const desc_t dV0 = (VMODE == 0) ? smem_desc16(sKV + L::TILE, 16 * D, 128) : smem_desc16(sVt, 128, 16 * BK);
+    const desc_t dQ = smem_desc(sQ + WG_QUERIES * D * 2 * wg, 128, 16 * D);
+    const desc_t dK0 = smem_desc(sKV, 128, 16 * D);
+    const desc_t dV0 = (VMODE == 0) ? smem_desc(sKV + L::TILE, 16 * D, 128) : smem_desc(sVt, 128, 16 * BK);
     constexpr desc_t STAGE16 = (desc_t)(2 * L::TILE / 16);     // one stage to the next, 16-byte units
 
     const int row0 = qwg + 16 * warp + g;    // this thread's rows: row0, row0 + 8

@@ -43,14 +43,12 @@
 // V^T stores key 8b + 2i + p at k' = 4p + i. Only tiles at the causal or length boundary are masked.
 
 #include "common.cuh"
+#include "wgmma.cuh"
 
-#define WG_THREADS 128
-#define WG_QUERIES 64
 #define WGMMA_GROUP 2
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 
-typedef unsigned long long desc_t;
 
 __device__ __forceinline__ unsigned tf32_bits(float x) {
     unsigned r;
@@ -212,28 +210,8 @@ struct Wgmma<128> {
     }
 };
 
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// ordinary shared-memory stores before it are visible to wgmma (the async proxy) after the next barrier
-__device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
-// keeps the compiler from moving reads or writes of an accumulator across a wgmma issue or wait
-template <int R>
-__device__ __forceinline__ void pin(float (&x)[R]) {
-#pragma unroll
-    for (int i = 0; i < R; ++i) asm volatile("" : "+f"(x[i])::"memory");
-}
 
-// shared-memory matrix descriptor, no swizzle, base offset 0
-__device__ __forceinline__ desc_t smem_desc(const float* p, unsigned lbo, unsigned sbo) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-    return (desc_t)((a & 0x3FFFFu) >> 4) | ((desc_t)((lbo & 0x3FFFFu) >> 4) << 16) |
-           ((desc_t)((sbo & 0x3FFFFu) >> 4) << 32);
-}
 
 template <int N>
 __device__ __forceinline__ void add_to(float* acc, const float (&c)[N]) {

@@ -50,6 +50,10 @@ struct Half16<f16_t> {
     }
 };
 
+// cp.async groups (sm_80+): close the group of copies issued so far; wait until every group has landed
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
 // The arguments of the 16-bit kernels: DILATED_FWD_PARAMS with 16-bit q, k, v, out (float lse)
 #define DILATED_FWD16_PARAMS(T)                                                                           \
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,                            \
