@@ -41,18 +41,10 @@ def _names(variants):
 @pytest.fixture(scope="module")
 def ptx() -> str:
     """The PTX of every instantiation (one NVRTC program, compute_90a)."""
-    prog = nvrtc.createProgram(kernels.source(half.HALF_SOURCE), half.HALF_SOURCE, [], [])
-    try:
-        for n in _names(half.all_half_variants()):
-            nvrtc.addNameExpression(prog, n)
-        try:
-            nvrtc.compileProgram(prog, [*kernels.ARCH_OPTIONS, "-arch=compute_90a"])
-        except nvrtc.NVRTCError as exc:
-            pytest.fail(f"{half.HALF_SOURCE} for compute_90a: {exc}\n{nvrtc.getProgramLog(prog)}")
-        text = nvrtc.getPTX(prog)
-        return text.decode() if isinstance(text, bytes) else text
-    finally:
-        nvrtc.destroyProgram(prog)
+    from hilbert_hpc.kernels.check import compile_templates
+
+    return compile_templates("compute_90a", half.HALF_SOURCE, _names(half.all_half_variants()),
+                             kernels.ARCH_OPTIONS)[1]
 
 
 @needs_nvrtc
@@ -219,18 +211,9 @@ def test_accumulator_is_the_a_fragment():
 @pytest.fixture(scope="module", params=["compute_80", "compute_90"])
 def mma16_ptx(request) -> str:
     """The PTX of every mma16 instantiation for compute_80 and compute_90 (one NVRTC program each)."""
-    prog = nvrtc.createProgram(kernels.source(half.MMA16_SOURCE), half.MMA16_SOURCE, [], [])
-    try:
-        for n in _names(half.all_mma16_variants()):
-            nvrtc.addNameExpression(prog, n)
-        try:
-            nvrtc.compileProgram(prog, [*kernels.OPTIONS, f"-arch={request.param}"])
-        except nvrtc.NVRTCError as exc:
-            pytest.fail(f"{half.MMA16_SOURCE} for {request.param}: {exc}\n{nvrtc.getProgramLog(prog)}")
-        text = nvrtc.getPTX(prog)
-        return text.decode() if isinstance(text, bytes) else text
-    finally:
-        nvrtc.destroyProgram(prog)
+    from hilbert_hpc.kernels.check import compile_templates
+
+    return compile_templates(request.param, half.MMA16_SOURCE, _names(half.all_mma16_variants()))[1]
 
 
 @needs_nvrtc

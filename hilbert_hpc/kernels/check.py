@@ -9,6 +9,7 @@ their own targets only.
 from __future__ import annotations
 
 import sys
+from typing import Sequence
 
 from . import (CHECK_ARCHS, FP32_SOURCE, OPTIONS, SOURCE_ARCHS, SOURCE_MIN_ARCH, TF32X3_SOURCE, TILED_SOURCE,
                WGMMA_SOURCE, all_variants, source)
@@ -30,17 +31,20 @@ def compile_ptx(arch: str, name: str = FP32_SOURCE) -> dict[str, str]:
     return lowered | {"ptx_bytes": str(len(ptx))}
 
 
-def compile_templates(arch: str, name: str) -> tuple[dict[str, str], str]:
-    """Lowered name of every instantiation of ``name`` for ``arch``, and the PTX text."""
+def compile_templates(arch: str, name: str, names: Sequence[str] | None = None,
+                      options: Sequence[str] = OPTIONS) -> tuple[dict[str, str], str]:
+    """Lowered name of every instantiation ``names`` of source ``name`` for ``arch`` (default: the FP32
+    variants of that source), and the PTX text."""
     from cupy.cuda import nvrtc
 
     prog = nvrtc.createProgram(source(name), name, [], [])
     try:
-        names = [v.name for v in all_variants() if v.source == name]
+        if names is None:
+            names = [v.name for v in all_variants() if v.source == name]
         for n in names:
             nvrtc.addNameExpression(prog, n)
         try:
-            nvrtc.compileProgram(prog, [*OPTIONS, f"-arch={arch}"])
+            nvrtc.compileProgram(prog, [*options, f"-arch={arch}"])
         except nvrtc.NVRTCError as exc:
             raise RuntimeError(f"{name} for {arch}: {exc}\n{nvrtc.getProgramLog(prog)}") from None
         ptx = nvrtc.getPTX(prog)
