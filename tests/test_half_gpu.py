@@ -54,20 +54,27 @@ def _sm80() -> bool:
 
 
 @pytest.mark.skipif(not _sm80(), reason="needs a GPU with 16-bit tensor cores (compute capability 8.0+)")
-@pytest.mark.parametrize("variant", ["default", "mma16"])
+@pytest.mark.parametrize("variant", ["default", "wgmma16", "mma16"])
 def test_cuda_backend_in_16_bits_matches_the_peer_rule(tmp_path, monkeypatch, variant):
-    """Both 16-bit kernels (the default for this GPU, and mma16 forced, which is the default off Hopper)."""
+    """Every 16-bit kernel: the default for this GPU (on Hopper tma16 for head dims 64 and 128), wgmma16 and
+    mma16 forced (mma16 is the default off Hopper)."""
     from hilbert_hpc.jobfile import load_job
     from hilbert_hpc.kernels import half
     from hilbert_hpc.mpi import SingleProcessComm
     from hilbert_hpc.runner import run_job
 
+    if variant == "wgmma16" and not _hopper():
+        pytest.skip("wgmma16 needs compute capability 9.0")
     if variant == "default":
         monkeypatch.delenv(half.HALF_ENV, raising=False)
-        expected = "wgmma16" if _hopper() else "mma16"
+
+        def expected(d: int) -> str:
+            return half.HOPPER_DEFAULT[d] if _hopper() else "mma16"
     else:
         monkeypatch.setenv(half.HALF_ENV, variant)
-        expected = variant
+
+        def expected(d: int) -> str:
+            return variant
     (tmp_path / "job.toml").write_text(JOB)
     path = run_job(load_job(tmp_path / "job.toml", world_size=1), str(tmp_path / "r.h5"),
                    comm=SingleProcessComm(), stream=open(os.devnull, "w"), progress=open(os.devnull, "w"))
@@ -78,7 +85,7 @@ def test_cuda_backend_in_16_bits_matches_the_peer_rule(tmp_path, monkeypatch, va
             acc = g["accuracy"].attrs
             assert acc["within_tolerance"] and acc["nonfinite"] == 0, dict(a)
             if a["backend"] == "cuda":
-                assert a["kernel"] == expected
+                assert a["kernel"] == expected(int(a["head_dim"]))
             errors.setdefault((a["dtype"], int(a["head_dim"]), bool(a["causal"])), {})[a["backend"]] = \
                 float(acc["max_rel_err"])
     assert len(errors) == 8

@@ -111,10 +111,37 @@ def test_select_half_on_hopper(monkeypatch):
     for d in half.HALF_HEAD_DIMS:
         for dt, t in half.HALF_TYPES.items():
             v = half.select_half(d, dt)
-            keys, wgs, vmode = half.HALF_CONFIG[d]
-            assert v.name == f"dilated_fwd_wgmma_16<{t},{d},{keys},{wgs},{vmode}>"
-            assert (v.threads, v.block_queries, v.align, v.arch) == (128 * wgs, 64 * wgs, 8, "sm_90a")
+            assert v.variant == half.HOPPER_DEFAULT[d]
+            if v.variant == "tma16":
+                keys, nc, stages, pipe = half.TMA_CONFIG[d]
+                assert v.name == f"dilated_fwd_tma_16<{t},{d},{keys},{nc},{stages},{pipe}>"
+                assert (v.threads, v.block_queries, v.config) == (128 * (nc + 1), 64 * nc, (keys, nc, stages, pipe))
+            else:
+                keys, wgs, vmode = half.HALF_CONFIG[d]
+                assert v.name == f"dilated_fwd_wgmma_16<{t},{d},{keys},{wgs},{vmode}>"
+                assert (v.threads, v.block_queries) == (128 * wgs, 64 * wgs)
+            assert (v.align, v.arch) == (8, "sm_90a")
             assert v.runs_on(90) and not v.runs_on(86) and not v.runs_on(100)
+    assert {half.HOPPER_DEFAULT[d] for d in half.TMA_HEAD_DIMS} == {"tma16"}
+    monkeypatch.setenv(half.HALF_ENV, "tma16:128,2,3,0")
+    assert half.select_half(128, "bf16").name == "dilated_fwd_tma_16<bf16_t,128,128,2,3,0>"
+    monkeypatch.setenv(half.HALF_ENV, "tma16")
+    assert half.select_half(64, "float16").name == half.tma_variant(64, "float16").name
+    with pytest.raises(RuntimeError, match="tma16 supports head_dim in \\[64, 128\\], not 96"):
+        half.select_half(96, "bfloat16")
+    for bad in ("tma16:64,2,3", "tma16:64,5,3,1", "tma16:60,2,3,1", "tma16:64,2,1,1"):
+        monkeypatch.setenv(half.HALF_ENV, bad)
+        with pytest.raises((RuntimeError, ValueError), match="HILBERT_HPC_HALF_KERNEL|tma16 configuration"):
+            half.select_half(64, "bfloat16")
+    monkeypatch.setenv(half.HALF_ENV, "tma16:128,2,4,0")          # 262 KiB: over Hopper's 227 KiB
+    with pytest.raises(RuntimeError, match="bytes of shared memory"):
+        half.select_half(128, "bfloat16")
+    monkeypatch.delenv(half.HALF_ENV)
+    monkeypatch.setattr(kernels, "_compute_capability", lambda: 100)
+    monkeypatch.setenv(half.HALF_ENV, "tma16")
+    with pytest.raises(RuntimeError, match="tma16 runs on compute capability 9.0 only"):
+        half.select_half(64, "bfloat16")
+    monkeypatch.setattr(kernels, "_compute_capability", lambda: 90)
     assert half.select_half(64, "torch.bfloat16") == half.select_half(64, "bf16")
     monkeypatch.setenv(half.HALF_ENV, "wgmma16:64,1,1")
     assert half.select_half(128, "float16").name == "dilated_fwd_wgmma_16<f16_t,128,64,1,1>"
@@ -134,11 +161,12 @@ def test_select_half_on_hopper(monkeypatch):
 
 
 def test_launch_geometry_matches_fused(monkeypatch):
-    """launch_local_patterns hands the kernel the geometry of fused.local_patterns, pointers as uint64."""
+    """launch_local_patterns hands the wgmma16 kernel the geometry of fused.local_patterns, pointers as uint64
+    (tma16's tensor maps: tests/test_tma16.py)."""
     import numpy as np
 
     monkeypatch.setattr(kernels, "_compute_capability", lambda: 90)
-    monkeypatch.delenv(half.HALF_ENV, raising=False)
+    monkeypatch.setenv(half.HALF_ENV, "wgmma16")
     calls = []
     monkeypatch.setattr(half, "compiled_half",
                         lambda v: lambda grid, block, args, shared_mem=0: calls.append((v, grid, block, args, shared_mem)))

@@ -64,7 +64,7 @@ SOURCE_MIN_ARCH = {TF32X3_SOURCE: 80, WGMMA_SOURCE: 90}
 SOURCE_ARCHS = {WGMMA_SOURCE: ("compute_90a",)}
 OPTIONS = ("-std=c++14",)
 #: headers the sources include, inlined by ``source`` (so compile caches see their text)
-HEADERS = ("common.cuh", "half16.cuh", "wgmma.cuh")
+HEADERS = ("common.cuh", "half16.cuh", "wgmma.cuh", "wgmma16_ops.cuh")
 VARIANT_ENV = "HILBERT_HPC_FP32_KERNEL"
 PASCAL_SHARED = 48 * 1024
 
@@ -88,6 +88,8 @@ class Variant:
     max_cc: int = 1000
     #: NVRTC target of an architecture-specific variant (compiled to a cubin); None: CuPy's RawModule
     arch: str | None = None
+    #: the variant's configuration (its template arguments after the type and head dim), for its launcher
+    config: tuple = ()
 
     def runs_on(self, cc: int) -> bool:
         """Whether a GPU of compute capability ``cc`` (major * 10 + minor) can run this variant."""

@@ -113,9 +113,9 @@ def main() -> int:
             print(f"{name} {arch}: ok, {len(info) - 1} instantiations, {info['ptx_bytes']} bytes of PTX")
         for name in (PLAIN_SOURCES if arch in CHECK_ARCHS else ()):
             print(f"{name} {arch}: ok, {compile_plain(arch, name)} bytes of PTX")
-    from .half import all_half_variants
+    from .half import all_half_variants, all_tma_variants
 
-    for v in [*(v for v in all_variants() if v.arch), *all_half_variants()]:
+    for v in [*(v for v in all_variants() if v.arch), *all_half_variants(), *all_tma_variants()]:
         r = arch_ptxas_report(v)
         print(f"{v.name} {v.arch}: {r['registers']} registers, {r['stack']} bytes stack, "
               f"{r['spill_stores']}/{r['spill_loads']} bytes spill stores/loads, {v.shared_bytes} bytes shared"

@@ -93,11 +93,12 @@ __device__ __forceinline__ void merge_rows32(float* __restrict__ out, float* __r
 // (row g + 8 h, key kt + 8 b + 2 t + e), o[4 n + 2 h + e] = running output (row g + 8 h, column 8 n + 2 t + e).
 // Scores become mul * score (mul = scale * log2 e, or 1 when Q was pre-scaled); masked (only boundary tiles
 // need it): keys at or past kend, and past i + causal_shift when causal. On return s holds the FP32
-// probabilities exp2(mul s - m), m the running max, l this lane's partial row sum, and o is rescaled.
-template <int NB, int NO>
-__device__ __forceinline__ void online_softmax_tile(float (&s)[4 * NB], float (&o)[NO], float (&m)[2], float (&l)[2],
-                                                    bool masked, int kt, int kend, int causal, int causal_shift,
-                                                    int row0, int t, float mul) {
+// probabilities exp2(mul s - m), m the running max, l this lane's partial row sum, alpha[h] the factor of the
+// running output of row h, and, when RESCALE, o is rescaled by it.
+template <int NB, int NO, bool RESCALE>
+__device__ __forceinline__ void softmax_tile(float (&s)[4 * NB], float (&o)[NO], float (&m)[2], float (&l)[2],
+                                             float (&alpha)[2], bool masked, int kt, int kend, int causal,
+                                             int causal_shift, int row0, int t, float mul) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int i = row0 + 8 * h;
@@ -115,7 +116,8 @@ __device__ __forceinline__ void online_softmax_tile(float (&s)[4 * NB], float (&
             }
         const float m_new = fmaxf(m[h], lanes_max<4>(mx) * mul);
         const float m_use = (m_new == NEG_INF) ? 0.0f : m_new;
-        const float alpha = exp2f(m[h] - m_use);
+        const float a = exp2f(m[h] - m_use);
+        alpha[h] = a;
         float sum = 0.0f;
 #pragma unroll
         for (int b = 0; b < NB; ++b)
@@ -125,12 +127,34 @@ __device__ __forceinline__ void online_softmax_tile(float (&s)[4 * NB], float (&
                 x = exp2f(fmaf(x, mul, -m_use));
                 sum += x;
             }
-        l[h] = l[h] * alpha + sum;           // this lane's partial row sum (FP32 probabilities)
+        l[h] = l[h] * a + sum;               // this lane's partial row sum (FP32 probabilities)
         m[h] = m_new;
+        if (RESCALE)
+#pragma unroll
+            for (int n = 0; n < NO / 4; ++n) {
+                o[4 * n + 2 * h] *= a;
+                o[4 * n + 2 * h + 1] *= a;
+            }
+    }
+}
+
+// softmax_tile with the running output o rescaled in place.
+template <int NB, int NO>
+__device__ __forceinline__ void online_softmax_tile(float (&s)[4 * NB], float (&o)[NO], float (&m)[2], float (&l)[2],
+                                                    bool masked, int kt, int kend, int causal, int causal_shift,
+                                                    int row0, int t, float mul) {
+    float alpha[2];
+    softmax_tile<NB, NO, true>(s, o, m, l, alpha, masked, kt, kend, causal, causal_shift, row0, t, mul);
+}
+
+// Running output rows (row g + 8 h: o[4 n + 2 h + e]) multiplied by alpha[h] (after softmax_tile<..., false>).
+template <int NO>
+__device__ __forceinline__ void rescale_rows(float (&o)[NO], const float (&alpha)[2]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
 #pragma unroll
         for (int n = 0; n < NO / 4; ++n) {
-            o[4 * n + 2 * h] *= alpha;
-            o[4 * n + 2 * h + 1] *= alpha;
+            o[4 * n + 2 * h] *= alpha[h];
+            o[4 * n + 2 * h + 1] *= alpha[h];
         }
-    }
 }

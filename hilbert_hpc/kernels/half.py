@@ -3,6 +3,10 @@ FP32 softmax and the in-place log-sum-exp merge into a 16-bit output and a float
 
 * ``wgmma16`` (``dilated_fwd_wgmma_16.cu``): Hopper, compute capability 9.0 (wgmma m64nNk16, code for
   sm_90a compiled by NVRTC to a cubin);
+* ``tma16`` (``dilated_fwd_tma_16.cu``): Hopper, head dims 64 and 128, warp-specialized: a producer
+  warpgroup loads Q, K and V with the bulk tensor copy engine (TMA, tensor maps from ``kernels/tma.py``)
+  into mbarrier-guarded stages, consumer warpgroups run wgmma with the next tile's Q K^T under this
+  tile's softmax;
 * ``mma16`` (``dilated_fwd_mma_16.cu``): compute capability 8.0 and newer (mma.sync m16n8k16: A100,
   A10/L40S, RTX 30/40, Blackwell), and Hopper when forced.
 
@@ -12,10 +16,12 @@ arrays) and passed as raw device pointers: ``launch_local_patterns`` takes ints 
 name, and launches one kernel per (pattern, head offset) with the same element-offset geometry as
 ``hilbert_hpc.fused.local_patterns``.
 
-``select_half`` picks ``wgmma16`` on compute capability 9.0 and ``mma16`` on other GPUs from 8.0; older
-GPUs get a RuntimeError that names the dtype and the GPU's compute capability. ``HILBERT_HPC_HALF_KERNEL``
-forces a variant or configuration: ``wgmma16`` (the default table), ``wgmma16:BK,WG,VMODE`` (key tile,
-warpgroups, V mode, e.g. ``wgmma16:64,2,1``), ``mma16`` or ``mma16:BK``.
+``select_half`` picks, on compute capability 9.0, the Hopper variant of ``HOPPER_DEFAULT`` for the head dim
+(``tma16`` or ``wgmma16``), and ``mma16`` on other GPUs from 8.0; older GPUs get a RuntimeError that names the
+dtype and the GPU's compute capability. ``HILBERT_HPC_HALF_KERNEL`` forces a variant or configuration:
+``wgmma16`` (the default table), ``wgmma16:BK,WG,VMODE`` (key tile, warpgroups, V mode, e.g.
+``wgmma16:64,2,1``), ``tma16``, ``tma16:BK,NC,STAGES,PIPE`` (key tile, consumer warpgroups, stages,
+pipelined), ``mma16`` or ``mma16:BK``.
 """
 
 from __future__ import annotations
@@ -65,6 +71,27 @@ HALF_ALTERNATIVES = {
     96: [(128, 2, 1), (64, 2, 0)],
     128: [(128, 2, 1), (64, 2, 0)],
 }
+TMA_SOURCE = "dilated_fwd_tma_16.cu"
+TMA_VARIANT = "tma16"
+#: head dims of tma16 (rows of one or two 128-byte swizzle spans)
+TMA_HEAD_DIMS = (64, 128)
+#: per head dim: (key tile BK, consumer warpgroups NC, stages, PIPE), template arguments of
+#: dilated_fwd_tma_16<T, D, BK, NC, STAGES, PIPE>; PIPE = 1 overlaps the next tile's Q K^T with the softmax.
+#: Measured on an H200 (N = 262,144, patterns (2048,1) (4096,2) (8192,4), bf16, ms non-causal / causal,
+#: tests/scripts/wgmma16_probe.py --sweep, docs/performance.md): D = 64 (H = 12): (64, 4, 3, 1) 8.34 / 5.68,
+#: (96, 3, 3, 1) 8.44 / 5.72, (64, 3, 4, 1) 9.07 / 5.96, (64, 3, 3, 1) 9.03-9.24 / 5.90-6.16, (64, 3, 3, 0)
+#: 9.66 / 6.41, (128, 2, 2, 0) 10.09 / 6.75, (128, 2, 2, 1) 10.86 / 7.51, (64, 2, 3, 1) 11.23 / 6.84,
+#: (64, 3, 2, 1) 11.24 / 6.92; D = 128 (H = 8): (128, 2, 2, 0) 8.10-8.38 / 5.59, (128, 2, 3, 0) 8.05 / 5.75,
+#: (64, 2, 3, 1) 9.23-9.29 / 5.85-6.01, (128, 2, 2, 1) 9.53-9.71 / 6.20-6.36, (64, 2, 4, 0) 9.72 / 6.21,
+#: (96, 2, 3, 0) 10.03 / 5.97. Four consumers (640 threads) fit their code in 96 registers without spills.
+TMA_CONFIG = {64: (64, 4, 3, 1), 128: (128, 2, 2, 0)}
+#: other configurations compiled in CI and timed by tests/scripts/wgmma16_probe.py --sweep
+TMA_ALTERNATIVES = {
+    64: [(96, 3, 3, 1), (64, 3, 3, 1), (64, 3, 4, 1), (64, 3, 3, 0), (128, 2, 2, 0), (128, 2, 2, 1), (64, 2, 3, 1)],
+    128: [(128, 2, 3, 0), (64, 2, 3, 1), (128, 2, 2, 1), (64, 2, 4, 0)],
+}
+#: the Hopper variant per head dim when none is forced (tma16 has head dims 64 and 128)
+HOPPER_DEFAULT = {32: HALF_VARIANT, 64: TMA_VARIANT, 96: HALF_VARIANT, 128: TMA_VARIANT}
 #: rows (and every geometry offset) must be multiples of this many elements (16-byte cp.async)
 HALF_ALIGN = 8
 #: opt-in shared memory per block on compute capability 9.0
@@ -98,6 +125,33 @@ def half_variant(head_dim: int, dtype: Any, cfg: tuple | None = None) -> Variant
     t = HALF_TYPES[name]
     return Variant(HALF_VARIANT, head_dim, HALF_SOURCE, f"dilated_fwd_wgmma_16<{t},{head_dim},{keys},{wgs},{vmode}>",
                    128 * wgs, 64 * wgs, half_shared_bytes(head_dim, keys, wgs, vmode), HALF_ALIGN, 90, 90, HALF_ARCH)
+
+
+def tma_shared_bytes(head_dim: int, keys: int, consumers: int, stages: int) -> int:
+    """Dynamic shared memory of one tma16 block (SmemTma in dilated_fwd_tma_16.cu): Q of the consumer
+    warpgroups, the K/V stages, the mbarriers and 1024 bytes that align the base for the 128-byte swizzle."""
+    return 2 * 64 * consumers * head_dim + 2 * stages * 2 * keys * head_dim + 8 * (1 + 3 * stages) + 1024
+
+
+def tma_variant(head_dim: int, dtype: Any, cfg: tuple | None = None) -> Variant:
+    """The tma16 variant for ``head_dim`` and ``dtype`` with configuration ``cfg`` (BK, NC, STAGES, PIPE)."""
+    if head_dim not in TMA_HEAD_DIMS:
+        raise ValueError(f"{TMA_VARIANT} supports head_dim in {list(TMA_HEAD_DIMS)}, got {head_dim}")
+    name = dtype_name(dtype)
+    keys, nc, stages, pipe = (int(x) for x in (TMA_CONFIG[head_dim] if cfg is None else cfg))
+    if keys % 16 or not 16 <= keys <= 256 or nc not in (1, 2, 3, 4) or not 2 <= stages <= 8 or pipe not in (0, 1):
+        raise ValueError(f"{TMA_VARIANT} configuration (BK, NC, STAGES, PIPE) = {(keys, nc, stages, pipe)} "
+                         f"is not supported")
+    return Variant(TMA_VARIANT, head_dim, TMA_SOURCE,
+                   f"dilated_fwd_tma_16<{HALF_TYPES[name]},{head_dim},{keys},{nc},{stages},{pipe}>",
+                   128 * (nc + 1), 64 * nc, tma_shared_bytes(head_dim, keys, nc, stages), HALF_ALIGN, 90, 90,
+                   HALF_ARCH, (keys, nc, stages, pipe))
+
+
+def all_tma_variants() -> list[Variant]:
+    """Every tma16 instantiation CI compiles: both dtypes, its head dims, default and alternative configurations."""
+    return [tma_variant(d, name, cfg) for name in HALF_TYPES for d in TMA_HEAD_DIMS
+            for cfg in dict.fromkeys([TMA_CONFIG[d], *TMA_ALTERNATIVES.get(d, [])])]
 
 
 def mma16_shared_bytes(head_dim: int, keys: int) -> int:
@@ -137,10 +191,11 @@ def all_mma16_variants() -> list[Variant]:
 def _forced_config(forced: str) -> tuple[str, tuple | None]:
     """(variant, configuration) of a HILBERT_HPC_HALF_KERNEL value ('wgmma16' -> the table's, None)."""
     head, _, rest = forced.strip().partition(":")
-    sizes = {HALF_VARIANT: 3, MMA16_VARIANT: 1}
+    sizes = {HALF_VARIANT: 3, TMA_VARIANT: 4, MMA16_VARIANT: 1}
+    spelled = {HALF_VARIANT: "BK,WG,VMODE", TMA_VARIANT: "BK,NC,STAGES,PIPE", MMA16_VARIANT: "BK"}
     if head not in sizes:
-        raise RuntimeError(f"{HALF_ENV}={forced}: unknown 16-bit kernel variant {head!r}; "
-                           f"use {HALF_VARIANT}, {HALF_VARIANT}:BK,WG,VMODE, {MMA16_VARIANT} or {MMA16_VARIANT}:BK")
+        raise RuntimeError(f"{HALF_ENV}={forced}: unknown 16-bit kernel variant {head!r}; use "
+                           + ", ".join(f"{v} or {v}:{spelled[v]}" for v in sizes))
     if not rest:
         return head, None
     try:
@@ -148,7 +203,7 @@ def _forced_config(forced: str) -> tuple[str, tuple | None]:
     except ValueError:
         raise RuntimeError(f"{HALF_ENV}={forced}: expected integers after {head}:") from None
     if len(cfg) != sizes[head]:
-        raise RuntimeError(f"{HALF_ENV}={forced}: {head} takes {'BK,WG,VMODE' if sizes[head] == 3 else 'BK'}")
+        raise RuntimeError(f"{HALF_ENV}={forced}: {head} takes {spelled[head]}")
     return head, cfg
 
 
@@ -161,12 +216,18 @@ def select_half(head_dim: int, dtype: Any) -> Variant:
         raise RuntimeError(f"dtype {name} needs 16-bit tensor cores (compute capability 8.0 or newer); "
                            f"this GPU has {cc / 10:.1f}")
     forced = os.environ.get(HALF_ENV)
-    variant, cfg = _forced_config(forced) if forced else (HALF_VARIANT if cc == 90 else MMA16_VARIANT, None)
-    if variant == HALF_VARIANT:
+    variant, cfg = (_forced_config(forced) if forced else
+                    (HOPPER_DEFAULT.get(head_dim, HALF_VARIANT) if cc == 90 else MMA16_VARIANT, None))
+    if variant in (HALF_VARIANT, TMA_VARIANT):
         if cc != 90:
-            raise RuntimeError(f"{HALF_ENV}={forced}: {HALF_VARIANT} runs on compute capability 9.0 only; "
+            raise RuntimeError(f"{HALF_ENV}={forced}: {variant} runs on compute capability 9.0 only; "
                                f"this GPU has {cc / 10:.1f}")
-        chosen = half_variant(head_dim, name, cfg)
+        if variant == TMA_VARIANT and head_dim not in TMA_HEAD_DIMS:
+            if forced:
+                raise RuntimeError(f"{HALF_ENV}={forced}: {TMA_VARIANT} supports head_dim in "
+                                   f"{list(TMA_HEAD_DIMS)}, not {head_dim}")
+            variant = HALF_VARIANT
+        chosen = (tma_variant if variant == TMA_VARIANT else half_variant)(head_dim, name, cfg)
         limit = HOPPER_SHARED
     else:
         chosen = mma16_variant(head_dim, name, cfg[0] if cfg else None)
@@ -226,6 +287,10 @@ def launch(q: Any, k: Any, v: Any, out: Any, lse: Any, *, qg: tuple, kg: tuple, 
 
     chosen = select_half(head_dim, dtype)
     fn = compiled_half(chosen)
+    if chosen.variant == TMA_VARIANT:
+        _launch_tma(fn, chosen, q, k, v, out, lse, qg=qg, kg=kg, vg=vg, lg=lg, segments=segments, heads=heads,
+                    mq=mq, mk=mk, shift=shift, scale=scale)
+        return
     ptrs = tuple(np.uint64(device_pointer(x)) for x in (q, k, v, out, lse))
     for qc, lc, mc, sc in query_chunks(qg, lg, mq, shift, chosen.block_queries):
         grid = (segments * heads, -(-mc // chosen.block_queries))
@@ -233,6 +298,43 @@ def launch(q: Any, k: Any, v: Any, out: Any, lse: Any, *, qg: tuple, kg: tuple, 
                 np.int32(heads), np.int32(mc), np.int32(mk), np.int32(sc is not None),
                 np.int32(sc or 0), np.float32(scale))
         fn(grid, (chosen.threads,), args, shared_mem=chosen.shared_bytes)
+
+
+#: most blocks of a one-dimensional grid
+MAX_GRID_X = 2**31 - 1
+
+
+def tma_launch_args(chosen: Variant, pointers: tuple, *, qg: tuple, kg: tuple, vg: tuple, lg: tuple,
+                    segments: int, heads: int, mq: int, mk: int, shift: int | None,
+                    scale: float) -> tuple[tuple, tuple, tuple]:
+    """(map geometries of Q, K, V; grid; the kernel arguments after the maps pointer) of one tma16 launch
+    (pointers: q, k, v, out, lse as ints). Query blocks of one problem are adjacent in the 1-D grid."""
+    from . import tma
+
+    keys = chosen.config[0]
+    qptr, kptr, vptr, optr, lptr = (int(x) for x in pointers)
+    maps = (tma.map_geometry(qptr, qg, mq, heads, segments, chosen.head_dim, 64),
+            tma.map_geometry(kptr, kg, mk, heads, segments, chosen.head_dim, keys),
+            tma.map_geometry(vptr, vg, mk, heads, segments, chosen.head_dim, keys))
+    qblocks = -(-mq // chosen.block_queries)
+    blocks = segments * heads * qblocks
+    if blocks > MAX_GRID_X:
+        raise ValueError(f"{chosen.variant}: {blocks} blocks exceed a one-dimensional grid")
+    args = (np.uint64(optr), np.uint64(lptr), *(np.int64(x) for x in (*qg, *lg)), np.int32(heads),
+            np.int32(qblocks), np.int32(mq), np.int32(mk), np.int32(shift is not None), np.int32(shift or 0),
+            np.float32(scale))
+    return maps, (blocks,), args
+
+
+def _launch_tma(fn: Any, chosen: Variant, q: Any, k: Any, v: Any, out: Any, lse: Any, **geometry: Any) -> None:
+    import cupy
+
+    from . import tma
+
+    pointers = tuple(device_pointer(x) for x in (q, k, v, out, lse))
+    maps, grid, args = tma_launch_args(chosen, pointers, **geometry)
+    buffer = tma.device_maps(cupy.cuda.Device().id, maps)
+    fn(grid, (chosen.threads,), (np.uint64(buffer.data.ptr), *args), shared_mem=chosen.shared_bytes)
 
 
 def check_half_arrays(q: Any, k: Any, v: Any, out: Any, lse: Any) -> None:

@@ -3,9 +3,10 @@
     ncu --clock-control none --kernel-name regex:dilated_fwd --launch-skip 7 --launch-count 1 \\
         --section SpeedOfLight --section WarpStateStats python3 tests/scripts/kernel_once.py wgmma 64
 
-Arguments: variant (FP32: wgmma, tf32x3, tiled128, ...; bfloat16: wgmma16, mma16), head dim (default 64),
+Arguments: variant (FP32: wgmma, tf32x3, tiled128, ...; bfloat16: wgmma16, tma16, mma16), head dim (default 64),
 tokens (default 262144), heads (default 768 / head dim), and for wgmma a block configuration
-"keys,warpgroups,parts" (kernels.WGMMA_CONFIG), for wgmma16 "keys,warpgroups,vmode", for mma16 "keys". A warm-up call (7 launches for the anchor's patterns, compiles the
+"keys,warpgroups,parts" (kernels.WGMMA_CONFIG), for wgmma16 "keys,warpgroups,vmode", for tma16
+"keys,consumers,stages,pipe", for mma16 "keys". A warm-up call (7 launches for the anchor's patterns, compiles the
 kernel) comes first, so ``--launch-skip 7`` profiles the first launch of the measured call: pattern
 (2048, 1), all heads.
 """
@@ -31,7 +32,7 @@ def main() -> int:
     if len(sys.argv) > 5:
         kernels.WGMMA_CONFIG[d] = tuple(int(x) for x in sys.argv[5].split(","))
     patterns = [Pattern(2048, 1), Pattern(4096, 2), Pattern(8192, 4)]
-    if variant in ("wgmma16", "mma16"):
+    if variant in ("wgmma16", "tma16", "mma16"):
         return sixteen_bit(variant, d, n, h, sys.argv[5] if len(sys.argv) > 5 else "", patterns)
     os.environ[kernels.VARIANT_ENV] = variant
     rng = cupy.random.default_rng(3)

@@ -1,8 +1,13 @@
-"""Probe of the Hopper 16-bit (bfloat16 / float16) wgmma kernel on an H100/H200: accuracy, then speed.
+"""Probe of the Hopper 16-bit (bfloat16 / float16) kernels on an H100/H200: accuracy, then speed.
 
     python3 tests/scripts/wgmma16_probe.py            # under a minute on an H200
     python3 tests/scripts/wgmma16_probe.py --quick    # accuracy and the D=64 bf16 timing only
     python3 tests/scripts/wgmma16_probe.py --sweep    # also time every configuration of half.HALF_ALTERNATIVES
+                                                      # and half.TMA_ALTERNATIVES
+    python3 tests/scripts/wgmma16_probe.py --variants tma16   # only these Hopper variants (default: both)
+
+Each Hopper variant (``wgmma16``, and ``tma16`` where it has the head dim) is probed in turn, forced through
+HILBERT_HPC_HALF_KERNEL.
 
 1. For bfloat16 and float16, head dims 32, 64, 96, 128, causal and not, an evenly tiled and a ragged problem:
    inputs made by torch in 16 bits on the GPU, ``hilbert_hpc.kernels.half.launch_local_patterns`` into
@@ -101,12 +106,17 @@ def errors(got: torch.Tensor, want: torch.Tensor) -> tuple[float, float]:
     return (mx if torch.isfinite(got.double()).all() else math.inf), rel
 
 
-def accuracy(quick: bool) -> tuple[bool, list[str]]:
+def variant_dims(variant: str) -> tuple[int, ...]:
+    return half.TMA_HEAD_DIMS if variant == half.TMA_VARIANT else half.HALF_HEAD_DIMS
+
+
+def accuracy(quick: bool, variant: str) -> tuple[bool, list[str]]:
     ok, failures = True, []
-    print(f"accuracy vs float64 from the same 16-bit inputs: max |err| / max |ref| (and relative L2) of ours "
-          f"and of the PyTorch peer; rule ours <= {FACTOR:g}x peer")
+    os.environ[half.HALF_ENV] = variant
+    print(f"{variant}: accuracy vs float64 from the same 16-bit inputs: max |err| / max |ref| (and relative L2) "
+          f"of ours and of the PyTorch peer; rule ours <= {FACTOR:g}x peer")
     for dname, dt in DTYPES.items():
-        for d in half.HALF_HEAD_DIMS:
+        for d in variant_dims(variant):
             for causal in (False, True):
                 for pi, (n, h, pats) in enumerate(PROBLEMS):
                     g = torch.Generator(device="cuda").manual_seed(1000 * d + 10 * pi + causal)
@@ -122,7 +132,7 @@ def accuracy(quick: bool) -> tuple[bool, list[str]]:
                         got = ours(q, k, v, pats, causal, scale)
                         torch.cuda.synchronize()
                     except Exception as exc:  # noqa: BLE001 - report and go on
-                        msg = describe_failure("wgmma16", d, dname, exc)
+                        msg = describe_failure(variant, d, dname, exc)
                         if msg not in failures:
                             failures.append(msg)
                         print(line + " | ours FAILED", flush=True)
@@ -132,23 +142,31 @@ def accuracy(quick: bool) -> tuple[bool, list[str]]:
                     bad = not om <= FACTOR * pm
                     ok = ok and not bad
                     print(line + f" | ours {om:.2e} ({orl:.2e}) ratio {om / pm:.2f}{' BAD' if bad else ''}", flush=True)
+    os.environ.pop(half.HALF_ENV, None)
     if not quick:
-        ok_d = diagnostics()
+        ok_d = diagnostics(variant)
         ok = ok and ok_d
     return ok, failures
 
 
-def diagnostics() -> bool:
+def configurations(variant: str, d: int) -> list[tuple]:
+    if variant == half.TMA_VARIANT:
+        return list(dict.fromkeys([half.TMA_CONFIG[d], *half.TMA_ALTERNATIVES.get(d, [])]))
+    return list(dict.fromkeys([half.HALF_CONFIG[d], *half.HALF_ALTERNATIVES.get(d, [])]))
+
+
+def diagnostics(variant: str) -> bool:
     """Every alternative configuration on the ragged problem, causal and not (bf16 and fp16)."""
     ok = True
     n, h, pats = PROBLEMS[1]
-    print("configurations (BK, WG, VMODE) on the ragged problem: max |err| / max |ref|, causal 0 and 1 "
-          "(VMODE 0: V MN-major via imm-trans-b; 1: V transposed into K-major shared memory)")
+    print(f"{variant} configurations on the ragged problem: max |err| / max |ref|, causal 0 and 1 "
+          "(wgmma16 (BK, WG, VMODE), VMODE 0: V MN-major via imm-trans-b; 1: V transposed into K-major shared "
+          "memory; tma16 (BK, NC, STAGES, PIPE))")
     for dname, dt in DTYPES.items():
-        for d in half.HALF_HEAD_DIMS:
+        for d in variant_dims(variant):
             cells = []
-            for cfg in dict.fromkeys([half.HALF_CONFIG[d], *half.HALF_ALTERNATIVES.get(d, [])]):
-                os.environ[half.HALF_ENV] = f"wgmma16:{cfg[0]},{cfg[1]},{cfg[2]}"
+            for cfg in configurations(variant, d):
+                os.environ[half.HALF_ENV] = f"{variant}:{','.join(map(str, cfg))}"
                 res = []
                 try:
                     for causal in (False, True):
@@ -193,7 +211,7 @@ def useful_tflops(n: int, h: int, d: int, patterns, causal: bool, ms: float) -> 
     return useful_flops(n, h, d, patterns, causal) / ms / 1e9
 
 
-def timing(quick: bool, sweep: bool) -> tuple[bool, list[str]]:
+def timing(quick: bool, sweep: bool, variants: list[str]) -> tuple[bool, list[str]]:
     ok, failures = True, []
     cases = [(262144, 12, 64)] + ([] if quick else [(262144, 8, 128)])
     dtypes = ["bfloat16"] if quick else list(DTYPES)
@@ -213,32 +231,39 @@ def timing(quick: bool, sweep: bool) -> tuple[bool, list[str]]:
 
             for causal in (False, True):
                 t_peer = time_ms(lambda: serialized_attention(q, k, v, ANCHOR, causal, scale))
-                try:
-                    t_ours = time_ms(lambda: ours(q, k, v, ANCHOR, causal, scale, out, lse), reset=reset)
-                except Exception as exc:  # noqa: BLE001
-                    msg = describe_failure("wgmma16", d, dname, exc)
-                    if msg not in failures:
-                        failures.append(msg)
-                    ok = False
-                    print(f"  N={n} H={h:2d} D={d:3d} {dname:8s} causal={int(causal)} peer {t_peer:7.2f} ms | "
-                          f"ours FAILED", flush=True)
-                    continue
-                print(f"  N={n} H={h:2d} D={d:3d} {dname:8s} causal={int(causal)} peer {t_peer:7.2f} ms "
-                      f"({useful_tflops(n, h, d, ANCHOR, causal, t_peer):5.1f} TFLOP/s) | ours {t_ours:7.2f} ms "
-                      f"({useful_tflops(n, h, d, ANCHOR, causal, t_ours):5.1f} TFLOP/s) speedup {t_peer / t_ours:.2f}x",
-                      flush=True)
-            if sweep:
-                for cfg in half.HALF_ALTERNATIVES.get(d, []):
-                    os.environ[half.HALF_ENV] = f"wgmma16:{cfg[0]},{cfg[1]},{cfg[2]}"
+                for variant in variants:
+                    if d not in variant_dims(variant):
+                        continue
+                    os.environ[half.HALF_ENV] = variant
                     try:
-                        t = [time_ms(lambda: ours(q, k, v, ANCHOR, c, scale, out, lse), reps=3, warm=1, reset=reset)
-                             for c in (False, True)]
-                        print(f"    {dname} D={d} (BK, WG, VMODE) = {cfg}: {t[0]:7.2f} {t[1]:7.2f} ms "
-                              f"({useful_tflops(n, h, d, ANCHOR, False, t[0]):.1f} TFLOP/s non-causal)", flush=True)
+                        t_ours = time_ms(lambda: ours(q, k, v, ANCHOR, causal, scale, out, lse), reset=reset)
                     except Exception as exc:  # noqa: BLE001
-                        print(f"    {cfg}: FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                        msg = describe_failure(variant, d, dname, exc)
+                        if msg not in failures:
+                            failures.append(msg)
+                        ok = False
+                        print(f"  N={n} H={h:2d} D={d:3d} {dname:8s} causal={int(causal)} peer {t_peer:7.2f} ms | "
+                              f"{variant} FAILED", flush=True)
+                        continue
                     finally:
                         os.environ.pop(half.HALF_ENV, None)
+                    print(f"  N={n} H={h:2d} D={d:3d} {dname:8s} causal={int(causal)} peer {t_peer:7.2f} ms "
+                          f"({useful_tflops(n, h, d, ANCHOR, causal, t_peer):5.1f} TFLOP/s) | {variant:7s} "
+                          f"{t_ours:7.2f} ms ({useful_tflops(n, h, d, ANCHOR, causal, t_ours):5.1f} TFLOP/s) "
+                          f"speedup {t_peer / t_ours:.2f}x", flush=True)
+            sweeps = [(variant, cfg) for variant in variants if d in variant_dims(variant)
+                      for cfg in configurations(variant, d)[1:]] if sweep and dname == "bfloat16" else []
+            for variant, cfg in sweeps:
+                os.environ[half.HALF_ENV] = f"{variant}:{','.join(map(str, cfg))}"
+                try:
+                    t = [time_ms(lambda: ours(q, k, v, ANCHOR, c, scale, out, lse), reps=3, warm=1, reset=reset)
+                         for c in (False, True)]
+                    print(f"    {dname} D={d} {variant} {cfg}: {t[0]:7.2f} {t[1]:7.2f} ms "
+                          f"({useful_tflops(n, h, d, ANCHOR, False, t[0]):.1f} TFLOP/s non-causal)", flush=True)
+                except Exception as exc:  # noqa: BLE001
+                    print(f"    {cfg}: FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                finally:
+                    os.environ.pop(half.HALF_ENV, None)
             del q, k, v, out, lse
             torch.cuda.empty_cache()
     return ok, failures
@@ -246,6 +271,9 @@ def timing(quick: bool, sweep: bool) -> tuple[bool, list[str]]:
 
 def main() -> int:
     quick, sweep = "--quick" in sys.argv, "--sweep" in sys.argv
+    variants = [half.HALF_VARIANT, half.TMA_VARIANT]
+    if "--variants" in sys.argv:
+        variants = sys.argv[sys.argv.index("--variants") + 1].split(",")
     t0 = time.time()
     props = torch.cuda.get_device_properties(0)
     cc = props.major * 10 + props.minor
@@ -260,9 +288,12 @@ def main() -> int:
     for d in half.HALF_HEAD_DIMS:
         v = half.select_half(d, "bfloat16")
         print(f"  D={d}: {v.name}, {v.threads} threads, {v.block_queries} queries, {v.shared_bytes} bytes shared")
-    ok_a, fail_a = accuracy(quick)
+    ok_a, fail_a = True, []
+    for variant in variants:
+        ok_v, fail_v = accuracy(quick, variant)
+        ok_a, fail_a = ok_a and ok_v, fail_a + fail_v
     print(f"accuracy done in {time.time() - t0:.1f} s", flush=True)
-    ok_t, fail_t = timing(quick, sweep)
+    ok_t, fail_t = timing(quick, sweep, variants)
     for msg in dict.fromkeys(fail_a + fail_t):
         print("FAILURE:", msg)
     ok = ok_a and ok_t

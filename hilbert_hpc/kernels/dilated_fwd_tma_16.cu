@@ -1,0 +1,305 @@
+// Hopper (sm_90a) warp-specialized dilated-attention forward for 16-bit inputs (bfloat16 or float16): a
+// producer warpgroup feeds the tiles with the bulk tensor copy engine (TMA) into a ring of shared-memory
+// stages guarded by mbarriers, and NC consumer warpgroups (64 queries each) run warpgroup MMA (wgmma
+// m64nNk16, FP32 accumulation), the FP32 online softmax and the in-place log-sum-exp merge.
+//
+// Same problem geometry, merge and masking contract as dilated_fwd_wgmma_16.cu (problems numbered
+// (segment, head-in-group); query i sees key j when j < mk and, if causal, j <= i + causal_shift; rows with
+// no visible key are left untouched; 16-bit output rounded once per launch, float32 log-sum-exp), with
+// two differences of form:
+//   * Q, K and V are read through three 4-D tensor maps (CUtensorMap, built on the host by
+//     cuTensorMapEncodeTiled, kernels/tma.py) over (column, head-in-group, row, segment), 128-byte swizzle;
+//     the output keeps the element-offset geometry of Q (q_base, q_seg, q_head, q_row);
+//   * the grid is one-dimensional, query blocks of one problem adjacent (block b: problem b / qblocks,
+//     query block b % qblocks), so the blocks resident at one time share their problems' K and V in L2.
+// Head dims 64 and 128 (rows of 128 bytes per 64-column region; D = 128 is two regions).
+//
+// Block: warpgroup 0 is the producer (one thread issues every copy; setmaxnreg.dec to PREG registers),
+// warpgroups 1..NC consume (setmaxnreg.inc to CREG). Barriers: q_full (Q of the block), and per stage s of
+// STAGES: k_full[s], v_full[s] (transaction-counted by the copy engine), empty[s] (one arrival per consumer
+// thread once its wgmma reading the stage completed). Tile it uses stage it % STAGES with phase
+// (it / STAGES) & 1. Every consumer passes every tile of the block in order (waiting full, arriving empty,
+// computing only the tiles its own queries see), so a stage is refilled only after all consumers are done.
+//
+// Per tile and consumer warpgroup: S = Q K^T (D/16 wgmma m64n{BK}k16, both K-major from shared memory);
+// online softmax in FP32 on the accumulators; P packed to T pairs in registers; O += P V (BK/16 wgmma
+// m64n{D}k16, A = P from registers, B = V MN-major, imm-trans-b = 1). PIPE = 1 overlaps tile it's Q K^T with
+// tile it - 1's P V: S(it) and P(it-1) V(it-1) are issued together, the softmax of S(it) runs while P V is in
+// flight, and the running output is rescaled once that completes (FlashAttention-3's intra-warpgroup
+// pipelining). PIPE = 0: one product at a time.
+//
+// Shared memory, 128-byte swizzle (the copy engine's CU_TENSOR_MAP_SWIZZLE_128B: 16-byte chunk c of row r of
+// a 1024-byte-aligned region lands at chunk c ^ (r % 8)): every tile is stored per 64-column region as
+// [row][128 bytes], 8-row atoms of 1024 bytes. Matrix descriptors (layout type 1 = 128-byte swizzle, bits
+// 62-63; PTX ISA "Shared Memory Matrix Layout", canonical layouts with T = 8 elements per 16 bytes):
+//   K-major, 128B swizzle: ((8,m),(T,2k)):((8T,SBO),(1,T)): SBO = 1024 (next 8 rows); LBO unused (1);
+//     k-step ks (16 columns) starts at region ks / 4, + 32 (ks % 4) bytes;
+//   MN-major, 128B swizzle: ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO)): SBO = 1024 (next 8 K-rows = keys),
+//     LBO = bytes between 64-column regions (BK * 128; only D = 128 has two); k-step kk (16 keys): + 2048 kk.
+
+#include "common.cuh"
+#include "wgmma.cuh"
+#include "half16.cuh"
+#include "wgmma16_ops.cuh"
+
+// A CUtensorMap (opaque, 128 bytes, 64-byte aligned) in global memory: maps[0] = Q, [1] = K, [2] = V.
+struct __align__(64) TensorMap {
+    unsigned long long words[16];
+};
+
+__device__ __forceinline__ desc_t smem_desc_sw128(unsigned addr, unsigned lbo) {
+    return smem_desc(addr, lbo, 1024) | (1ull << 62);
+}
+
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+// until the phase of parity `parity` of the barrier has completed
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+    unsigned done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    } while (!done);
+}
+
+// one box of a 4-D tensor map (coordinates innermost first) into shared memory; completes on `bar`
+__device__ __forceinline__ void tma_load_4d(unsigned dst, const TensorMap* map, int c0, int c1, int c2, int c3,
+                                            unsigned bar) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
+                 ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar) : "memory");
+}
+
+template <int REGS>
+__device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS)); }
+template <int REGS>
+__device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS)); }
+
+// Shared memory of one block in bytes (from a 1024-byte-aligned base): Q of NC warpgroups, STAGES x (K, V)
+// tiles, then the barriers; `bytes` adds the slack that aligns the dynamic shared window's base.
+template <int D, int BK, int NC, int STAGES>
+struct SmemTma {
+    static constexpr int Q_WG = WG_QUERIES * D * 2;
+    static constexpr int TILE = BK * D * 2;
+    static constexpr int REGION = BK * 128;             // one 64-column region of a K or V tile
+    static constexpr int BARS = NC * Q_WG + 2 * STAGES * TILE;
+    static constexpr int bytes = BARS + 8 * (1 + 3 * STAGES) + 1024;
+};
+
+// Registers: the launch bound gives (65536 / threads) per thread, rounded down to 8; the producer gives
+// back all but PREG and the consumers share the rest (at most 240 each).
+template <int NC>
+struct RegsTma {
+    static constexpr int THREADS = WG_THREADS * (NC + 1);
+    static constexpr int ALLOC = ((65536 / THREADS) / 8) * 8 > 255 ? 248 : ((65536 / THREADS) / 8) * 8;
+    static constexpr int PREG = 24;
+    static constexpr int C = (((NC + 1) * ALLOC - PREG) / NC / 8) * 8;
+    static constexpr int CREG = C > 240 ? 240 : C;
+};
+
+template <typename T, int D, int BK, int NC, int STAGES, int PIPE>
+__global__ void __launch_bounds__(WG_THREADS * (NC + 1), 1)
+dilated_fwd_tma_16(const TensorMap* __restrict__ maps, T* __restrict__ out, float* __restrict__ lse,
+                   long long q_base, long long q_seg, long long q_head, long long q_row,
+                   long long l_base, long long l_seg, long long l_head, long long l_row,
+                   int heads, int qblocks, int mq, int mk, int causal, int causal_shift, float scale)
+{
+    using H = Half16<T>;
+    using L = SmemTma<D, BK, NC, STAGES>;
+    using R = RegsTma<NC>;
+    constexpr int BQ = WG_QUERIES * NC;
+    constexpr int NR = D / 64;               // 64-column regions of a row
+    constexpr int NS = BK / 2;               // score registers per thread
+    constexpr int NO = D / 2;                // output registers per thread
+    constexpr int KQ = D / 16;               // k-steps of Q K^T
+    constexpr int KP = BK / 16;              // k-steps of P V
+    static_assert(D == 64 || D == 128, "head dims 64 and 128 (128-byte rows per region)");
+    static_assert(BK % 16 == 0 && BK <= 256 && NC >= 1 && NC <= 4 && STAGES >= 2, "configuration");
+
+    extern __shared__ __align__(128) unsigned char smem_tma[];
+    const unsigned base = ((unsigned)__cvta_generic_to_shared(smem_tma) + 1023u) & ~1023u;
+    const unsigned sQ = base;
+    const unsigned sK = sQ + NC * L::Q_WG;              // stage s: K at sK + 2 s TILE, V at sK + (2 s + 1) TILE
+    const unsigned bars = base + L::BARS;               // q_full, k_full[S], v_full[S], empty[S]
+    const unsigned q_full = bars;
+#define K_FULL(s) (bars + 8 * (1 + (s)))
+#define V_FULL(s) (bars + 8 * (1 + STAGES + (s)))
+#define EMPTY(s) (bars + 8 * (1 + 2 * STAGES + (s)))
+
+    const int tid = threadIdx.x, wg = tid >> 7;
+    const long long problem = (long long)blockIdx.x / qblocks;
+    const int qblock = (int)((long long)blockIdx.x % qblocks) * BQ;
+    const long long problem_seg = problem / heads;
+    const int problem_head = (int)(problem % heads);
+
+    // keys seen by the block: those of its last warpgroup with queries (the causal end grows with the row)
+    const int last_wg = min(NC - 1, (mq - 1 - qblock) / WG_QUERIES);
+    int kend = mk;
+    if (causal) kend = min(kend, max(0, qblock + WG_QUERIES * (last_wg + 1) + causal_shift));
+    if (kend <= 0) return;                   // uniform: no key visible to this block
+    const int ntiles = (kend + BK - 1) / BK;
+
+    if (tid == 0) {
+        mbar_init(q_full, 1);
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(K_FULL(s), 1);
+            mbar_init(V_FULL(s), 1);
+            mbar_init(EMPTY(s), WG_THREADS * NC);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {                           // producer: one thread issues every copy
+        setmaxnreg_dec<R::PREG>();
+        if (tid == 0) {
+            const int seg = (int)problem_seg;
+            mbar_expect_tx(q_full, NC * L::Q_WG);
+            for (int w = 0; w < NC; ++w)
+                for (int r = 0; r < NR; ++r)
+                    tma_load_4d(sQ + (w * NR + r) * (WG_QUERIES * 128), maps, 64 * r, problem_head,
+                                qblock + WG_QUERIES * w, seg, q_full);
+            for (int it = 0; it < ntiles; ++it) {
+                const int s = it % STAGES;
+                if (it >= STAGES) mbar_wait(EMPTY(s), ((it / STAGES) + 1) & 1);
+                const unsigned st = sK + 2 * s * L::TILE;
+                mbar_expect_tx(K_FULL(s), L::TILE);
+                for (int r = 0; r < NR; ++r)
+                    tma_load_4d(st + r * L::REGION, maps + 1, 64 * r, problem_head, it * BK, seg, K_FULL(s));
+                mbar_expect_tx(V_FULL(s), L::TILE);
+                for (int r = 0; r < NR; ++r)
+                    tma_load_4d(st + L::TILE + r * L::REGION, maps + 2, 64 * r, problem_head, it * BK, seg, V_FULL(s));
+            }
+        }
+    } else {                                 // consumers
+        setmaxnreg_inc<R::CREG>();
+        const int w = wg - 1, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
+        const int qwg = qblock + WG_QUERIES * w;
+        int kend_wg = (qwg < mq) ? kend : 0;
+        if (causal) kend_wg = min(kend_wg, max(0, qwg + WG_QUERIES + causal_shift));
+        const int open_end = causal ? min(kend, max(0, qwg + causal_shift + 1)) : kend;
+        const int nt = min(ntiles, (kend_wg + BK - 1) / BK);   // tiles this warpgroup computes (a prefix)
+
+        const unsigned sQw = sQ + w * NR * (WG_QUERIES * 128);
+        const int row0 = qwg + 16 * warp + g;    // this thread's rows: row0, row0 + 8
+        const float mul = scale * LOG2E;
+        float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f}, alpha[2];
+        float o[NO];
+    #pragma unroll
+        for (int i = 0; i < NO; ++i) o[i] = 0.0f;
+        float s[NS];
+        unsigned p[KP][4];
+
+        mbar_wait(q_full, 0);
+
+        // S = Q K^T of tile it into s (issued and committed, not waited for)
+        auto issue_qk = [&](int it) {
+            const unsigned st = sK + 2 * (it % STAGES) * L::TILE;
+            pin(s);
+            wgmma_fence();
+    #pragma unroll
+            for (int ks = 0; ks < KQ; ++ks) {
+                const desc_t dq = smem_desc_sw128(sQw + (ks / 4) * (WG_QUERIES * 128) + 32 * (ks % 4), 16);
+                const desc_t dk = smem_desc_sw128(st + (ks / 4) * L::REGION + 32 * (ks % 4), 16);
+                if (ks == 0)
+                    Wgmma16<T, BK>::template ss<0>(s, dq, dk);
+                else
+                    Wgmma16<T, BK>::template ss<1>(s, dq, dk);
+            }
+            wgmma_commit();
+        };
+        // O += P V of tile it (issued and committed)
+        auto issue_pv = [&](int it) {
+            const unsigned sv = sK + 2 * (it % STAGES) * L::TILE + L::TILE;
+            pin(o);
+            pin_u(p);
+            wgmma_fence();
+    #pragma unroll
+            for (int kk = 0; kk < KP; ++kk)
+                Wgmma16<T, D>::template rs<1, 1>(o, p[kk], smem_desc_sw128(sv + 2048 * kk, L::REGION));
+            wgmma_commit();
+        };
+        auto pack_p = [&]() {
+    #pragma unroll
+            for (int kk = 0; kk < KP; ++kk)
+    #pragma unroll
+                for (int j = 0; j < 4; ++j) p[kk][j] = H::pack(s[8 * kk + 2 * j], s[8 * kk + 2 * j + 1]);
+        };
+        auto softmax = [&](int it) {
+            const int kt = it * BK;
+            softmax_tile<BK / 8, NO, false>(s, o, m, l, alpha, kt + BK > open_end, kt, kend, causal, causal_shift,
+                                             row0, t, mul);
+        };
+
+        if (PIPE) {
+            if (nt > 0) {
+                mbar_wait(K_FULL(0), 0);
+                issue_qk(0);
+                wgmma_wait<0>();
+                pin(s);
+                softmax(0);                      // o is zero: nothing to rescale
+                pack_p();
+                for (int it = 1; it < nt; ++it) {
+                    mbar_wait(K_FULL(it % STAGES), (it / STAGES) & 1);
+                    issue_qk(it);
+                    mbar_wait(V_FULL((it - 1) % STAGES), ((it - 1) / STAGES) & 1);
+                    issue_pv(it - 1);
+                    wgmma_wait<1>();             // S(it) landed; P(it-1) V(it-1) may still run
+                    pin(s);
+                    softmax(it);
+                    wgmma_wait<0>();
+                    pin(o);
+                    mbar_arrive(EMPTY((it - 1) % STAGES));
+                    rescale_rows<NO>(o, alpha);
+                    pack_p();
+                }
+                mbar_wait(V_FULL((nt - 1) % STAGES), ((nt - 1) / STAGES) & 1);
+                issue_pv(nt - 1);
+                wgmma_wait<0>();
+                pin(o);
+                mbar_arrive(EMPTY((nt - 1) % STAGES));
+            }
+        } else {
+            for (int it = 0; it < nt; ++it) {
+                const int st = it % STAGES;
+                const unsigned ph = (it / STAGES) & 1;
+                mbar_wait(K_FULL(st), ph);
+                issue_qk(it);
+                wgmma_wait<0>();
+                pin(s);
+                softmax(it);
+                rescale_rows<NO>(o, alpha);
+                pack_p();
+                mbar_wait(V_FULL(st), ph);
+                issue_pv(it);
+                wgmma_wait<0>();
+                pin(o);
+                mbar_arrive(EMPTY(st));
+            }
+        }
+        // tiles only later warpgroups see: let the producer reuse their stages
+        for (int it = nt; it < ntiles; ++it) {
+            const int st = it % STAGES;
+            const unsigned ph = (it / STAGES) & 1;
+            mbar_wait(K_FULL(st), ph);
+            mbar_wait(V_FULL(st), ph);
+            mbar_arrive(EMPTY(st));
+        }
+
+        const long long qoff = q_base + problem_seg * q_seg + problem_head * q_head;
+        const long long loff = l_base + problem_seg * l_seg + problem_head * l_head;
+        merge_rows16<T, D>(out, lse, qoff, q_row, loff, l_row, row0, mq, t, m, l, o);
+    }
+#undef K_FULL
+#undef V_FULL
+#undef EMPTY
+}

@@ -1,0 +1,110 @@
+"""Tensor maps for the warp-specialized Hopper kernel (``dilated_fwd_tma_16.cu``, variant ``tma16``).
+
+The kernel reads Q, K and V through the bulk tensor copy engine (TMA), which needs a ``CUtensorMap`` per
+tensor: a 128-byte descriptor that the CUDA driver builds on the host (``cuTensorMapEncodeTiled``; CuPy
+does not wrap it, so it is called through ``ctypes`` from ``libcuda``). Each map covers one launch's
+element-offset geometry ``(base, segment, head, row)`` as a 4-D tensor of 16-bit elements with the
+dimensions ordered by stride, innermost first: (column, head-in-group, row, segment). One box is 64 columns
+(128 bytes, the 128-byte swizzle span) of ``box_rows`` rows of one head of one segment.
+
+:func:`map_geometry` is plain arithmetic (tested without a GPU against the kernels' pointer formula);
+:func:`encode` asks the driver; :func:`device_maps` keeps the three maps of a launch in device memory
+(the kernel takes a pointer to them), cached per geometry.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+#: CUtensorMapDataType CU_TENSOR_MAP_DATA_TYPE_UINT16 (the raw bits of bf16/fp16; zero fill is +0 in both)
+DATA_UINT16 = 1
+#: CUtensorMapInterleave NONE, CUtensorMapSwizzle 128B, CUtensorMapL2promotion 256B, CUtensorMapFloatOOBfill NONE
+INTERLEAVE_NONE, SWIZZLE_128B, L2_PROMOTION_256B, OOB_FILL_ZERO = 0, 3, 3, 0
+#: columns of one box: 128 bytes of 16-bit elements, the width of the 128-byte swizzle
+BOX_COLUMNS = 64
+ELEMENT_BYTES = 2
+MAP_BYTES = 128
+
+
+@dataclass(frozen=True)
+class MapGeometry:
+    """One 4-D tensor map: byte address of element (0, 0, 0, 0), sizes (columns, heads, rows, segments),
+    byte strides of heads, rows and segments, and the box (columns, 1, rows, 1)."""
+
+    address: int
+    dims: tuple[int, int, int, int]
+    strides: tuple[int, int, int]
+    box: tuple[int, int, int, int]
+
+    def element_offset(self, column: int, head: int, row: int, segment: int) -> int:
+        """Element offset from the map's address of a coordinate (what the copy engine reads)."""
+        byte = (column * ELEMENT_BYTES + head * self.strides[0] + row * self.strides[1]
+                + segment * self.strides[2])
+        return byte // ELEMENT_BYTES
+
+
+def map_geometry(pointer: int, geo: tuple, rows: int, heads: int, segments: int, head_dim: int,
+                 box_rows: int) -> MapGeometry:
+    """The tensor map of a 16-bit tensor at device address ``pointer`` read with element-offset geometry
+    ``geo = (base, segment, head, row)``: element (column c, head h, row j, segment s) is at
+    ``base + s * segment + h * head + j * row + c``. A dimension of size one gets the packed stride
+    (the driver wants strides that are multiples of 16 bytes; the kernels' rows already are)."""
+    base, seg, head, row = (int(x) for x in geo)
+    if min(rows, heads, segments) < 1:
+        raise ValueError(f"tensor map of an empty launch: rows {rows}, heads {heads}, segments {segments}")
+    head_b = head * ELEMENT_BYTES if heads > 1 else head_dim * ELEMENT_BYTES
+    row_b = row * ELEMENT_BYTES if rows > 1 else head_b * heads
+    seg_b = seg * ELEMENT_BYTES if segments > 1 else row_b * rows
+    strides = (head_b, row_b, seg_b)
+    for what, s in zip(("head", "row", "segment"), strides):
+        if s <= 0 or s % 16 or s >= 1 << 40:
+            raise ValueError(f"tensor map {what} stride of {s} bytes: must be a positive multiple of 16 below 2^40")
+    address = int(pointer) + base * ELEMENT_BYTES
+    if address % 16:
+        raise ValueError(f"tensor map address {address:#x} is not aligned to 16 bytes")
+    if not 1 <= box_rows <= 256:
+        raise ValueError(f"tensor map box of {box_rows} rows (1..256)")
+    return MapGeometry(address, (head_dim, heads, rows, segments), strides, (BOX_COLUMNS, 1, box_rows, 1))
+
+
+@lru_cache(maxsize=1)
+def _driver() -> Any:
+    lib = ctypes.CDLL("libcuda.so.1")
+    fn = lib.cuTensorMapEncodeTiled
+    fn.restype = ctypes.c_int
+    u64p, u32p = ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, u64p, u64p, u32p, u32p,
+                   ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    return fn
+
+
+def encode(g: MapGeometry) -> bytes:
+    """The 128 bytes of the CUtensorMap of ``g`` (128-byte swizzle, zero fill out of bounds)."""
+    host = np.zeros(MAP_BYTES + 64, dtype=np.uint8)
+    start = (-host.ctypes.data) % 64                      # CUtensorMap is 64-byte aligned
+    view = host[start:start + MAP_BYTES]
+    dims = (ctypes.c_uint64 * 4)(*g.dims)
+    strides = (ctypes.c_uint64 * 3)(*g.strides)
+    box = (ctypes.c_uint32 * 4)(*g.box)
+    ones = (ctypes.c_uint32 * 4)(1, 1, 1, 1)
+    rc = _driver()(view.ctypes.data, DATA_UINT16, 4, g.address, dims, strides, box, ones,
+                   INTERLEAVE_NONE, SWIZZLE_128B, L2_PROMOTION_256B, OOB_FILL_ZERO)
+    if rc != 0:
+        raise RuntimeError(f"cuTensorMapEncodeTiled failed (CUresult {rc}) for {g}")
+    return view.tobytes()
+
+
+@lru_cache(maxsize=256)
+def device_maps(device: int, geometries: tuple[MapGeometry, ...]) -> Any:
+    """The encoded maps of ``geometries`` one after another in device memory of ``device`` (a CuPy uint8
+    array, kept alive by this cache as long as the geometry is in use)."""
+    import cupy
+
+    data = np.frombuffer(b"".join(encode(g) for g in geometries), dtype=np.uint8)
+    with cupy.cuda.Device(device):
+        return cupy.asarray(data)

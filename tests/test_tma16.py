@@ -1,0 +1,138 @@
+"""The warp-specialized Hopper kernel (dilated_fwd_tma_16.cu, variant tma16) and its tensor maps, without a GPU.
+
+NVRTC compiles every instantiation to an sm_90a cubin: bulk tensor copies completing on mbarriers, the
+producer/consumer register split (setmaxnreg), 16-bit wgmma, no spills, no serialized wgmma. The tensor
+maps of every launch (kernels/tma.py) address exactly the elements of the launch's element-offset
+geometry, for local patterns and for packed ring blocks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+import numpy as np
+import pytest
+
+from hilbert_hpc import kernels
+from hilbert_hpc.fused import FusedKernels
+from hilbert_hpc.kernels import half, tma
+
+try:
+    from cupy.cuda import nvrtc
+
+    nvrtc.getVersion()
+    HAVE_NVRTC = True
+except Exception:  # noqa: BLE001 - CuPy or libnvrtc missing
+    HAVE_NVRTC = False
+
+needs_nvrtc = pytest.mark.skipif(not HAVE_NVRTC, reason="needs CuPy with NVRTC")
+VARIANTS = half.all_tma_variants()
+
+
+@needs_nvrtc
+def test_ptx_has_bulk_tensor_copies_mbarriers_and_register_split():
+    from hilbert_hpc.kernels.check import compile_templates
+
+    ptx = compile_templates("compute_90a", half.TMA_SOURCE, [v.name for v in VARIANTS], kernels.ARCH_OPTIONS)[1]
+    for needle in ("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes",
+                   "mbarrier.try_wait.parity.shared::cta.b64", "mbarrier.arrive.expect_tx.shared::cta.b64",
+                   "setmaxnreg.dec.sync.aligned.u32 24", "setmaxnreg.inc.sync.aligned.u32",
+                   "fence.mbarrier_init.release.cluster"):
+        assert needle in ptx, needle
+    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.bf16\.bf16", ptx)
+    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.f16\.f16", ptx)
+    assert "cp.async.cg" not in ptx                      # every tile comes through the copy engine
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("v", VARIANTS, ids=[v.name for v in VARIANTS])
+def test_sm90a_cubin_without_spills(v):
+    from hilbert_hpc.kernels.check import arch_ptxas_report
+
+    r = arch_ptxas_report(v)
+    assert r["cubin_bytes"] > 0, r["log"]
+    assert r["spill_stores"] == 0 and r["spill_loads"] == 0 and r["stack"] == 0, f"{v.name}: spills\n{r['log']}"
+    assert not r["serialized"], f"{v.name}: ptxas serialized wgmma\n{r['log']}"
+    assert 0 < r["registers"] <= 65536 // v.threads        # one block per SM: what setmaxnreg redistributes
+    assert v.shared_bytes <= half.HOPPER_SHARED
+
+
+def test_shared_bytes_and_threads_follow_the_configuration():
+    v = half.tma_variant(64, "bfloat16", (64, 4, 3, 1))
+    assert (v.threads, v.block_queries, v.config) == (640, 256, (64, 4, 3, 1))
+    assert v.shared_bytes == 2 * 256 * 64 + 3 * 2 * 64 * 64 * 2 + 8 * 10 + 1024
+    assert v.name == "dilated_fwd_tma_16<bf16_t,64,64,4,3,1>" and v.arch == "sm_90a" and v.runs_on(90)
+    with pytest.raises(ValueError, match="head_dim"):
+        half.tma_variant(96, "bfloat16")
+
+
+def _launches(monkeypatch, n: int, heads: int, d: int, patterns, causal: bool) -> list[dict]:
+    """The launch geometries FusedKernels hands the 16-bit launcher for these local patterns."""
+    calls: list[dict] = []
+    fk = FusedKernels(lambda *arrays, **geo: calls.append(geo))
+    fk.local_patterns(0, 0, 0, patterns, causal, 0.125, 0, 0, shape=(n, heads, d))
+    return calls
+
+
+def _check_maps(v, geo: dict, n: int, heads: int, d: int) -> None:
+    """Every map coordinate addresses the element the launch geometry names, inside the (n, H, D) array."""
+    pointers = (0x10000, 0x20000, 0x30000, 0x40000, 0x50000)
+    maps, grid, args = half.tma_launch_args(v, pointers, **{k: geo[k] for k in (
+        "qg", "kg", "vg", "lg", "segments", "heads", "mq", "mk", "shift", "scale")})
+    keys, nc = v.config[0], v.config[1]
+    segments, nh, mq, mk = geo["segments"], geo["heads"], geo["mq"], geo["mk"]
+    assert grid == (segments * nh * -(-mq // (64 * nc)),)
+    assert [int(a) for a in args[:2]] == [0x40000, 0x50000]
+    assert [int(a) for a in args[2:10]] == [*geo["qg"], *geo["lg"]]
+    assert [int(a) for a in args[10:16]] == [nh, -(-mq // (64 * nc)), mq, mk, geo["shift"] is not None,
+                                             geo["shift"] or 0]
+    for m, ptr, g, rows, box in ((maps[0], pointers[0], geo["qg"], mq, 64), (maps[1], pointers[1], geo["kg"], mk, keys),
+                                 (maps[2], pointers[2], geo["vg"], mk, keys)):
+        assert m.dims == (d, nh, rows, segments) and m.box == (64, 1, box, 1)
+        assert m.address == ptr + 2 * g[0] and all(s % 16 == 0 for s in m.strides)
+        base = (m.address - ptr) // 2
+        for c, h, j, s in itertools.product({0, 63, d - 1}, {0, nh - 1}, {0, 1, rows - 1}, {0, segments - 1}):
+            if j >= rows:
+                continue
+            want = g[0] + s * g[1] + h * g[2] + j * g[3] + c
+            assert base + m.element_offset(c, h, j, s) == want
+            assert 0 <= want < n * heads * d
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", half.TMA_HEAD_DIMS)
+def test_maps_address_the_local_pattern_geometry(monkeypatch, d, causal):
+    n, heads = 16384, 6
+    calls = _launches(monkeypatch, n, heads, d, [(2048, 1), (4096, 2), (8192, 4), (16384, 8)], causal)
+    assert len(calls) == 1 + 2 + 4 + 6                   # one launch per pattern and head offset (r >= H: H)
+    for cfg in [half.TMA_CONFIG[d], *half.TMA_ALTERNATIVES[d]]:
+        v = half.tma_variant(d, "bfloat16", cfg)
+        for geo in calls:
+            _check_maps(v, geo, n, heads, d)
+
+
+def test_maps_address_a_packed_ring_block():
+    """Ring blocks: one segment (stride 0 in the geometry) and packed K/V rows of nh heads."""
+    n, heads, d, r, o = 4096, 6, 64, 4, 1
+    row, nh, mk = heads * d, len(range(o, heads, r)), 512
+    geo = dict(qg=(o * row + o * d, 0, r * d, r * row), kg=(0, 0, d, nh * d), vg=(mk * nh * d, 0, d, nh * d),
+               lg=(o * heads + o, 0, r, r * heads), segments=1, heads=nh, mq=n // r, mk=mk, shift=0, scale=0.1)
+    v = half.tma_variant(d, "float16")
+    maps, _, _ = half.tma_launch_args(v, (0, 0, 0, 0, 0), **geo)
+    assert maps[0].strides[2] == maps[0].strides[1] * (n // r)     # the segment stride of one segment: packed
+    _check_maps(v, geo, n, heads, d)
+
+
+def test_map_geometry_refuses_what_the_copy_engine_cannot_read():
+    with pytest.raises(ValueError, match="row stride of 72 bytes"):
+        tma.map_geometry(0, (0, 0, 0, 36), 8, 1, 1, 64, 64)
+    with pytest.raises(ValueError, match="not aligned to 16 bytes"):
+        tma.map_geometry(8, (0, 0, 64, 64 * 2), 8, 2, 1, 64, 64)
+    with pytest.raises(ValueError, match="box of 512 rows"):
+        tma.map_geometry(0, (0, 0, 64, 128), 8, 2, 1, 64, 512)
+    with pytest.raises(ValueError, match="empty launch"):
+        tma.map_geometry(0, (0, 0, 64, 128), 0, 2, 1, 64, 64)
+    g = tma.map_geometry(0x100, (8, 1 << 20, 64, 128), 8, 2, 3, 64, 64)
+    assert (g.address, g.strides, g.dims) == (0x110, (128, 256, 2 << 20), (64, 2, 8, 3))
+    assert isinstance(np.uint64(g.address), np.uint64)
