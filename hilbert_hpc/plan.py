@@ -75,6 +75,11 @@ def estimate(case: Case) -> Estimate:
     row = case.heads * case.head_dim
     floor = case.batch * shard * row * (3 * itemsize + out_item)
     memory = floor + shard * case.heads * acc
+    if case.backend == "cuda" and itemsize == 2:
+        from .kernels.half import TMA_HEAD_DIMS, scratch_heads
+
+        if case.head_dim in TMA_HEAD_DIMS:           # tma16's float32 running output of local patterns, per head group
+            memory += shard * scratch_heads(case.heads) * case.head_dim * 4
     largest, sent = _ring_bytes(case, shard, itemsize) if ranks > 1 else (0, 0)
     memory += 2 * largest
     on_gpu = case.backend in ("cupy", "cuda-fp32", "cuda")

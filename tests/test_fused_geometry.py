@@ -19,10 +19,12 @@ from hilbert_hpc.ring import ring_dilated_attention
 from hilbert_hpc.sharding import Layout, check_distribution
 
 
-def numpy_launch(q, k, v, out, lse, *, qg, kg, vg, lg, segments, heads, mq, mk, shift, scale, head_dim):
+def numpy_launch(q, k, v, out, lse, *, qg, kg, vg, lg, segments, heads, mq, mk, shift, scale, head_dim, og=None,
+                 accumulate=False):
     """One fused launch: for each (segment, head) problem, rows at base + seg*segment + head*h + i*row;
     query i sees key j < mk (and j <= i + shift when shift is not None); the result merges by log-sum-exp
-    into out (rows of q's geometry) and lse (lg); rows with no visible key stay untouched."""
+    into out (rows of q's geometry, or of og when given: tma16's float32 running output) and lse (lg); rows
+    with no visible key stay untouched."""
     qf, kf, vf, of, lf = (x.reshape(-1) for x in (q, k, v, out, lse))
     assert np.shares_memory(of, out) and np.shares_memory(lf, lse)
     cols = np.arange(head_dim)
@@ -31,7 +33,7 @@ def numpy_launch(q, k, v, out, lse, *, qg, kg, vg, lg, segments, heads, mq, mk, 
             def rows(g, m):
                 return (g[0] + s * g[1] + h * g[2] + g[3] * np.arange(m))[:, None] + cols
 
-            qi, ki, vi = rows(qg, mq), rows(kg, mk), rows(vg, mk)
+            qi, ki, vi, oi = rows(qg, mq), rows(kg, mk), rows(vg, mk), rows(qg if og is None else og, mq)
             li = lg[0] + s * lg[1] + h * lg[2] + lg[3] * np.arange(mq)
             scores = qf[qi] @ kf[ki].T * scale
             if shift is not None:
@@ -45,8 +47,8 @@ def numpy_launch(q, k, v, out, lse, *, qg, kg, vg, lg, segments, heads, mq, mk, 
             top = np.maximum(old, part_lse)
             wa = np.where(np.isneginf(old), 0.0, np.exp(old - top))
             wb = np.exp(part_lse - top)
-            prev = np.where(np.isneginf(old)[:, None], 0.0, of[qi[seen]])
-            of[qi[seen]] = (prev * wa[:, None] + part * wb[:, None]) / (wa + wb)[:, None]
+            prev = np.where(np.isneginf(old)[:, None], 0.0, of[oi[seen]])
+            of[oi[seen]] = (prev * wa[:, None] + part * wb[:, None]) / (wa + wb)[:, None]
             lf[li[seen]] = top + np.log(wa + wb)
 
 
@@ -70,6 +72,42 @@ def test_local_patterns_geometry_equals_the_unfused_computation(patterns, heads,
     KERNELS.local_patterns(qs, ks, vs, pats, causal, 0.3, out, lse)
     assert out.dtype == lse.dtype == np.float64
     assert np.abs(out - want).max() <= 1e-12 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("heads,group", [(7, 2), (7, 3), (6, 1), (5, 5), (8, 2)])
+def test_head_groups_of_the_float32_running_output_equal_the_unfused_computation(heads, group, causal):
+    """tma16's FP32 running output (kernels.half.HalfKernels): every local pattern of a group of heads merged
+    into a float32 scratch (n, group, D) through its own output geometry, the group's output widened into it
+    first and written back after; groups that do not line up with the dilations, and dilations above H."""
+    from hilbert_hpc.kernels import half
+
+    n, d = 192, 8
+    qs, ks, vs = _inputs(n, heads, d)
+    pats = [Pattern(16, 1), Pattern(48, 3), Pattern(64, 2), Pattern(192, 8)]
+    want = local_dilated_attention(qs, ks, vs, pats, causal, 0.3)
+    out, lse = np.zeros((n, heads, d)), np.full((n, heads), -np.inf)
+    launches = 0
+    for h0 in range(0, heads, group):
+        h1 = min(heads, h0 + group)
+        scratch = np.full((n, group, d), np.nan)
+        scratch[:, :h1 - h0] = out[:, h0:h1]
+        for kw in half.group_launches(pats, causal, 0.3, n, heads, d, h0, h1, group):
+            assert kw.pop("accumulate") and 0 < kw["heads"] <= group
+            numpy_launch(qs, ks, vs, scratch, lse, **kw)
+            launches += 1
+        assert np.isnan(scratch[:, h1 - h0:]).all()      # nothing written past the group
+        out[:, h0:h1] = scratch[:, :h1 - h0]
+    assert np.abs(out - want).max() <= 1e-12 * np.abs(want).max()
+    assert launches == sum(len({h % r for h in range(h0, min(heads, h0 + group))})
+                           for h0 in range(0, heads, group) for r in (1, 3, 2, 8))
+
+
+def test_scratch_heads_keep_the_scratch_small():
+    from hilbert_hpc.kernels import half
+
+    assert [half.scratch_heads(h) for h in (1, 3, 4, 8, 12, 16)] == [1, 1, 2, 4, 6, 8]
+    assert all(4 * half.scratch_heads(h) <= 8 * h / 4 for h in range(2, 64))   # <= 1/4 of 16-bit Q/K/V/O
 
 
 def test_sixteen_bit_provider_keeps_a_16bit_output():

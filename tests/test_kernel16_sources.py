@@ -114,7 +114,7 @@ def test_select_half_on_hopper(monkeypatch):
             assert v.variant == half.HOPPER_DEFAULT[d]
             if v.variant == "tma16":
                 keys, nc, stages, pipe = half.TMA_CONFIG[d]
-                assert v.name == f"dilated_fwd_tma_16<{t},{d},{keys},{nc},{stages},{pipe}>"
+                assert v.name == f"dilated_fwd_tma_16<{t},{d},{keys},{nc},{stages},{pipe},{t}>"
                 assert (v.threads, v.block_queries, v.config) == (128 * (nc + 1), 64 * nc, (keys, nc, stages, pipe))
             else:
                 keys, wgs, vmode = half.HALF_CONFIG[d]
@@ -124,7 +124,7 @@ def test_select_half_on_hopper(monkeypatch):
             assert v.runs_on(90) and not v.runs_on(86) and not v.runs_on(100)
     assert {half.HOPPER_DEFAULT[d] for d in half.TMA_HEAD_DIMS} == {"tma16"}
     monkeypatch.setenv(half.HALF_ENV, "tma16:128,2,3,0")
-    assert half.select_half(128, "bf16").name == "dilated_fwd_tma_16<bf16_t,128,128,2,3,0>"
+    assert half.select_half(128, "bf16").name == "dilated_fwd_tma_16<bf16_t,128,128,2,3,0,bf16_t>"
     monkeypatch.setenv(half.HALF_ENV, "tma16")
     assert half.select_half(64, "float16").name == half.tma_variant(64, "float16").name
     with pytest.raises(RuntimeError, match="tma16 supports head_dim in \\[64, 128\\], not 96"):

@@ -110,11 +110,11 @@ def test_hilbert_key_kernel_compiles(arch):
 
 def test_every_kernel_source_is_checked():
     from hilbert_hpc.kernels.check import PLAIN_SOURCES
-    from hilbert_hpc.kernels.half import HALF_SOURCE, MMA16_SOURCE, TMA_SOURCE
+    from hilbert_hpc.kernels.half import CONVERT_SOURCE, HALF_SOURCE, MMA16_SOURCE, TMA_SOURCE
 
     on_disk = {p.name for p in kernels.KERNEL_DIR.glob("*.cu")}
     assert on_disk == {kernels.FP32_SOURCE, kernels.TILED_SOURCE, kernels.TF32X3_SOURCE, kernels.WGMMA_SOURCE,
-                       HALF_SOURCE, MMA16_SOURCE, TMA_SOURCE, *PLAIN_SOURCES}
+                       HALF_SOURCE, MMA16_SOURCE, TMA_SOURCE, CONVERT_SOURCE, *PLAIN_SOURCES}
     headers = {p.name for p in kernels.KERNEL_DIR.glob("*.cuh")}
     assert headers == set(kernels.HEADERS)
 

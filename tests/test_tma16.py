@@ -58,11 +58,23 @@ def test_sm90a_cubin_without_spills(v):
     assert v.shared_bytes <= half.HOPPER_SHARED
 
 
+@needs_nvrtc
+@pytest.mark.parametrize("arch", ["compute_80", "compute_90"])
+def test_conversion_kernels_compile_with_the_kernels_rounding(arch):
+    """widen_16 / narrow_16 (the float32 running output of a head group) use Half16's PTX conversions."""
+    from hilbert_hpc.kernels.check import compile_templates
+
+    lowered, ptx = compile_templates(arch, half.CONVERT_SOURCE, half.convert_names())
+    assert len(lowered) == 4
+    assert "cvt.rn.bf16x2.f32" in ptx and "cvt.rn.f16x2.f32" in ptx and "ld.global.nc.v4.u32" in ptx
+    assert "0fFF800000" in ptx                               # rows without a log-sum-exp are skipped
+
+
 def test_shared_bytes_and_threads_follow_the_configuration():
     v = half.tma_variant(64, "bfloat16", (64, 4, 3, 1))
     assert (v.threads, v.block_queries, v.config) == (640, 256, (64, 4, 3, 1))
     assert v.shared_bytes == 2 * 256 * 64 + 3 * 2 * 64 * 64 * 2 + 8 * 10 + 1024
-    assert v.name == "dilated_fwd_tma_16<bf16_t,64,64,4,3,1>" and v.arch == "sm_90a" and v.runs_on(90)
+    assert v.name == "dilated_fwd_tma_16<bf16_t,64,64,4,3,1,bf16_t>" and v.arch == "sm_90a" and v.runs_on(90)
     with pytest.raises(ValueError, match="head_dim"):
         half.tma_variant(96, "bfloat16")
 

@@ -53,7 +53,8 @@ __device__ __forceinline__ MergeWeights merge_weights(float old, float mine) {
 }
 
 // Merge this thread's two rows (row0, row0 + 8) of an unnormalized FP32 result into the running FP32
-// output and log-sum-exp (natural-log units), in place: out = (old * wa + o / l * wb) / den. Accumulator
+// output and log-sum-exp (natural-log units), in place: out = (old * wa + o / l * wb) / den (rows at even
+// element offsets: read and written as float2). Accumulator
 // layout of mma.sync m16n8 and wgmma m64nN (lane = 4 g + t): o[4 n + 2 h + e] = (row g + 8 h, column
 // 8 n + 2 t + e); m: running max (log2 units), l: this lane's partial row sums (summed over the row's 4
 // lanes here). Rows past mq or with no visible key are left untouched. Every lane of the warp must call it.
@@ -76,14 +77,22 @@ __device__ __forceinline__ void merge_rows32(float* __restrict__ out, float* __r
         const float mine = (m[h] + log2f(l[h])) * 0.6931471805599453f;
         const MergeWeights w = merge_weights(old[h], mine);
         const float inv_l = 1.0f / l[h];
-        float* orow = out + qoff + i * q_row + 2 * t;
+        float2* orow = reinterpret_cast<float2*>(out + qoff + i * q_row + 2 * t);
+        // every old value of the row is read before any is combined: one round trip to memory, not D / 4 (the
+        // division's branches would otherwise keep each read behind the previous element's store)
+        float2 prev[D / 8];
 #pragma unroll
-        for (int n = 0; n < D / 8; ++n)
+        for (int n = 0; n < D / 8; ++n) prev[n] = make_float2(0.0f, 0.0f);
+        if (w.wa != 0.0f)
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const float prev = (w.wa == 0.0f) ? 0.0f : orow[8 * n + e];
-                orow[8 * n + e] = (prev * w.wa + o[4 * n + 2 * h + e] * inv_l * w.wb) / w.den;
-            }
+            for (int n = 0; n < D / 8; ++n) prev[n] = orow[4 * n];
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+            float2 r;
+            r.x = (prev[n].x * w.wa + o[4 * n + 2 * h] * inv_l * w.wb) / w.den;
+            r.y = (prev[n].y * w.wa + o[4 * n + 2 * h + 1] * inv_l * w.wb) / w.den;
+            orow[4 * n] = r;
+        }
         if (t == 0) lse[loff + i * l_row] = w.mx + logf(w.den);
     }
 }

@@ -5,13 +5,15 @@
 //
 // Same problem geometry, merge and masking contract as dilated_fwd_wgmma_16.cu (problems numbered
 // (segment, head-in-group); query i sees key j when j < mk and, if causal, j <= i + causal_shift; rows with
-// no visible key are left untouched; 16-bit output rounded once per launch, float32 log-sum-exp), with
-// two differences of form:
+// no visible key are left untouched; float32 log-sum-exp), with three differences of form:
 //   * Q, K and V are read through three 4-D tensor maps (CUtensorMap, built on the host by
 //     cuTensorMapEncodeTiled, kernels/tma.py) over (column, head-in-group, row, segment), 128-byte swizzle;
-//     the output keeps the element-offset geometry of Q (q_base, q_seg, q_head, q_row);
+//     the output has an element-offset geometry of its own (o_base, o_seg, o_head, o_row);
+//   * the running output is of type O: T (16-bit, rounded once per launch) or float (an FP32 running output,
+//     which the host keeps for a group of heads while every local pattern is merged, then rounds once);
 //   * the grid is one-dimensional, query blocks of one problem adjacent (block b: problem b / qblocks,
-//     query block b % qblocks), so the blocks resident at one time share their problems' K and V in L2.
+//     query block b % qblocks, in reverse when causal: longest first), so the blocks resident at one time
+//     share their problems' K and V in L2.
 // Head dims 64 and 128 (rows of 128 bytes per 64-column region; D = 128 is two regions).
 //
 // Block: warpgroup 0 is the producer (one thread issues every copy; setmaxnreg.dec to PREG registers),
@@ -106,10 +108,25 @@ struct RegsTma {
     static constexpr int CREG = C > 240 ? 240 : C;
 };
 
-template <typename T, int D, int BK, int NC, int STAGES, int PIPE>
+// The merge into the running output: 16-bit (rounded once per launch) or float32 (an FP32 running output).
+template <typename T, int D>
+__device__ __forceinline__ void merge_out(T* __restrict__ out, float* __restrict__ lse, long long qoff, long long q_row,
+                                          long long loff, long long l_row, int row0, int mq, int t,
+                                          const float (&m)[2], float (&l)[2], const float (&o)[D / 2]) {
+    merge_rows16<T, D>(out, lse, qoff, q_row, loff, l_row, row0, mq, t, m, l, o);
+}
+template <typename T, int D>
+__device__ __forceinline__ void merge_out(float* __restrict__ out, float* __restrict__ lse, long long qoff,
+                                          long long q_row, long long loff, long long l_row, int row0, int mq, int t,
+                                          const float (&m)[2], float (&l)[2], const float (&o)[D / 2]) {
+    merge_rows32<D>(out, lse, qoff, q_row, loff, l_row, row0, mq, t, m, l, o);
+}
+
+// O: the running output's element type, T or float (the output geometry is its own: o_base .. o_row).
+template <typename T, int D, int BK, int NC, int STAGES, int PIPE, typename O>
 __global__ void __launch_bounds__(WG_THREADS * (NC + 1), 1)
-dilated_fwd_tma_16(const TensorMap* __restrict__ maps, T* __restrict__ out, float* __restrict__ lse,
-                   long long q_base, long long q_seg, long long q_head, long long q_row,
+dilated_fwd_tma_16(const TensorMap* __restrict__ maps, O* __restrict__ out, float* __restrict__ lse,
+                   long long o_base, long long o_seg, long long o_head, long long o_row,
                    long long l_base, long long l_seg, long long l_head, long long l_row,
                    int heads, int qblocks, int mq, int mk, int causal, int causal_shift, float scale)
 {
@@ -137,7 +154,9 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, T* __restrict__ out, floa
 
     const int tid = threadIdx.x, wg = tid >> 7;
     const long long problem = (long long)blockIdx.x / qblocks;
-    const int qblock = (int)((long long)blockIdx.x % qblocks) * BQ;
+    // causal: the last query blocks see the most keys; they start first so that the short ones fill the tail
+    const int qindex = (int)((long long)blockIdx.x % qblocks);
+    const int qblock = (causal ? qblocks - 1 - qindex : qindex) * BQ;
     const long long problem_seg = problem / heads;
     const int problem_head = (int)(problem % heads);
 
@@ -295,9 +314,9 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, T* __restrict__ out, floa
             mbar_arrive(EMPTY(st));
         }
 
-        const long long qoff = q_base + problem_seg * q_seg + problem_head * q_head;
+        const long long ooff = o_base + problem_seg * o_seg + problem_head * o_head;
         const long long loff = l_base + problem_seg * l_seg + problem_head * l_head;
-        merge_rows16<T, D>(out, lse, qoff, q_row, loff, l_row, row0, mq, t, m, l, o);
+        merge_out<T, D>(out, lse, ooff, o_row, loff, l_row, row0, mq, t, m, l, o);
     }
 #undef K_FULL
 #undef V_FULL

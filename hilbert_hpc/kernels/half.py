@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from functools import lru_cache
 from typing import Any, Sequence
 
@@ -133,8 +134,9 @@ def tma_shared_bytes(head_dim: int, keys: int, consumers: int, stages: int) -> i
     return 2 * 64 * consumers * head_dim + 2 * stages * 2 * keys * head_dim + 8 * (1 + 3 * stages) + 1024
 
 
-def tma_variant(head_dim: int, dtype: Any, cfg: tuple | None = None) -> Variant:
-    """The tma16 variant for ``head_dim`` and ``dtype`` with configuration ``cfg`` (BK, NC, STAGES, PIPE)."""
+def tma_variant(head_dim: int, dtype: Any, cfg: tuple | None = None, accumulate: bool = False) -> Variant:
+    """The tma16 variant for ``head_dim`` and ``dtype`` with configuration ``cfg`` (BK, NC, STAGES, PIPE);
+    ``accumulate``: the instantiation that merges into a float32 running output instead of a 16-bit one."""
     if head_dim not in TMA_HEAD_DIMS:
         raise ValueError(f"{TMA_VARIANT} supports head_dim in {list(TMA_HEAD_DIMS)}, got {head_dim}")
     name = dtype_name(dtype)
@@ -142,16 +144,19 @@ def tma_variant(head_dim: int, dtype: Any, cfg: tuple | None = None) -> Variant:
     if keys % 16 or not 16 <= keys <= 256 or nc not in (1, 2, 3, 4) or not 2 <= stages <= 8 or pipe not in (0, 1):
         raise ValueError(f"{TMA_VARIANT} configuration (BK, NC, STAGES, PIPE) = {(keys, nc, stages, pipe)} "
                          f"is not supported")
+    out = "float" if accumulate else HALF_TYPES[name]
     return Variant(TMA_VARIANT, head_dim, TMA_SOURCE,
-                   f"dilated_fwd_tma_16<{HALF_TYPES[name]},{head_dim},{keys},{nc},{stages},{pipe}>",
+                   f"dilated_fwd_tma_16<{HALF_TYPES[name]},{head_dim},{keys},{nc},{stages},{pipe},{out}>",
                    128 * (nc + 1), 64 * nc, tma_shared_bytes(head_dim, keys, nc, stages), HALF_ALIGN, 90, 90,
                    HALF_ARCH, (keys, nc, stages, pipe))
 
 
 def all_tma_variants() -> list[Variant]:
-    """Every tma16 instantiation CI compiles: both dtypes, its head dims, default and alternative configurations."""
-    return [tma_variant(d, name, cfg) for name in HALF_TYPES for d in TMA_HEAD_DIMS
-            for cfg in dict.fromkeys([TMA_CONFIG[d], *TMA_ALTERNATIVES.get(d, [])])]
+    """Every tma16 instantiation CI compiles: both dtypes, its head dims, default and alternative configurations,
+    and the float32-output instantiation of each default."""
+    return [*(tma_variant(d, name, cfg) for name in HALF_TYPES for d in TMA_HEAD_DIMS
+              for cfg in dict.fromkeys([TMA_CONFIG[d], *TMA_ALTERNATIVES.get(d, [])])),
+            *(tma_variant(d, name, accumulate=True) for name in HALF_TYPES for d in TMA_HEAD_DIMS)]
 
 
 def mma16_shared_bytes(head_dim: int, keys: int) -> int:
@@ -273,9 +278,10 @@ def _pattern(p: Any) -> tuple[int, int]:
 
 def launch(q: Any, k: Any, v: Any, out: Any, lse: Any, *, qg: tuple, kg: tuple, vg: tuple, lg: tuple,
            segments: int, heads: int, mq: int, mk: int, shift: int | None, scale: float, head_dim: int,
-           dtype: Any) -> None:
+           dtype: Any, og: tuple | None = None, accumulate: bool = False) -> None:
     """One kernel launch over ``segments x heads`` problems (geometry tuples: base, segment, head and row
-    strides in elements; q/k/v/out 16-bit, lse float32)."""
+    strides in elements; q/k/v/out 16-bit, lse float32). ``accumulate`` (tma16 only): ``out`` is a float32
+    running output addressed by its own geometry ``og``."""
     if segments == 0 or heads == 0 or mq == 0 or mk == 0:
         return
     if math.gcd(*qg, *kg, *vg, HALF_ALIGN) != HALF_ALIGN:
@@ -286,10 +292,14 @@ def launch(q: Any, k: Any, v: Any, out: Any, lse: Any, *, qg: tuple, kg: tuple, 
     from ..fused import query_chunks
 
     chosen = select_half(head_dim, dtype)
+    if accumulate:
+        if chosen.variant != TMA_VARIANT:
+            raise ValueError(f"a float32 running output needs {TMA_VARIANT}, not {chosen.variant}")
+        chosen = tma_variant(head_dim, dtype, chosen.config, accumulate=True)
     fn = compiled_half(chosen)
     if chosen.variant == TMA_VARIANT:
-        _launch_tma(fn, chosen, q, k, v, out, lse, qg=qg, kg=kg, vg=vg, lg=lg, segments=segments, heads=heads,
-                    mq=mq, mk=mk, shift=shift, scale=scale)
+        _launch_tma(fn, chosen, q, k, v, out, lse, qg=qg, kg=kg, vg=vg, lg=lg, og=og, segments=segments,
+                    heads=heads, mq=mq, mk=mk, shift=shift, scale=scale)
         return
     ptrs = tuple(np.uint64(device_pointer(x)) for x in (q, k, v, out, lse))
     for qc, lc, mc, sc in query_chunks(qg, lg, mq, shift, chosen.block_queries):
@@ -305,10 +315,11 @@ MAX_GRID_X = 2**31 - 1
 
 
 def tma_launch_args(chosen: Variant, pointers: tuple, *, qg: tuple, kg: tuple, vg: tuple, lg: tuple,
-                    segments: int, heads: int, mq: int, mk: int, shift: int | None,
-                    scale: float) -> tuple[tuple, tuple, tuple]:
+                    segments: int, heads: int, mq: int, mk: int, shift: int | None, scale: float,
+                    og: tuple | None = None) -> tuple[tuple, tuple, tuple]:
     """(map geometries of Q, K, V; grid; the kernel arguments after the maps pointer) of one tma16 launch
-    (pointers: q, k, v, out, lse as ints). Query blocks of one problem are adjacent in the 1-D grid."""
+    (pointers: q, k, v, out, lse as ints; the output geometry ``og`` defaults to Q's). Query blocks of one
+    problem are adjacent in the 1-D grid."""
     from . import tma
 
     keys = chosen.config[0]
@@ -320,7 +331,8 @@ def tma_launch_args(chosen: Variant, pointers: tuple, *, qg: tuple, kg: tuple, v
     blocks = segments * heads * qblocks
     if blocks > MAX_GRID_X:
         raise ValueError(f"{chosen.variant}: {blocks} blocks exceed a one-dimensional grid")
-    args = (np.uint64(optr), np.uint64(lptr), *(np.int64(x) for x in (*qg, *lg)), np.int32(heads),
+    args = (np.uint64(optr), np.uint64(lptr), *(np.int64(x) for x in (*(qg if og is None else og), *lg)),
+            np.int32(heads),
             np.int32(qblocks), np.int32(mq), np.int32(mk), np.int32(shift is not None), np.int32(shift or 0),
             np.float32(scale))
     return maps, (blocks,), args
@@ -360,13 +372,143 @@ def check_half_arrays(q: Any, k: Any, v: Any, out: Any, lse: Any) -> None:
 
 
 def half_kernels(dtype: Any) -> Any:
-    """The fused-kernel provider (:class:`hilbert_hpc.fused.FusedKernels`) of the 16-bit kernel for ``dtype``:
-    local patterns and packed ring blocks on 16-bit arrays (held as int16 bits), 16-bit running output."""
-    from functools import partial
+    """The fused-kernel provider of the 16-bit kernels for ``dtype`` (:class:`HalfKernels`): local patterns and
+    packed ring blocks on 16-bit arrays (held as int16 bits) with a 16-bit output."""
+    return HalfKernels(dtype_name(dtype))
 
-    from ..fused import FusedKernels
 
-    return FusedKernels(partial(launch, dtype=dtype_name(dtype)), check_half_arrays, out_dtype=np.int16)
+def scratch_heads(heads: int) -> int:
+    """Heads of one group of the float32 running output of local patterns: half of them (at least one), so the
+    scratch is at most 1/4 of the 16-bit Q/K/V/O bytes from 2 heads on. Smaller groups cost launches (measured
+    on an H200, the causal bf16 anchor: 5.55 ms rounded per launch; 6.18 / 6.46 / 6.80 / 6.95 ms in groups of
+    12 / 6 / 4 / 3 heads); where the scratch does not fit, local patterns round per launch instead."""
+    return max(1, heads // 2)
+
+
+def group_launches(patterns: Sequence, causal: bool, scale: float, n: int, heads: int, head_dim: int, h0: int,
+                   h1: int, group: int) -> list[dict]:
+    """The launches (keyword arguments of :func:`launch`) of local ``patterns`` for heads ``h0 .. h1 - 1`` of
+    (n, heads, head_dim) arrays into a float32 scratch (n, group, head_dim) that holds those heads: the
+    geometry of ``FusedKernels.local_patterns`` restricted to the group, with the output geometry ``og`` of
+    the scratch. Patterns in the given order, head offsets ascending."""
+    d, row, hrow, srow = head_dim, heads * head_dim, heads, group * head_dim
+    out = []
+    for p in patterns:
+        w, r = _pattern(p)
+        m = w // r
+        for o in range(min(r, heads)):
+            first = o + r * max(0, -(-(h0 - o) // r))      # the group's first head with offset o
+            if first >= h1:
+                continue
+            geo = (o * row + first * d, w * row, r * d, r * row)
+            out.append(dict(qg=geo, kg=geo, vg=geo, og=(o * srow + (first - h0) * d, w * srow, r * d, r * srow),
+                            lg=(o * hrow + first, w * hrow, r, r * hrow), segments=n // w,
+                            heads=len(range(first, h1, r)), mq=m, mk=m, shift=0 if causal else None, scale=scale,
+                            head_dim=d, accumulate=True))
+    return out
+
+
+class HalfKernels:
+    """Local patterns and ring blocks of the 16-bit kernels, the provider the ring takes as ``kernels``.
+
+    Ring blocks, and local patterns where tma16 does not run (head dims 32 and 96, other GPUs) or the
+    scratch does not fit, merge into the 16-bit running output launch by launch (rounded once per launch).
+    With tma16, local patterns merge into a float32 running output kept for a group of heads at a time
+    (:func:`scratch_heads`): the group's 16-bit output is widened into it, every local pattern is merged in
+    FP32, and the result is rounded to 16 bits once, as the issue's semantics ask (FP32 running output)."""
+
+    def __init__(self, dtype: str) -> None:
+        from functools import partial
+
+        from ..fused import FusedKernels
+
+        self.dtype = dtype
+        self.rounding = FusedKernels(partial(launch, dtype=dtype), check_half_arrays, out_dtype=np.int16)
+        self.out_dtype = np.int16
+
+    def accumulators(self, xp: Any, n: int, heads: int, dv: int, dtype: Any) -> tuple[Any, Any]:
+        """Running output zeros (n, H, Dv), 16-bit (int16 bits), and log-sum-exp -inf (n, H) float32."""
+        return self.rounding.accumulators(xp, n, heads, dv, dtype)
+
+    def ring_block(self, *args: Any, **kwargs: Any) -> None:
+        """A packed ring block merged into the 16-bit running output (``FusedKernels.ring_block``)."""
+        self.rounding.ring_block(*args, **kwargs)
+
+    def local_patterns(self, qs: Any, ks: Any, vs: Any, patterns: Sequence, causal: bool, scale: float, out: Any,
+                       lse: Any, shape: Sequence[int] | None = None) -> None:
+        """Patterns whose segments lie inside these (n, H, D) arrays, merged into ``out`` (16-bit) and ``lse``."""
+        n, heads, d = (int(x) for x in (qs.shape if shape is None else shape))
+        if d not in TMA_HEAD_DIMS or not patterns or select_half(d, self.dtype).variant != TMA_VARIANT:
+            return self.rounding.local_patterns(qs, ks, vs, patterns, causal, scale, out, lse, shape=shape)
+        check_half_arrays(qs, ks, vs, out, lse)
+        group = scratch_heads(heads)
+        scratch = _float32_scratch((n, group, d))
+        if scratch is None:                           # at the memory limit: round once per launch instead
+            return self.rounding.local_patterns(qs, ks, vs, patterns, causal, scale, out, lse, shape=shape)
+        out_ptr, scratch_ptr, lse_ptr = device_pointer(out), device_pointer(scratch), device_pointer(lse)
+        for h0 in range(0, heads, group):
+            h1 = min(heads, h0 + group)
+            first = out_ptr + 2 * h0 * d                 # the group's first element of row 0 (16-bit)
+            rows = dict(rows=n, width=(h1 - h0) * d, head_dim=d, l_stride=heads, l_first=h0)
+            _convert("widen_16", self.dtype, first, scratch_ptr, lse_ptr, src_stride=heads * d, dst_stride=group * d,
+                     **rows)
+            for kw in group_launches(patterns, causal, scale, n, heads, d, h0, h1, group):
+                launch(qs, ks, vs, scratch, lse, dtype=self.dtype, **kw)
+            _convert("narrow_16", self.dtype, scratch_ptr, first, lse_ptr, src_stride=group * d, dst_stride=heads * d,
+                     **rows)
+        del scratch
+
+
+def _float32_scratch(shape: tuple) -> Any:
+    """An uninitialized float32 array on the current GPU, or None where it does not fit. From torch's caching
+    allocator when torch is loaded (the 16-bit tensors live there, so the memory goes back to them), else
+    from CuPy's pool."""
+    import cupy
+
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            return torch.empty(shape, dtype=torch.float32, device=f"cuda:{cupy.cuda.Device().id}")
+        except torch.cuda.OutOfMemoryError:
+            return None
+    try:
+        return cupy.empty(shape, dtype=cupy.float32)
+    except cupy.cuda.memory.OutOfMemoryError:
+        return None
+
+
+#: widen_16<T> / narrow_16<T>: the 16-bit output of a group of heads to and from its float32 running output
+CONVERT_SOURCE = "convert_16.cu"
+CONVERT_THREADS = 256
+
+
+def convert_names() -> list[str]:
+    """Template instantiations of the conversion kernels (both directions, both 16-bit types)."""
+    return [f"{kind}<{t}>" for kind in ("widen_16", "narrow_16") for t in HALF_TYPES.values()]
+
+
+@lru_cache(maxsize=None)
+def _convert_module(device: int) -> Any:
+    import cupy
+
+    with cupy.cuda.Device(device):
+        return cupy.RawModule(code=source(CONVERT_SOURCE), options=_kernels.OPTIONS, name_expressions=convert_names())
+
+
+def _convert(kind: str, dtype: str, src: int, dst: int, lse: int, *, rows: int, width: int, head_dim: int,
+             src_stride: int, dst_stride: int, l_stride: int, l_first: int) -> None:
+    """``kind`` (widen_16: 16-bit -> float32; narrow_16: back, to nearest even) of ``rows`` rows of ``width``
+    elements between device addresses ``src`` and ``dst`` (row strides in elements), for the (row, head)
+    pairs whose log-sum-exp (float32 at ``lse``, row stride ``l_stride``, the group's first head ``l_first``)
+    is not -inf."""
+    import cupy
+
+    fn = _convert_module(cupy.cuda.Device().id).get_function(f"{kind}<{HALF_TYPES[dtype]}>")
+    steps = rows * (width // 8)
+    blocks = max(1, min(-(-steps // CONVERT_THREADS), 1 << 16))
+    fn((blocks,), (CONVERT_THREADS,), (np.uint64(src), np.uint64(dst), np.uint64(lse), np.int64(rows),
+                                       np.int32(width), np.int32(head_dim), np.int64(src_stride),
+                                       np.int64(dst_stride), np.int64(l_stride), np.int64(l_first)))
 
 
 def launch_local_patterns(q: Any, k: Any, v: Any, patterns: Sequence, causal: bool, scale: float, out: Any,

@@ -1,0 +1,67 @@
+"""tma16's float32 running output of local patterns on a Hopper GPU (kernels.half.HalfKernels).
+
+Local patterns merge into a float32 scratch for a group of heads and are rounded to 16 bits once. Checked
+against float64 (dense_reference) and the PyTorch peer on the same 16-bit inputs: merging into an output
+that earlier calls filled (patterns split over two calls), and (row, head) pairs that no pattern selects
+keeping their bits exactly (the conversions skip pairs without a log-sum-exp).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from conftest import gpu_available
+from dense_reference import dense_dilated_attention
+
+pytestmark = pytest.mark.gpu
+
+
+def _hopper() -> bool:
+    if not gpu_available():
+        return False
+    import cupy
+
+    return int(cupy.cuda.Device().compute_capability) == 90
+
+
+@pytest.mark.skipif(not _hopper(), reason="tma16 needs compute capability 9.0")
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype,d", [("bfloat16", 64), ("float16", 128), ("bfloat16", 128)])
+def test_split_calls_merge_in_float32_and_leave_unselected_rows_alone(monkeypatch, dtype, d, causal):
+    import torch
+
+    from hilbert_hpc.backends.torch_peer import serialized_attention
+    from hilbert_hpc.kernels import half
+    from hilbert_hpc.patterns import Pattern
+
+    monkeypatch.delenv(half.HALF_ENV, raising=False)
+    n, heads = 4096, 7
+    patterns = [Pattern(512, 2), Pattern(1024, 4), Pattern(4096, 8)]    # rows s % 2 != h % 2: no pattern
+    dt = getattr(torch, dtype)
+    assert half.select_half(d, dtype).variant == "tma16"
+    g = torch.Generator(device="cuda").manual_seed(d + causal)
+    q, k, v = (torch.randn((n, heads, d), generator=g, device="cuda").to(dt) for _ in range(3))
+    scale = 1.0 / math.sqrt(d)
+    sentinel = torch.full((n, heads, d), 7.0, device="cuda").to(dt)
+    out, lse = sentinel.clone(), torch.full((n, heads), -math.inf, device="cuda")
+    half.launch_local_patterns(q, k, v, patterns[:1], causal, scale, out, lse)
+    half.launch_local_patterns(q, k, v, patterns[1:], causal, scale, out, lse)
+    torch.cuda.synchronize()
+
+    s = torch.arange(n, device="cuda")[:, None]
+    selected = (s % 2) == (torch.arange(heads, device="cuda")[None, :] % 2)
+    assert torch.equal(out[~selected], sentinel[~selected])              # bits untouched where nothing merged
+    assert torch.isneginf(lse[~selected]).all() and torch.isfinite(lse[selected]).all()
+
+    host = [x.float().cpu().numpy().astype(np.float64) for x in (q, k, v)]
+    want = dense_dilated_attention(*host, [(p.segment, p.dilation) for p in patterns], causal, scale=scale)
+    peer = serialized_attention(q, k, v, patterns, causal, scale).double().cpu().numpy()
+    got = out.double().cpu().numpy()
+    sel = selected.cpu().numpy()
+    top = np.abs(want[sel]).max()
+    ours_err = np.abs(got[sel] - want[sel]).max() / top
+    peer_err = np.abs(peer[sel] - want[sel]).max() / top
+    assert np.isfinite(got).all() and ours_err <= 2 * peer_err, (ours_err, peer_err)
