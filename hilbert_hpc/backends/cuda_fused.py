@@ -4,7 +4,8 @@ float32 runs the FP32 kernels of backend ``cuda-fp32`` (split-TF32 tensor cores,
 FP32 FMA on older GPUs) on CuPy arrays, on one rank or around the ring.
 bfloat16 and float16 run the 16-bit tensor-core kernels (``kernels/half.py``:
 tma16 or wgmma16 on Hopper, mma16 on compute capability 8.0+; FP32 scores, softmax,
-running output and log-sum-exp, the output rounded once per merge). CuPy has no
+and log-sum-exp; with tma16 a float32 running output for local patterns, rounded to 16
+bits once; otherwise the output rounded once per merge). CuPy has no
 bfloat16, so 16-bit arrays are torch tensors (made exactly as the PyTorch peer
 makes them), and the kernel gets their device pointers. Around the ring the
 16-bit tensors travel as CuPy int16 views of their bits (``ring_view``): the
