@@ -76,6 +76,8 @@ TMA_SOURCE = "dilated_fwd_tma_16.cu"
 TMA_VARIANT = "tma16"
 #: head dims of tma16 (rows of one or two 128-byte swizzle spans)
 TMA_HEAD_DIMS = (64, 128)
+#: key tiles of tma16 (the wgmma m64nNk16 widths of wgmma16_ops.cuh)
+TMA_KEY_TILES = (32, 64, 96, 128, 192)
 #: per head dim: (key tile BK, consumer warpgroups NC, stages, PIPE), template arguments of
 #: dilated_fwd_tma_16<T, D, BK, NC, STAGES, PIPE>; PIPE = 1 overlaps the next tile's Q K^T with the softmax.
 #: Measured on an H200 (N = 262,144, patterns (2048,1) (4096,2) (8192,4), bf16, ms non-causal / causal,
@@ -141,7 +143,9 @@ def tma_variant(head_dim: int, dtype: Any, cfg: tuple | None = None, accumulate:
         raise ValueError(f"{TMA_VARIANT} supports head_dim in {list(TMA_HEAD_DIMS)}, got {head_dim}")
     name = dtype_name(dtype)
     keys, nc, stages, pipe = (int(x) for x in (TMA_CONFIG[head_dim] if cfg is None else cfg))
-    if keys % 16 or not 16 <= keys <= 256 or nc not in (1, 2, 3, 4) or not 2 <= stages <= 8 or pipe not in (0, 1):
+    # key tiles: the wgmma widths of wgmma16_ops.cuh; NC >= 2: with one consumer the launch bound already gives
+    # it more registers than setmaxnreg may raise it to
+    if keys not in TMA_KEY_TILES or nc not in (2, 3, 4) or not 2 <= stages <= 8 or pipe not in (0, 1):
         raise ValueError(f"{TMA_VARIANT} configuration (BK, NC, STAGES, PIPE) = {(keys, nc, stages, pipe)} "
                          f"is not supported")
     out = "float" if accumulate else HALF_TYPES[name]
@@ -461,12 +465,13 @@ class HalfKernels:
 
 def _float32_scratch(shape: tuple) -> Any:
     """An uninitialized float32 array on the current GPU, or None where it does not fit. From torch's caching
-    allocator when torch is loaded (the 16-bit tensors live there, so the memory goes back to them), else
-    from CuPy's pool."""
+    allocator when torch is loaded and its current stream is CuPy's (the 16-bit tensors live there, so the
+    memory goes back to them), else from CuPy's pool."""
     import cupy
 
     torch = sys.modules.get("torch")
-    if torch is not None:
+    # torch's blocks are reused in the order of torch's current stream: only where the kernels run on it too
+    if torch is not None and torch.cuda.current_stream().cuda_stream == cupy.cuda.get_current_stream().ptr:
         try:
             return torch.empty(shape, dtype=torch.float32, device=f"cuda:{cupy.cuda.Device().id}")
         except torch.cuda.OutOfMemoryError:

@@ -6,9 +6,11 @@
 Arguments: variant (FP32: wgmma, tf32x3, tiled128, ...; bfloat16: wgmma16, tma16, mma16), head dim (default 64),
 tokens (default 262144), heads (default 768 / head dim), and for wgmma a block configuration
 "keys,warpgroups,parts" (kernels.WGMMA_CONFIG), for wgmma16 "keys,warpgroups,vmode", for tma16
-"keys,consumers,stages,pipe", for mma16 "keys". A warm-up call (7 launches for the anchor's patterns, compiles the
-kernel) comes first, so ``--launch-skip 7`` profiles the first launch of the measured call: pattern
-(2048, 1), all heads.
+"keys,consumers,stages,pipe", for mma16 "keys". A warm-up call (compiles the kernel) comes first. FP32,
+wgmma16 and mma16 make 7 launches a call for the anchor's patterns, so ``--launch-skip 7`` profiles the first
+launch of the measured call: pattern (2048, 1), all heads. tma16 merges into a float32 running output for half
+the heads at a time: 7 launches a group, 14 a call, so ``--launch-skip 14`` profiles pattern (2048, 1) of the
+first half of the heads (its conversion kernels, widen_16 / narrow_16, do not match ``dilated_fwd``).
 """
 
 from __future__ import annotations
