@@ -63,6 +63,34 @@ def check_arrays(*arrays: Array) -> None:
             raise ValueError("the fused FP32 kernels need C-contiguous float32 arrays")
 
 
+def local_launches(patterns: Sequence[Any], causal: bool, scale: float, n: int, heads: int, head_dim: int,
+                   first_head: int = 0, end_head: int | None = None, out_heads: int | None = None) -> list[dict]:
+    """The launches (keyword arguments of a launcher) of ``patterns`` (``Pattern`` or ``(segment, dilation)``)
+    whose segments lie inside (n, heads, head_dim) arrays: one per pattern and head offset o (heads o, o + r,
+    ...; row o of each segment), in the given order, offsets ascending. Heads ``first_head .. end_head - 1``
+    only, when given; ``out_heads``: the output is a separate array (n, out_heads, head_dim) holding those
+    heads from its head 0 on, addressed by the output geometry ``og`` (otherwise the output is laid out as Q)."""
+    end_head = heads if end_head is None else end_head
+    d, row, hrow = head_dim, heads * head_dim, heads
+    launches = []
+    for p in patterns:
+        w, r = (int(p.segment), int(p.dilation)) if hasattr(p, "segment") else (int(p[0]), int(p[1]))
+        m = w // r
+        for o in range(min(r, heads)):
+            first = o + r * max(0, -(-(first_head - o) // r))    # the first head >= first_head with offset o
+            if first >= end_head:
+                continue
+            geo = (o * row + first * d, w * row, r * d, r * row)
+            launch = dict(qg=geo, kg=geo, vg=geo, lg=(o * hrow + first, w * hrow, r, r * hrow), segments=n // w,
+                          heads=len(range(first, end_head, r)), mq=m, mk=m, shift=0 if causal else None,
+                          scale=scale, head_dim=d)
+            if out_heads is not None:
+                orow = out_heads * d
+                launch["og"] = (o * orow + (first - first_head) * d, w * orow, r * d, r * orow)
+            launches.append(launch)
+    return launches
+
+
 class FusedKernels:
     """Local patterns and ring blocks for one kernel launcher (the provider the ring takes as ``kernels``).
 
@@ -89,17 +117,8 @@ class FusedKernels:
         if self.check is not None:
             self.check(qs, ks, vs, out, lse)
         n, heads, d = (int(x) for x in (qs.shape if shape is None else shape))
-        row, hrow = heads * d, heads
-        for p in patterns:
-            w, r = (int(p.segment), int(p.dilation)) if hasattr(p, "segment") else (int(p[0]), int(p[1]))
-            m = w // r
-            for o in range(min(r, heads)):
-                nh = len(range(o, heads, r))
-                base = o * row + o * d          # row o of the segment, head o
-                geo = (base, w * row, r * d, r * row)
-                self.launch(qs, ks, vs, out, lse, qg=geo, kg=geo, vg=geo, lg=(o * hrow + o, w * hrow, r, r * hrow),
-                            segments=n // w, heads=nh, mq=m, mk=m, shift=0 if causal else None, scale=scale,
-                            head_dim=d)
+        for geometry in local_launches(patterns, causal, scale, n, heads, d):
+            self.launch(qs, ks, vs, out, lse, **geometry)
 
     def ring_block(self, qs: Array, block: Array, geom: Any, pos: int, src: int, shift: int | None, scale: float,
                    out: Array, lse: Array) -> None:

@@ -273,13 +273,6 @@ def device_pointer(x: Any) -> int:
     raise TypeError(f"expected a device pointer (int) or a GPU array, got {type(x).__name__}")
 
 
-def _pattern(p: Any) -> tuple[int, int]:
-    if hasattr(p, "segment"):
-        return int(p.segment), int(p.dilation)
-    w, r = p
-    return int(w), int(r)
-
-
 def launch(q: Any, k: Any, v: Any, out: Any, lse: Any, *, qg: tuple, kg: tuple, vg: tuple, lg: tuple,
            segments: int, heads: int, mq: int, mk: int, shift: int | None, scale: float, head_dim: int,
            dtype: Any, og: tuple | None = None, accumulate: bool = False) -> None:
@@ -336,9 +329,8 @@ def tma_launch_args(chosen: Variant, pointers: tuple, *, qg: tuple, kg: tuple, v
     if blocks > MAX_GRID_X:
         raise ValueError(f"{chosen.variant}: {blocks} blocks exceed a one-dimensional grid")
     args = (np.uint64(optr), np.uint64(lptr), *(np.int64(x) for x in (*(qg if og is None else og), *lg)),
-            np.int32(heads),
-            np.int32(qblocks), np.int32(mq), np.int32(mk), np.int32(shift is not None), np.int32(shift or 0),
-            np.float32(scale))
+            np.int32(heads), np.int32(qblocks), np.int32(mq), np.int32(mk), np.int32(shift is not None),
+            np.int32(shift or 0), np.float32(scale))
     return maps, (blocks,), args
 
 
@@ -392,24 +384,12 @@ def scratch_heads(heads: int) -> int:
 def group_launches(patterns: Sequence, causal: bool, scale: float, n: int, heads: int, head_dim: int, h0: int,
                    h1: int, group: int) -> list[dict]:
     """The launches (keyword arguments of :func:`launch`) of local ``patterns`` for heads ``h0 .. h1 - 1`` of
-    (n, heads, head_dim) arrays into a float32 scratch (n, group, head_dim) that holds those heads: the
-    geometry of ``FusedKernels.local_patterns`` restricted to the group, with the output geometry ``og`` of
-    the scratch. Patterns in the given order, head offsets ascending."""
-    d, row, hrow, srow = head_dim, heads * head_dim, heads, group * head_dim
-    out = []
-    for p in patterns:
-        w, r = _pattern(p)
-        m = w // r
-        for o in range(min(r, heads)):
-            first = o + r * max(0, -(-(h0 - o) // r))      # the group's first head with offset o
-            if first >= h1:
-                continue
-            geo = (o * row + first * d, w * row, r * d, r * row)
-            out.append(dict(qg=geo, kg=geo, vg=geo, og=(o * srow + (first - h0) * d, w * srow, r * d, r * srow),
-                            lg=(o * hrow + first, w * hrow, r, r * hrow), segments=n // w,
-                            heads=len(range(first, h1, r)), mq=m, mk=m, shift=0 if causal else None, scale=scale,
-                            head_dim=d, accumulate=True))
-    return out
+    (n, heads, head_dim) arrays into a float32 scratch (n, group, head_dim) that holds those heads
+    (``fused.local_launches`` restricted to the group, with the scratch's output geometry ``og``)."""
+    from ..fused import local_launches
+
+    return [dict(kw, accumulate=True)
+            for kw in local_launches(patterns, causal, scale, n, heads, head_dim, h0, h1, out_heads=group)]
 
 
 class HalfKernels:
@@ -428,7 +408,6 @@ class HalfKernels:
 
         self.dtype = dtype
         self.rounding = FusedKernels(partial(launch, dtype=dtype), check_half_arrays, out_dtype=np.int16)
-        self.out_dtype = np.int16
 
     def accumulators(self, xp: Any, n: int, heads: int, dv: int, dtype: Any) -> tuple[Any, Any]:
         """Running output zeros (n, H, Dv), 16-bit (int16 bits), and log-sum-exp -inf (n, H) float32."""
