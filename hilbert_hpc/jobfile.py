@@ -439,24 +439,30 @@ def load_job(path: str | Path, text: str | None = None, world_size: int | None =
 
 
 def accuracy_rows_notes(job: Job) -> list[str]:
-    """One note per case name whose cases have fewer tokens than ``accuracy_rows`` (all their rows are checked).
+    """One note per case name whose cases have fewer selected rows than ``accuracy_rows`` (all of them are checked).
 
-    The accuracy check samples ``min(accuracy_rows, tokens)`` rows; these notes
-    state the clamping instead of leaving it silent.
+    The accuracy check samples ``min(accuracy_rows, S)`` of the ``S`` rows the
+    patterns select (``S`` = tokens when a dilation is at most the head count);
+    these notes state the clamping instead of leaving it silent.
     """
+    from .reference import selected_row_count
+
     rows = job.accuracy_rows
     notes = []
     for name in dict.fromkeys(c.name for c in job.cases):
-        short = [c for c in job.cases if c.name == name and c.tokens < rows]
+        short = [(c, n) for c in job.cases if c.name == name
+                 for n in (selected_row_count(c.tokens, c.heads, c.patterns, rows),) if n < rows]
         if not short:
             continue
-        tokens = sorted({c.tokens for c in short})
+        dense = all(n == c.tokens for c, n in short)
+        what, checked = ("tokens", "rows") if dense else ("rows selected by the patterns", "selected rows")
         if len(short) == 1:
-            c = short[0]
-            notes.append(f"case {c.case_id} has {c.tokens} tokens, fewer than accuracy_rows = {rows}: "
-                         f"all {c.tokens} rows are checked")
+            c, n = short[0]
+            notes.append(f"case {c.case_id} has {n} {what}, fewer than accuracy_rows = {rows}: "
+                         f"all {n} {checked} are checked")
             continue
-        counts = f"{tokens[0]}" if len(tokens) == 1 else f"{tokens[0]} to {tokens[-1]}"
-        notes.append(f"cases {short[0].case_id} ... {short[-1].case_id} ({len(short)} cases named {name}) have "
-                     f"{counts} tokens, fewer than accuracy_rows = {rows}: all of their rows are checked")
+        sizes = sorted({n for _, n in short})
+        counts = f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]} to {sizes[-1]}"
+        notes.append(f"cases {short[0][0].case_id} ... {short[-1][0].case_id} ({len(short)} cases named {name}) "
+                     f"have {counts} {what}, fewer than accuracy_rows = {rows}: all of their {checked} are checked")
     return notes

@@ -27,7 +27,7 @@ from .jobfile import Case, Job
 from .patterns import useful_flops
 from .precision import precision
 from .provenance import provenance
-from .reference import reference_rows
+from .reference import reference_rows, sample_selected_rows, selected_heads
 from .results import ResultsFile, parts_dir
 from .ring import RingStats, ring_dilated_attention, ring_transfer_only
 from .sharding import IndexView, Layout, check_distribution
@@ -127,14 +127,20 @@ def backend_inputs(case: Case, seed: int, layout: Layout, comm: Any, batch_index
 def local_accuracy(case: Case, seed: int, rows: int, output: Any, layout: Layout, rank: int) -> dict:
     """Error sums of the sampled rows (batch element 0) that this rank owns, against float64.
 
-    ``output`` is this rank's serialized output shard, or anything indexed like
-    it that returns host rows (``arrays.RowReader`` over a device array).
+    The rows are drawn among those some pattern selects (``sample_selected_rows``,
+    the same rows on any rank count); every head of a sampled row is compared, and
+    ``selected_pairs`` counts the (row, head) pairs of them that a pattern selects
+    (the others must be 0). ``output`` is this rank's serialized output shard, or
+    anything indexed like it that returns host rows (``arrays.RowReader`` over a
+    device array).
     """
-    picked = np.sort(np.random.default_rng(seed).choice(case.tokens, min(rows, case.tokens), replace=False))
-    serial = layout.serialized_of(picked)
+    serial = sample_selected_rows(case.tokens, case.heads, case.patterns, rows, seed)
     mine = layout.owner(serial) == rank
-    result = {"rows": int(mine.sum()), "max_abs": 0.0, "max_ref": 0.0, "sq_err": 0.0, "sq_ref": 0.0}
-    if not mine.any():
+    serial = serial[mine]
+    picked = layout.natural_of(serial)
+    result = {"rows": int(serial.size), "selected_pairs": int(selected_heads(serial, case.heads, case.patterns).sum()),
+              "max_abs": 0.0, "max_ref": 0.0, "sq_err": 0.0, "sq_ref": 0.0}
+    if not serial.size:
         return result
 
     prec = precision(case.dtype)
@@ -145,10 +151,10 @@ def local_accuracy(case: Case, seed: int, rows: int, output: Any, layout: Layout
             return prec.round(read_rows(case.input, name, 0, idx, np.float64))
         return prec.round(random_rows(seed, name, idx, case.heads, case.head_dim, prec.generation_dtype()))
 
-    ref = reference_rows(picked[mine], source=source, perm=IndexView(layout.natural_of),
+    ref = reference_rows(picked, source=source, perm=IndexView(layout.natural_of),
                          inverse=IndexView(layout.serialized_of), heads=case.heads, patterns=case.patterns,
                          causal=case.causal, scale=case.softmax_scale)
-    got = np.asarray(output[serial[mine] - rank * layout.shard], dtype=np.float64)
+    got = np.asarray(output[serial - rank * layout.shard], dtype=np.float64)
     diff = got - ref
     result.update(max_abs=float(np.abs(diff).max()), max_ref=float(np.abs(ref).max()),
                   sq_err=float((diff ** 2).sum()), sq_ref=float((ref ** 2).sum()))
@@ -156,16 +162,23 @@ def local_accuracy(case: Case, seed: int, rows: int, output: Any, layout: Layout
 
 
 def combine_accuracy(parts: list[dict]) -> dict[str, float]:
-    """Global accuracy from every rank's error sums (and counts of NaN/Inf outputs)."""
+    """Global accuracy from every rank's error sums (and counts of NaN/Inf outputs).
+
+    ``rows`` and ``selected_pairs`` say what the error figures rest on: the
+    sampled rows, and their (row, head) pairs that some pattern selects.
+    """
     rows = sum(p["rows"] for p in parts)
+    pairs = sum(p.get("selected_pairs", 0) for p in parts)
     nonfinite = sum(p.get("nonfinite", 0) for p in parts)
     if rows == 0:
-        return {"rows": 0, "nonfinite": nonfinite, "max_abs_err": np.nan, "max_rel_err": np.nan, "rel_l2_err": np.nan}
+        return {"rows": 0, "selected_pairs": 0, "nonfinite": nonfinite, "max_abs_err": np.nan,
+                "max_rel_err": np.nan, "rel_l2_err": np.nan}
     tiny = np.finfo(np.float64).tiny
     max_abs = max(p["max_abs"] for p in parts)
     max_ref = max(p["max_ref"] for p in parts)
     l2_ref = np.sqrt(sum(p["sq_ref"] for p in parts))
-    return {"rows": rows, "nonfinite": nonfinite, "max_abs_err": max_abs, "max_rel_err": max_abs / max(max_ref, tiny),
+    return {"rows": rows, "selected_pairs": pairs, "nonfinite": nonfinite, "max_abs_err": max_abs,
+            "max_rel_err": max_abs / max(max_ref, tiny),
             "rel_l2_err": float(np.sqrt(sum(p["sq_err"] for p in parts)) / max(l2_ref, tiny))}
 
 

@@ -186,3 +186,17 @@ def test_accuracy_rows_notes_state_the_clamping(tmp_path):
     ]
     assert accuracy_rows_notes(load_job(job_text(tmp_path, ROWS_JOB.replace("= 1000", "= 256")))) == []
     assert accuracy_rows_notes(load_job(job_text(tmp_path, ROWS_JOB.replace("= 1000", "= 0")))) == []
+
+
+def test_accuracy_rows_notes_count_the_rows_the_patterns_select(tmp_path):
+    """Sparse patterns select fewer rows than there are tokens; the note says how many are checked."""
+    text = ROWS_JOB.replace("[[256, 1]]", "[[256, 64]]").replace("accuracy_rows = 1000\n",
+                                                                  "accuracy_rows = 40\n[defaults]\nheads = 2\n")
+    job = load_job(job_text(tmp_path, text))
+    # 2 heads, dilation 64: rows s with s % 64 in {0, 1}, 2 per 64 tokens (2048 tokens: 64 rows, enough)
+    assert accuracy_rows_notes(job) == [
+        "case 0000-tiny has 8 rows selected by the patterns, fewer than accuracy_rows = 40: "
+        "all 8 selected rows are checked",
+        "cases 0002-swept ... 0005-swept (4 cases named swept) have 8 to 16 rows selected by the patterns, "
+        "fewer than accuracy_rows = 40: all of their selected rows are checked",
+    ]
