@@ -187,6 +187,7 @@ JOB_KEYS: dict[str, tuple[Callable[[Any, str], Any], Any]] = {
     "warmup": (_int(0), 1),
     "accuracy_rows": (_int(0), 32),
     "save_output": (_bool, False),
+    "interleave": (_bool, False),
 }
 
 #: Case parameters: key -> (validator, default); ``grid`` or ``tokens`` is required.
@@ -269,6 +270,8 @@ class Job:
     text: str = ""
     path: str = ""
     settings: dict[str, Any] = field(default_factory=dict)
+    #: run call r of every case on the same rank count before call r+1 of any (runner.run_interleaved)
+    interleave: bool = False
 
     def with_transport(self, transport: str) -> "Job":
         """The same job with every case's transport overridden (command-line ``--transport``)."""
@@ -435,7 +438,7 @@ def load_job(path: str | Path, text: str | None = None, world_size: int | None =
     return Job(name=settings["name"], output=output, seed=settings["seed"], repeats=settings["repeats"],
                warmup=settings["warmup"], accuracy_rows=settings["accuracy_rows"],
                save_output=settings["save_output"], cases=tuple(cases), text=text, path=str(path),
-               settings=settings)
+               settings=settings, interleave=settings["interleave"])
 
 
 def accuracy_rows_notes(job: Job) -> list[str]:

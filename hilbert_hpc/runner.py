@@ -12,7 +12,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Callable, TextIO
 
 import numpy as np
 
@@ -200,6 +200,8 @@ class CaseRun:
         self.ring_kernels = ring_kernels(case.dtype) if ring_kernels else getattr(self.be, "kernels", None)
         self.ring_view = getattr(self.be, "ring_view", lambda x: x)
         self.ring_output = getattr(self.be, "ring_output", lambda out, dtype: out)
+        #: calls made so far, and the seconds this case's own work took (inputs and calls)
+        self.rep, self.elapsed_s = 0, 0.0
 
     def attention(self, qs: Any, ks: Any, vs: Any, stats: RingStats) -> Any:
         """Dilated attention of this rank's shard (the whole sequence on one rank)."""
@@ -222,58 +224,91 @@ class CaseRun:
         the whole output only when the job saves it (then every repeat copies it,
         timed as ``unserialize``; the host outputs returned are the last repeat's).
         """
+        self.start()
+        while not self.done:
+            self.step()
+        return self.results()
+
+    @property
+    def calls(self) -> int:
+        """Warm-up and timed repeats in all."""
+        return self.job.warmup + self.job.repeats
+
+    @property
+    def done(self) -> bool:
+        """True when every warm-up and timed repeat has run."""
+        return self.rep >= self.calls
+
+    def start(self) -> "CaseRun":
+        """Make this rank's inputs (kept until ``results``) and reset the device memory peak; returns itself."""
+        t0 = time.perf_counter()
+        c = self.case
+        self.inputs = [backend_inputs(c, self.job.seed, self.layout, self.comm, b, self.be) for b in range(c.batch)]
+        device_memory.reset_peak()
+        self.timings: dict[str, list[float]] = {name: [] for name in PHASES + RING_COUNTERS + MEMORY}
+        self.outputs: list[np.ndarray] = []
+        self.accuracy: dict = {}
+        self.rep = 0
+        self.elapsed_s = time.perf_counter() - t0
+        return self
+
+    def step(self) -> None:
+        """The next call (warm-up or timed repeat) on every batch element; the first one also checks accuracy."""
         from .arrays import RowReader, count_nonfinite
 
-        c, job, be = self.case, self.job, self.be
-        inputs = [backend_inputs(c, job.seed, self.layout, self.comm, b, be) for b in range(c.batch)]
-        device_memory.reset_peak()
-        timings = {name: [] for name in PHASES + RING_COUNTERS + MEMORY}
-        outputs: list[np.ndarray] = []
-        for rep in range(job.warmup + job.repeats):
-            phase_s = dict.fromkeys(PHASES, 0.0)
-            stats = RingStats()
-            transfer_only = 0.0
-            outputs = []
-            nonfinite = 0
-            self.comm.Barrier()
-            for b, (q, k, v) in enumerate(inputs):
-                t0 = time.perf_counter()
-                qs, ks, vs = (be.to_device(x, c.dtype) for x in (q, k, v))
-                if self.ranks > 1:
-                    qs, ks, vs = (self.ring_view(x) for x in (qs, ks, vs))
-                be.synchronize()
-                t1 = time.perf_counter()
-                out_s = self.attention(qs, ks, vs, stats)
-                be.synchronize()
-                t2 = time.perf_counter()
-                if job.save_output:
-                    outputs.append(be.to_numpy(out_s))
-                t3 = time.perf_counter()
-                phase_s["serialize"] += t1 - t0
-                phase_s["attention"] += t2 - t1
-                phase_s["unserialize"] += t3 - t2
-                phase_s["total"] += t3 - t0
-                if rep == 0:
-                    # checked before anything is timed: the first call's output against float64, all of it finite
-                    nonfinite += count_nonfinite(out_s)
-                    if b == 0:
-                        accuracy = local_accuracy(c, job.seed, job.accuracy_rows, RowReader(out_s), self.layout,
-                                                  self.rank)
-                del out_s                      # before the next call allocates its output
-                if self.ranks > 1:
-                    self.comm.Barrier()
-                    transfer_only += ring_transfer_only(ks, vs, patterns=c.patterns, comm=self.comm,
-                                                        causal=c.causal, transport=self.transport).wait_s
+        started = time.perf_counter()
+        c, job, be, rep = self.case, self.job, self.be, self.rep
+        phase_s = dict.fromkeys(PHASES, 0.0)
+        stats = RingStats()
+        transfer_only = 0.0
+        self.outputs = []
+        nonfinite = 0
+        self.comm.Barrier()
+        for b, (q, k, v) in enumerate(self.inputs):
+            t0 = time.perf_counter()
+            qs, ks, vs = (be.to_device(x, c.dtype) for x in (q, k, v))
+            if self.ranks > 1:
+                qs, ks, vs = (self.ring_view(x) for x in (qs, ks, vs))
+            be.synchronize()
+            t1 = time.perf_counter()
+            out_s = self.attention(qs, ks, vs, stats)
+            be.synchronize()
+            t2 = time.perf_counter()
+            if job.save_output:
+                self.outputs.append(be.to_numpy(out_s))
+            t3 = time.perf_counter()
+            phase_s["serialize"] += t1 - t0
+            phase_s["attention"] += t2 - t1
+            phase_s["unserialize"] += t3 - t2
+            phase_s["total"] += t3 - t0
             if rep == 0:
-                accuracy["nonfinite"] = nonfinite
-            if rep >= job.warmup:
-                for name, value in phase_s.items():
-                    timings[name].append(value)
-                for name in ("local_s", "compute_s", "wait_s", "imbalance_s", "pack_s", "bytes_sent"):
-                    timings[name].append(float(getattr(stats, name)))
-                timings["transfer_only_s"].append(transfer_only)
-                timings["peak_device_bytes"].append(float(device_memory.peak_bytes()))
-        return timings, outputs, accuracy
+                # checked before anything is timed: the first call's output against float64, all of it finite
+                nonfinite += count_nonfinite(out_s)
+                if b == 0:
+                    self.accuracy = local_accuracy(c, job.seed, job.accuracy_rows, RowReader(out_s), self.layout,
+                                                   self.rank)
+            del out_s                      # before the next call allocates its output
+            if self.ranks > 1:
+                self.comm.Barrier()
+                transfer_only += ring_transfer_only(ks, vs, patterns=c.patterns, comm=self.comm,
+                                                    causal=c.causal, transport=self.transport).wait_s
+        if rep == 0:
+            self.accuracy["nonfinite"] = nonfinite
+        if rep >= job.warmup:
+            for name, value in phase_s.items():
+                self.timings[name].append(value)
+            for name in ("local_s", "compute_s", "wait_s", "imbalance_s", "pack_s", "bytes_sent"):
+                self.timings[name].append(float(getattr(stats, name)))
+            self.timings["transfer_only_s"].append(transfer_only)
+            self.timings["peak_device_bytes"].append(float(device_memory.peak_bytes()))
+        self.rep += 1
+        self.elapsed_s += time.perf_counter() - started
+
+    def results(self) -> tuple[dict, list[np.ndarray], dict]:
+        """(per-repeat timings, the last call's host outputs, accuracy sums) once every call has run;
+        the inputs are released."""
+        self.inputs = []
+        return self.timings, self.outputs, self.accuracy
 
 
 def derive_metrics(case: Case, timings: dict[str, np.ndarray]) -> dict[str, float]:
@@ -365,18 +400,21 @@ def _output_attrs(ds: Any) -> None:
 
 
 def run_case(case: Case, job: Job, comm: Any, results: ResultsFile | None,
-             table: SummaryTable | None, results_path: Path | None = None) -> dict | None:
+             table: SummaryTable | None, results_path: Path | None = None,
+             measured: CaseRun | None = None) -> dict | None:
     """Run one case on every rank of ``comm``; rank 0 writes it and prints its row. Returns the record on rank 0.
 
-    A failed write of an output part (any rank) or of the results file (rank 0)
-    raises a UserError on the ranks that saw it; the case stays incomplete. The
-    caller agrees on it with every rank at the next case boundary.
+    ``measured``: the case's CaseRun whose calls have all run already
+    (interleaved repeats); it is only gathered and written. A failed write of an
+    output part (any rank) or of the results file (rank 0) raises a UserError on
+    the ranks that saw it; the case stays incomplete. The caller agrees on it
+    with every rank at the next case boundary.
     """
     from .mpi import agree
 
-    run = CaseRun(case, job, comm)
-    t0 = time.perf_counter()
-    timings, outputs, accuracy = run.run()
+    run = measured or CaseRun(case, job, comm)
+    t0 = time.perf_counter() - run.elapsed_s           # wall_s: this case's own work, not other cases'
+    timings, outputs, accuracy = run.results() if measured else run.run()
     all_timings = comm.gather(timings, root=0)
     all_accuracy = comm.gather(accuracy, root=0)
     parts = None
@@ -448,6 +486,133 @@ class SubComms:
         self.subs = {}
 
 
+class CaseLoop:
+    """The boundaries of a run's case loop, agreed by every rank of the run: stop requests, errors, progress.
+
+    Every rank of ``comm`` calls :meth:`boundary` / :meth:`errors` the same
+    number of times (ranks that sit a case out too), so a stop or any rank's
+    error ends every rank at the same point.
+    """
+
+    def __init__(self, comm: Any, stops: Any, todo: list[Case], complete: int, total: int, path: Path,
+                 tracker: Any) -> None:
+        self.comm, self.stops, self.path, self.tracker = comm, stops, path, tracker
+        self.index = {c.case_id: i for i, c in enumerate(todo)}
+        self.complete, self.total = complete, total
+        self.failed: UserError | None = None
+        self.rank0 = comm.Get_rank() == 0
+
+    def boundary(self, where: str = "at a case boundary", dropped: str = "") -> None:
+        """Raise any rank's error, or StoppedForRequeue when any rank was asked to stop (``dropped``: what is lost)."""
+        import signal
+
+        from .signals import StoppedForRequeue
+
+        stop, self.failed = self.stops.agreed(self.comm, self.failed)
+        self.errors(agreed=True)
+        if stop:
+            raise StoppedForRequeue(f"stopped by {signal.Signals(stop).name} {where}: {self.complete} of "
+                                    f"{self.total} cases are complete in {self.path}{dropped}; continue with "
+                                    f"'run --resume'", "run")
+
+    def errors(self, agreed: bool = False) -> None:
+        """Raise any rank's error on every rank; a stop request waits for the next :meth:`boundary`."""
+        if not agreed:
+            _, self.failed = self.stops.agreed(self.comm, self.failed)
+        if self.failed is not None:
+            raise self.failed
+
+    def attempt(self, work: Callable[[], Any]) -> None:
+        """Run ``work`` on this rank; a UserError is kept for the next boundary (where every rank raises it)."""
+        try:
+            work()
+        except UserError as exc:
+            self.failed = exc
+
+    def finished(self, case: Case) -> None:
+        """Count ``case`` complete (unless this rank failed it) and print the progress line."""
+        if self.failed is None:
+            self.tracker.advance(self.index[case.case_id], f"{case.case_id} on {case.ranks} rank(s)")
+            self.complete += 1
+
+
+def run_in_turn(job: Job, loop: CaseLoop, subs: "SubComms", results: ResultsFile | None,
+                table: SummaryTable | None, stream: TextIO, done: set[str]) -> None:
+    """Every case not yet complete, one after another, each with all of its repeats (the default)."""
+    for case in job.cases:
+        if case.case_id in done:
+            if loop.rank0:
+                print(f"{case.case_id}  complete in {loop.path}, skipped", file=stream, flush=True)
+            continue
+        loop.boundary()
+        sub = subs.get(case.ranks)
+        if sub is not None:
+            loop.attempt(lambda: run_case(case, job, sub, results, table, loop.path))
+        loop.finished(case)
+    loop.errors()
+
+
+def interleave_groups(cases: list[Case]) -> list[list[Case]]:
+    """Cases grouped by rank count (groups in the order of their first case), job order inside a group."""
+    groups: dict[int, list[Case]] = {}
+    for case in cases:
+        groups.setdefault(case.ranks, []).append(case)
+    return list(groups.values())
+
+
+def interleave_notes(job: Job, todo: list[Case]) -> list[str]:
+    """With ``interleave``: one note per group of more than one case, with the input memory it holds at once."""
+    if not job.interleave:
+        return []
+    notes = []
+    for group in interleave_groups(todo):
+        if len(group) < 2:
+            continue
+        ranks = group[0].ranks
+        held = sum(3 * c.batch * (c.tokens // ranks) * c.heads * c.head_dim * precision(c.dtype).itemsize
+                   for c in group)
+        notes.append(f"interleave: the {len(group)} cases on {ranks} rank(s) ({group[0].case_id} ... "
+                     f"{group[-1].case_id}) run their repeats in turn; their inputs stay in memory together, "
+                     f"{held / (1 << 30):.3g} GiB per rank")
+    return notes
+
+
+def run_interleaved(job: Job, loop: CaseLoop, subs: "SubComms", results: ResultsFile | None,
+                    table: SummaryTable | None, stream: TextIO, done: set[str]) -> None:
+    """Cases grouped by rank count; in a group, call ``r`` (warm-ups first) of every case runs before call ``r+1``.
+
+    Clock drift then falls on every case of a group alike. Each case's inputs
+    are made before the first call and kept until the group's calls are done;
+    each first call is checked for accuracy as without interleaving. The cases
+    are then written in job order. A stop between calls drops the group's
+    cases (none is written); one while they are written waits for the group.
+    """
+    if loop.rank0:
+        for case in job.cases:
+            if case.case_id in done:
+                print(f"{case.case_id}  complete in {loop.path}, skipped", file=stream, flush=True)
+    for group in interleave_groups([c for c in job.cases if c.case_id not in done]):
+        loop.boundary()
+        sub = subs.get(group[0].ranks)
+        runs: list[CaseRun] = []
+        if sub is not None:
+            loop.attempt(lambda: runs.extend(CaseRun(c, job, sub).start() for c in group))
+        for _ in range(job.warmup + job.repeats):
+            loop.boundary("between interleaved repeats", f" (the {len(group)} case(s) of the group on "
+                          f"{group[0].ranks} rank(s) run again)")
+            if sub is not None:
+                loop.attempt(lambda: [run.step() for run in runs])
+        measured = {run.case.case_id: run for run in runs}
+        for case in group:
+            loop.errors()
+            if sub is not None:
+                loop.attempt(lambda: run_case(case, job, sub, results, table, loop.path,
+                                              measured=measured.pop(case.case_id)))
+            loop.finished(case)
+        del runs, measured
+    loop.errors()
+
+
 def run_job(job: Job, output: str | None = None, stream: TextIO | None = None, comm: Any = None,
             transport: str | None = None, resume: bool = False, progress: TextIO | None = None,
             overwrite: bool = False) -> Path:
@@ -462,14 +627,12 @@ def run_job(job: Job, output: str | None = None, stream: TextIO | None = None, c
     agree) with the file flushed: ``StoppedForRequeue``. An I/O error on any rank
     is agreed at the boundary too, so every rank ends with the same one line.
     """
-    import signal
-
     from .jobfile import accuracy_rows_notes
     from .mpi import agree
     from .mpi import bind_gpu, world
     from .plan import check_job_fits
     from .progress import Progress
-    from .signals import StoppedForRequeue, StopRequests
+    from .signals import StopRequests
 
     comm = comm or world()
     stream = stream or sys.stdout               # looked up now: the caller's stdout, not the one at import
@@ -500,40 +663,17 @@ def run_job(job: Job, output: str | None = None, stream: TextIO | None = None, c
     tracker = Progress([useful_flops(c.tokens, c.heads, c.head_dim, c.patterns, c.causal, c.batch) for c in todo],
                        (progress or sys.stderr) if rank0 else None)
     subs = SubComms(comm, {c.ranks for c in todo})
-    finished = 0
     try:
         with StopRequests() as stops:
             if rank0:
                 print(f"hilbert-hpc: job {job.name!r}, {len(job.cases)} case(s) on up to {comm.Get_size()} "
                       f"rank(s), results -> {path}", file=stream)
-                for note in results.notes + accuracy_rows_notes(job):
+                for note in results.notes + accuracy_rows_notes(job) + interleave_notes(job, todo):
                     print(f"hilbert-hpc: note: {note}", file=sys.stderr, flush=True)
                 table.header()
-            failed = None
-            for case in job.cases:
-                if case.case_id in done:
-                    if rank0:
-                        print(f"{case.case_id}  complete in {path}, skipped", file=stream, flush=True)
-                    continue
-                stop, failed = stops.agreed(comm, failed)
-                if failed is not None:
-                    raise failed
-                if stop:
-                    raise StoppedForRequeue(f"stopped by {signal.Signals(stop).name} at a case boundary: "
-                                            f"{len(done) + finished} of {len(job.cases)} cases are complete in "
-                                            f"{path}; continue with 'run --resume'", "run")
-                sub = subs.get(case.ranks)
-                if sub is not None:
-                    try:
-                        run_case(case, job, sub, results, table, path)
-                    except UserError as exc:
-                        failed = exc
-                if failed is None:
-                    tracker.advance(finished, f"{case.case_id} on {case.ranks} rank(s)")
-                    finished += 1
-            _, failed = stops.agreed(comm, failed)
-            if failed is not None:
-                raise failed
+            loop = CaseLoop(comm, stops, todo, len(job.cases) - len(todo), len(job.cases), path, tracker)
+            run_cases = run_interleaved if job.interleave else run_in_turn
+            run_cases(job, loop, subs, results, table, stream, done)
     finally:
         subs.free()
         if results is not None:

@@ -200,3 +200,14 @@ def test_accuracy_rows_notes_count_the_rows_the_patterns_select(tmp_path):
         "cases 0002-swept ... 0005-swept (4 cases named swept) have 8 to 16 rows selected by the patterns, "
         "fewer than accuracy_rows = 40: all of their selected rows are checked",
     ]
+
+
+def test_interleave_is_a_job_setting_recorded_with_the_others(tmp_path):
+    text = ROWS_JOB.replace('name = "rows"\n', 'name = "rows"\ninterleave = true\n')
+    job = load_job(job_text(tmp_path, text))
+    assert job.interleave and job.settings["interleave"] is True
+    default = load_job(job_text(tmp_path, ROWS_JOB))
+    assert not default.interleave and default.settings["interleave"] is False
+    with pytest.raises(JobFileError) as info:
+        load_job(job_text(tmp_path, text.replace("interleave = true", 'interleave = "yes"')))
+    assert info.value.param == "job.interleave" and "expected true or false" in info.value.message
