@@ -137,11 +137,11 @@ def local_accuracy(case: Case, seed: int, rows: int, output: Any, layout: Layout
     serial = sample_selected_rows(case.tokens, case.heads, case.patterns, rows, seed)
     mine = layout.owner(serial) == rank
     serial = serial[mine]
-    picked = layout.natural_of(serial)
     result = {"rows": int(serial.size), "selected_pairs": int(selected_heads(serial, case.heads, case.patterns).sum()),
               "max_abs": 0.0, "max_ref": 0.0, "sq_err": 0.0, "sq_ref": 0.0}
     if not serial.size:
         return result
+    picked = layout.natural_of(serial)
 
     prec = precision(case.dtype)
 
