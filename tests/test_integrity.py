@@ -274,3 +274,23 @@ def test_every_derived_name_is_checked():
             check_name_length(Path("a" * (limit - suffix_room + 1)), [".parts"])
     names = derived_names(Path("x.h5"), [".parts"])
     assert set(names.values()) >= {"x.h5.lock", "x.h5.parts"} and any(".tmp-" in n for n in names.values())
+
+
+@pytest.mark.skipif(shutil.which("mpiexec") is None, reason="needs mpiexec")
+def test_checksums_of_every_rank_block_under_mpiexec(tmp_path):
+    """On 2 ranks each rank's block is checksummed: damage in rank 1's part is named and rerun."""
+    (tmp_path / "job.toml").write_text(JOB.replace("[defaults]", '[defaults]\nranks = 2'))
+    res = run(["run", "job.toml", "-o", "r.h5"], tmp_path, mpi=2)
+    assert res.returncode == 0, res.stderr
+    full = outputs(tmp_path / "r.h5")
+    assert not notes_of(report(tmp_path, "r.h5"))
+    with h5py.File(tmp_path / "r.h5", "r") as f:
+        parts = json.loads(f["cases/0001-g/output"].attrs["parts"])
+        assert len(json.loads(f["cases/0001-g/output"].attrs["part_sha256"])) == 2
+    _damage(tmp_path / parts[-1])
+    notes = notes_of(report(tmp_path, "r.h5"))
+    assert len(notes) == 1 and f"case 0001-g: output part {parts[-1]} is damaged" in notes[0]
+    res = run(["run", "job.toml", "-o", "r.h5", "--resume"], tmp_path, mpi=2)
+    assert res.returncode == 0 and res.stdout.count("skipped") == 3, res.stderr
+    again = outputs(tmp_path / "r.h5")
+    assert all(np.array_equal(full[c], again[c]) for c in full)
