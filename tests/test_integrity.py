@@ -14,7 +14,7 @@ import h5py
 import numpy as np
 import pytest
 
-from test_ownership import JOB, complete_cases, digest, one_error_line, outputs, run
+from test_ownership import JOB, digest, one_error_line, outputs, run
 
 ROOT = Path(__file__).resolve().parents[1]
 
