@@ -13,6 +13,10 @@ import numpy as np
 
 STREAMS = {"q": 1, "k": 2, "v": 3}
 
+#: seeds are ``0 .. MAX_SEED``: the key of (seed, tensor) is ``seed * 4 + stream`` in 64 bits, so a larger seed
+#: would wrap around onto the key of a smaller one (0, 2**62 and 2**64 would give the same inputs)
+MAX_SEED = (1 << 62) - 1
+
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -46,17 +50,32 @@ def _random_block(key: np.uint64, positions: Any, heads: int, head_dim: int, dty
     return z.astype(dtype)
 
 
+def check_seed(seed: Any) -> int:
+    """``seed`` as an int, or ValueError: an integer from 0 to :data:`MAX_SEED` (each gives its own inputs)."""
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
+        raise ValueError(f"seed must be an integer, got {seed!r}")
+    if not 0 <= int(seed) <= MAX_SEED:
+        raise ValueError(f"seed must be from 0 to 2**62 - 1 ({MAX_SEED}), got {seed}: a larger or negative seed "
+                         f"would repeat the inputs of another seed")
+    return int(seed)
+
+
 def random_rows(seed: int, tensor: str, positions: Any, heads: int, head_dim: int,
                 dtype: Any = np.float32, xp: ModuleType = np) -> Any:
     """Standard-normal rows (len(positions), heads, head_dim) for natural token positions.
 
     ``tensor`` is ``"q"``, ``"k"`` or ``"v"``. Box-Muller over two SplitMix64 streams
-    keyed by (seed, tensor); element (n, h, d) uses counter ``(n*heads + h)*head_dim + d``.
-    ``xp`` (NumPy or CuPy) is where the rows are made; they are made in chunks of
-    rows, so temporaries stay small however long the sequence.
+    keyed by (seed, tensor) (key ``seed * 4 + stream``, distinct for every seed
+    from 0 to :data:`MAX_SEED`; other seeds raise ValueError); element (n, h, d)
+    uses counter ``(n*heads + h)*head_dim + d``. ``xp`` (NumPy or CuPy) is where
+    the rows are made; they are made in chunks of rows, so temporaries stay small
+    however long the sequence.
     """
+    seed = check_seed(seed)
+    if tensor not in STREAMS:
+        raise ValueError(f"tensor must be one of {', '.join(map(repr, STREAMS))}, got {tensor!r}")
     with np.errstate(over="ignore"):
-        key = _splitmix64(np.uint64(seed & 0xFFFFFFFFFFFFFFFF) * np.uint64(4) + np.uint64(STREAMS[tensor]), np)
+        key = _splitmix64(np.uint64(seed) * np.uint64(4) + np.uint64(STREAMS[tensor]), np)
     positions = xp.asarray(positions, dtype=np.uint64).reshape(-1)
     n = positions.shape[0]
     step = max(1, CHUNK_ELEMENTS // (heads * head_dim))

@@ -63,6 +63,17 @@ def _int(lo: int = 1) -> Callable[[Any, str], int]:
     return check
 
 
+def check_job_seed(value: Any, where: str) -> int:
+    """A seed of the random inputs: an integer from 0 to 2**62 - 1 (larger ones would repeat smaller ones')."""
+    from .inputs import check_seed
+
+    _int(0)(value, where)
+    try:
+        return check_seed(value)
+    except ValueError as exc:
+        raise JobFileError(str(exc).replace("seed must be", "must be"), where) from None
+
+
 def _bool(value: Any, where: str) -> bool:
     if not isinstance(value, bool):
         raise JobFileError(f"expected true or false, got {value!r}", where)
@@ -182,7 +193,7 @@ def _backend(value: Any, where: str) -> str:
 JOB_KEYS: dict[str, tuple[Callable[[Any, str], Any], Any]] = {
     "name": (check_name, "job"),
     "output": (_str, None),
-    "seed": (_int(0), 2026),
+    "seed": (check_job_seed, 2026),
     "repeats": (_int(1), 3),
     "warmup": (_int(0), 1),
     "accuracy_rows": (_int(0), 32),

@@ -80,7 +80,7 @@ SEARCH_KEYS = {"name", "output", "backends", "heads", "head_dim", "local_pattern
 def load_search(path: str | Path) -> Search:
     """Read and validate a max-length study file; a JobFileError names the problem."""
     from .backends import BACKENDS
-    from .jobfile import check_name, read_toml
+    from .jobfile import check_job_seed, check_name, read_toml
 
     doc, text = read_toml(path)
     if set(doc) != {"search"} or not isinstance(doc["search"], dict):
@@ -109,7 +109,8 @@ def load_search(path: str | Path) -> Search:
                     heads=integer("heads", 8, 1), head_dim=integer("head_dim", 64, 1),
                     local_patterns=local, global_rows=integer("global_rows", 2048, 0),
                     start=integer("start", 1 << 20, 1), limit=integer("limit", 1 << 26, 1),
-                    seed=integer("seed", 11, 0), accuracy_rows=integer("accuracy_rows", 4, 0), text=text,
+                    seed=check_job_seed(s.get("seed", 11), "search.seed"),
+                    accuracy_rows=integer("accuracy_rows", 4, 0), text=text,
                     dtype=s.get("dtype", "float32"))
     try:
         for b in backends:

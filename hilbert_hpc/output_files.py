@@ -67,11 +67,22 @@ def same_file(a: str | Path, b: str | Path) -> bool:
         return Path(a).resolve() == Path(b).resolve()
 
 
-def refuse_protected(path: Path, protected: Iterable[tuple[str | Path | None, str]]) -> None:
-    """Refuse an output that is one of the ``protected`` (file, what it is) pairs, a folder, or not a file.
+def refuse_protected(path: Path, protected: Iterable[tuple[str | Path | None, str]],
+                     derived: Iterable[str] = ()) -> None:
+    """Refuse an output that is one of the ``protected`` (file, what it is) pairs, a folder, or not a file,
+    or whose name (or a name derived from it: ``derived`` suffixes besides the lock and temporary names) is
+    longer than the file system allows.
 
     Checked before the lock is taken, so that no lock file appears beside a job or input file.
     """
+    check_name_length(path, derived)
+    try:
+        _refuse_protected(path, protected)
+    except OSError as exc:
+        raise io_error(exc, "check the output file", path) from None
+
+
+def _refuse_protected(path: Path, protected: Iterable[tuple[str | Path | None, str]]) -> None:
     for other, what in protected:
         if other and same_file(path, other):
             raise OutputError(f"{str(path)!r} is the {what}; choose another output file with -o", "output")
@@ -81,6 +92,43 @@ def refuse_protected(path: Path, protected: Iterable[tuple[str | Path | None, st
         raise OutputError(f"{str(path)!r} is not a regular file; choose another output file with -o", "output")
     if path.parent.exists() and not path.parent.is_dir():
         raise OutputError(f"{str(path.parent)!r} is not a folder", "output")
+
+
+#: the file name limit assumed where the file system does not say (most local and parallel file systems)
+NAME_MAX = 255
+
+
+def name_max(folder: Path) -> int:
+    """The longest file name (in bytes) that the file system of ``folder`` (or its nearest existing
+    ancestor) allows."""
+    for candidate in (folder, *folder.parents):
+        try:
+            if candidate.is_dir():
+                return int(os.pathconf(candidate, "PC_NAME_MAX"))
+        except (OSError, ValueError):
+            continue
+    return NAME_MAX
+
+
+def derived_names(path: Path, derived: Iterable[str] = ()) -> dict[str, str]:
+    """The files named after an output: what each is -> its name (the lock, the temporary copy, ``derived``)."""
+    names = {"lock file": OutputLock(path).path.name, "temporary copy": temporary_name(path).name}
+    names.update({f"{suffix} folder": path.name + suffix for suffix in derived})
+    return names
+
+
+def check_name_length(path: Path, derived: Iterable[str] = ()) -> None:
+    """Refuse, in one line naming the file, an output whose name or derived names the file system cannot hold."""
+    limit = name_max(path.parent)
+    names = {"name": path.name, **derived_names(path, derived)}
+    what, longest = max(names.items(), key=lambda item: len(os.fsencode(item[1])))
+    size = len(os.fsencode(longest))
+    if size <= limit:
+        return
+    room = limit - (size - len(os.fsencode(path.name)))
+    whose = "its name" if what == "name" else f"the name of its {what} ({size} bytes)"
+    raise OutputError(f"the output file name {path.name!r} is too long: {whose} exceeds the file system's limit of "
+                      f"{limit} bytes; choose a name of at most {room} bytes with -o", "output")
 
 
 def existing_output(path: Path, is_ours: Callable[[Path], bool], kind: str) -> bool:

@@ -54,7 +54,7 @@ import h5py
 import numpy as np
 
 from .errors import UserError
-from .results import READ_ERRORS, case_groups
+from .results import READ_ERRORS, case_groups, output_notes
 
 PROGRAM = "hilbert-hpc"
 PARAM = "results"
@@ -275,6 +275,7 @@ def load_cases(paths: Sequence[str | Path]) -> tuple[list[CaseResult], list[str]
         cases, skipped = read_results_file(path)
         if skipped:
             notes.append(f"{str(path)!r}: {skipped} incomplete case(s) skipped (unfinished or unreadable)")
+        notes += output_notes(path)              # complete cases whose saved output is lost or damaged
         for case in cases:
             key = _key(case.params)
             old = pooled.pop(key, None)

@@ -8,6 +8,7 @@ timings (and output rows, when saved) to rank 0, which writes the results file.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -28,7 +29,7 @@ from .patterns import useful_flops
 from .precision import precision
 from .provenance import provenance
 from .reference import reference_rows, sample_selected_rows, selected_heads
-from .results import ResultsFile, parts_dir
+from .results import ResultsFile, block_digest, parts_dir, refuse_foreign_parts
 from .ring import RingStats, ring_dilated_attention, ring_transfer_only
 from .sharding import IndexView, Layout, check_distribution
 from .table import SummaryTable
@@ -356,14 +357,18 @@ def parallel_hdf5(comm: Any) -> bool:
     return bool(h5py.get_config().mpi)
 
 
-def write_output_part(case: Case, comm: Any, layout: Layout, outputs: list[np.ndarray], results_path: Path) -> str:
+def write_output_part(case: Case, comm: Any, layout: Layout, outputs: list[np.ndarray], results_path: Path,
+                      results_id: str) -> tuple[str, str]:
     """Every rank of the case writes its block of the output, in natural order; no rank holds more than its shard.
 
     Rank ``r`` receives the natural positions ``[r*L, (r+1)*L)`` by one all-to-all
     exchange. With parallel HDF5 all ranks write their blocks into one file,
     ``<results>.parts/<case-id>/output.h5`` (collective MPI-IO); otherwise each
-    rank writes ``<results>.parts/<case-id>/rank<r>.h5``. Returns this rank's
-    file, relative to the results file.
+    rank writes ``<results>.parts/<case-id>/rank<r>.h5``. The parts folder must
+    belong to the results file ``results_id`` (rank 0 made it, holding the file's
+    lock); each part records that identity, the case and the SHA-256 of the
+    block(s) it holds. Returns this rank's file, relative to the results file, and
+    the SHA-256 of its block.
     """
     import h5py
 
@@ -373,10 +378,14 @@ def write_output_part(case: Case, comm: Any, layout: Layout, outputs: list[np.nd
     natural = layout.shard_natural(rank)
     file_dtype = precision(case.dtype).file_dtype       # HDF5 has no bfloat16: stored exactly as float32
     blocks = np.stack([redistribute(np.asarray(o, dtype=file_dtype), natural, layout.shard, comm) for o in outputs])
+    digest = block_digest(blocks)
+    digests = comm.allgather(digest)
     shared = parallel_hdf5(comm)
-    rel = Path(parts_dir(results_path).name) / case.case_id / ("output.h5" if shared else f"rank{rank:05d}.h5")
+    parts = parts_dir(results_path)
+    refuse_foreign_parts(parts, results_path, results_id)
+    rel = Path(parts.name) / case.case_id / ("output.h5" if shared else f"rank{rank:05d}.h5")
     target = results_path.parent / rel
-    target.parent.mkdir(parents=True, exist_ok=True)
+    target.parent.mkdir(exist_ok=True)
     if shared:
         comm.Barrier()                                   # the folder exists before any rank opens the file
         shape = (blocks.shape[0], layout.shard * comm.Get_size(), *blocks.shape[2:])
@@ -385,30 +394,35 @@ def write_output_part(case: Case, comm: Any, layout: Layout, outputs: list[np.nd
             with ds.collective:
                 ds[:, rank * layout.shard:(rank + 1) * layout.shard] = blocks
             ds.attrs["first_token"] = 0
-            _output_attrs(ds)
+            _output_attrs(ds, case, results_id, digests)
     else:
         with h5py.File(target, "w") as f:
             ds = f.create_dataset("output", data=blocks)
             ds.attrs["first_token"] = rank * layout.shard
-            _output_attrs(ds)
-    return str(rel)
+            _output_attrs(ds, case, results_id, [digest])
+    return str(rel), digest
 
 
-def _output_attrs(ds: Any) -> None:
+def _output_attrs(ds: Any, case: Case, results_id: str, digests: list[str]) -> None:
+    """What a part says about itself: layout, owner (results file and case), SHA-256 of its rank block(s)."""
     ds.attrs["order"] = "natural"
     ds.attrs["axes"] = "batch, token, head, dim"
+    ds.attrs["results_id"] = results_id
+    ds.attrs["case_id"] = case.case_id
+    ds.attrs["sha256"] = json.dumps(digests)
 
 
 def run_case(case: Case, job: Job, comm: Any, results: ResultsFile | None,
-             table: SummaryTable | None, results_path: Path | None = None,
+             table: SummaryTable | None, results_path: Path | None = None, results_id: str = "",
              measured: CaseRun | None = None) -> dict | None:
     """Run one case on every rank of ``comm``; rank 0 writes it and prints its row. Returns the record on rank 0.
 
-    ``measured``: the case's CaseRun whose calls have all run already
-    (interleaved repeats); it is only gathered and written. A failed write of an
-    output part (any rank) or of the results file (rank 0) raises a UserError on
-    the ranks that saw it; the case stays incomplete. The caller agrees on it
-    with every rank at the next case boundary.
+    ``results_id`` is the identity of the results file (every rank), which its
+    output parts carry. ``measured``: the case's CaseRun whose calls have all run
+    already (interleaved repeats); it is only gathered and written. A failed
+    write of an output part (any rank) or of the results file (rank 0) raises a
+    UserError on the ranks that saw it; the case stays incomplete. The caller
+    agrees on it with every rank at the next case boundary.
     """
     from .mpi import agree
 
@@ -417,19 +431,31 @@ def run_case(case: Case, job: Job, comm: Any, results: ResultsFile | None,
     timings, outputs, accuracy = run.results() if measured else run.run()
     all_timings = comm.gather(timings, root=0)
     all_accuracy = comm.gather(accuracy, root=0)
-    parts = None
+    parts = digests = None
     if job.save_output:
         path = Path(results_path or job.output)
         error = None
+        if results is not None:
+            try:
+                results.begin()                          # the first case of a replacing run: the old file goes now
+            except UserError as exc:
+                error = exc
+        error = agree(comm, error)                       # the parts folder is ready before any rank writes
+        if error is not None:
+            raise error
         try:
-            rel = write_output_part(case, comm, run.layout, outputs, path)
+            rel, digest = write_output_part(case, comm, run.layout, outputs, path, results_id)
+        except UserError as exc:
+            error = exc
         except IO_ERRORS as exc:
             error = io_error(exc, "write an output part of", path,
                              "its complete cases are kept; free some space and continue with --resume")
         error = agree(comm, error)                       # every part is on disk before the case is committed
         if error is not None:
             raise error
-        parts = comm.gather(rel, root=0)
+        gathered = comm.gather((rel, digest), root=0)
+        if gathered is not None:
+            parts, digests = [g[0] for g in gathered], [g[1] for g in gathered]
     if run.rank != 0:
         return None
     stacked = {name: np.asarray([t[name] for t in all_timings], dtype=np.float64) for name in timings}
@@ -453,7 +479,8 @@ def run_case(case: Case, job: Job, comm: Any, results: ResultsFile | None,
                   else "none",
                   "transport_reason": run.transport_reason, "wall_s": time.perf_counter() - t0},
     }
-    results.write_case(case, record, parts, (case.batch, case.tokens, case.heads, case.head_dim), run.layout.shard)
+    results.write_case(case, record, parts, (case.batch, case.tokens, case.heads, case.head_dim), run.layout.shard,
+                       digests)
     table.row(case, record)
     return record
 
@@ -495,8 +522,9 @@ class CaseLoop:
     """
 
     def __init__(self, comm: Any, stops: Any, todo: list[Case], complete: int, total: int, path: Path,
-                 tracker: Any) -> None:
+                 results_id: str, tracker: Any) -> None:
         self.comm, self.stops, self.path, self.tracker = comm, stops, path, tracker
+        self.results_id = results_id                   # what the run's output parts carry
         self.index = {c.case_id: i for i, c in enumerate(todo)}
         self.complete, self.total = complete, total
         self.failed: UserError | None = None
@@ -547,7 +575,7 @@ def run_in_turn(job: Job, loop: CaseLoop, subs: "SubComms", results: ResultsFile
         loop.boundary()
         sub = subs.get(case.ranks)
         if sub is not None:
-            loop.attempt(lambda: run_case(case, job, sub, results, table, loop.path))
+            loop.attempt(lambda: run_case(case, job, sub, results, table, loop.path, loop.results_id))
         loop.finished(case)
     loop.errors()
 
@@ -606,7 +634,7 @@ def run_interleaved(job: Job, loop: CaseLoop, subs: "SubComms", results: Results
         for case in group:
             loop.errors()
             if sub is not None:
-                loop.attempt(lambda: run_case(case, job, sub, results, table, loop.path,
+                loop.attempt(lambda: run_case(case, job, sub, results, table, loop.path, loop.results_id,
                                               measured=measured.pop(case.case_id)))
             loop.finished(case)
         del runs, measured
@@ -657,7 +685,8 @@ def run_job(job: Job, output: str | None = None, stream: TextIO | None = None, c
     error = agree(comm, error)                 # only rank 0 can fail here, and then it holds no file
     if error is not None:
         raise error
-    done = set(comm.bcast(results.kept if rank0 else None, root=0))
+    kept, results_id = comm.bcast((results.kept, results.results_id) if rank0 else None, root=0)
+    done = set(kept)
     todo = [c for c in job.cases if c.case_id not in done]
     table = SummaryTable(stream) if rank0 else None
     tracker = Progress([useful_flops(c.tokens, c.heads, c.head_dim, c.patterns, c.causal, c.batch) for c in todo],
@@ -671,7 +700,8 @@ def run_job(job: Job, output: str | None = None, stream: TextIO | None = None, c
                 for note in results.notes + accuracy_rows_notes(job) + interleave_notes(job, todo):
                     print(f"hilbert-hpc: note: {note}", file=sys.stderr, flush=True)
                 table.header()
-            loop = CaseLoop(comm, stops, todo, len(job.cases) - len(todo), len(job.cases), path, tracker)
+            loop = CaseLoop(comm, stops, todo, len(job.cases) - len(todo), len(job.cases), path, results_id,
+                            tracker)
             run_cases = run_interleaved if job.interleave else run_in_turn
             run_cases(job, loop, subs, results, table, stream, done)
     finally:

@@ -157,7 +157,7 @@ def test_existing_results_are_refused_without_a_flag(tmp_path, done):
 
 
 def test_overwrite_replaces_the_file_and_its_parts(tmp_path, done):
-    stale = tmp_path / "r.parts" / "9999-old"
+    stale = tmp_path / "r.h5.parts" / "9999-old"
     stale.mkdir()
     (stale / "rank00000.h5").write_bytes(b"")
     res = run(["run", "job.toml", "-o", "r.h5", "--overwrite"], tmp_path)
@@ -169,7 +169,7 @@ def test_overwrite_replaces_the_file_and_its_parts(tmp_path, done):
 
 
 def test_overwrite_keeps_a_parts_folder_with_foreign_files(tmp_path, done):
-    (tmp_path / "r.parts" / "notes.txt").write_text("mine")
+    (tmp_path / "r.h5.parts" / "notes.txt").write_text("mine")
     before = digest(tmp_path)
     one_error_line(run(["run", "job.toml", "-o", "r.h5", "--overwrite"], tmp_path), "notes.txt",
                    "not output parts")
@@ -187,7 +187,7 @@ def test_resume_and_overwrite_together_are_a_usage_error(tmp_path, job):
     ("notes.txt", "is not a hilbert-hpc results file"),
     ("foreign.h5", "is not a hilbert-hpc results file"),
     ("folder", "is a folder"),
-    ("orphan.h5", "orphan.parts' exists without its results file"),
+    ("orphan.h5", "orphan.h5.parts' exists without its results file"),
 ])
 @pytest.mark.parametrize("flag", [[], ["--overwrite"], ["--resume"]])
 def test_outputs_that_are_not_ours_are_refused_with_every_flag(tmp_path, target, needle, flag):
@@ -200,7 +200,7 @@ def test_outputs_that_are_not_ours_are_refused_with_every_flag(tmp_path, target,
     with h5py.File(tmp_path / "foreign.h5", "w") as f:
         f["x"] = 1
     (tmp_path / "folder").mkdir()
-    (tmp_path / "orphan.parts" / "0000-g").mkdir(parents=True)
+    (tmp_path / "orphan.h5.parts" / "0000-g").mkdir(parents=True)
     if target == "orphan.h5" and flag == ["--overwrite"]:
         pytest.skip("--overwrite is the documented way to reuse an orphan .parts folder (tested below)")
     before = digest(tmp_path)
@@ -210,7 +210,7 @@ def test_outputs_that_are_not_ours_are_refused_with_every_flag(tmp_path, target,
 
 
 def test_overwrite_reuses_an_orphan_parts_folder(tmp_path, job):
-    (tmp_path / "r.parts" / "0000-g").mkdir(parents=True)
+    (tmp_path / "r.h5.parts" / "0000-g").mkdir(parents=True)
     res = run(["run", "job.toml", "-o", "r.h5", "--overwrite"], tmp_path)
     assert res.returncode == 0, res.stderr
     assert len(complete_cases(tmp_path / "r.h5")) == 4
@@ -314,13 +314,13 @@ def test_resume_of_a_foreign_or_unreadable_file_changes_nothing(tmp_path, job):
 
 def test_resume_reruns_cases_whose_output_parts_are_gone(tmp_path, done):
     full = outputs(done)
-    shutil.rmtree(tmp_path / "r.parts" / "0001-g")
-    (tmp_path / "r.parts" / "0002-g" / "rank00000.h5").write_bytes(b"not hdf5")
+    shutil.rmtree(tmp_path / "r.h5.parts" / "0001-g")
+    (tmp_path / "r.h5.parts" / "0002-g" / "rank00000.h5").write_bytes(b"not hdf5")
     res = run(["run", "job.toml", "-o", "r.h5", "--resume"], tmp_path)
     assert res.returncode == 0, res.stderr
     assert res.stdout.count("skipped") == 2
-    assert "case 0001-g: output part r.parts/0001-g/rank00000.h5 is missing; it runs again" in res.stderr
-    assert "case 0002-g: it is unreadable" in res.stderr
+    assert "case 0001-g: output part r.h5.parts/0001-g/rank00000.h5 is missing; it runs again" in res.stderr
+    assert "case 0002-g: output part r.h5.parts/0002-g/rank00000.h5 is unreadable" in res.stderr
     again = outputs(done)
     assert sorted(again) == sorted(full)
     for cid in full:
@@ -329,7 +329,7 @@ def test_resume_reruns_cases_whose_output_parts_are_gone(tmp_path, done):
 
 def test_resume_after_a_whole_parts_folder_is_deleted(tmp_path, done):
     full = outputs(done)
-    shutil.rmtree(tmp_path / "r.parts")
+    shutil.rmtree(tmp_path / "r.h5.parts")
     res = run(["run", "job.toml", "-o", "r.h5", "--resume"], tmp_path)
     assert res.returncode == 0, res.stderr
     assert res.stdout.count("skipped") == 0

@@ -1,0 +1,89 @@
+"""Seeds never alias: every accepted seed gives its own inputs, the rest are refused; old seeds keep their values."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hilbert_hpc.errors import JobFileError
+from hilbert_hpc.inputs import MAX_SEED, random_rows
+from hilbert_hpc.jobfile import load_job
+
+ROOT = Path(__file__).resolve().parents[1]
+
+JOB = """
+[job]
+name = "seeds"
+seed = {seed}
+[[cases]]
+grid = [16]
+patterns = [[16, 1]]
+heads = 1
+head_dim = 8
+"""
+
+
+def _digest(seed: int) -> str:
+    return hashlib.sha256(random_rows(seed, "v", np.arange(100, 164), 3, 8).tobytes()).hexdigest()[:16]
+
+
+@pytest.mark.parametrize("seed,expected", [(0, "5aa066501cd020d8"), (1, "23226785bebd1ecf"),
+                                           (2026, "4c97c81726c0f303"), (MAX_SEED, "898b394f136c9850")])
+def test_seeds_that_were_valid_keep_their_values(seed, expected):
+    """Values computed by the previous version (whose key wrapped only for seeds >= 2**62)."""
+    assert _digest(seed) == expected
+
+
+def test_distinct_accepted_seeds_give_distinct_inputs():
+    seeds = [0, 1, 2, 3, 4, 2**32, 2**61, MAX_SEED - 1, MAX_SEED]
+    rows = {s: random_rows(s, "q", np.arange(8), 2, 4).tobytes() for s in seeds}
+    assert len(set(rows.values())) == len(seeds)
+    q, k = random_rows(5, "q", np.arange(8), 2, 4), random_rows(5, "k", np.arange(8), 2, 4)
+    assert not np.array_equal(q, k)
+
+
+@pytest.mark.parametrize("seed", [2**62, 2**64, 2**64 + 1, -1, -(2**62)])
+def test_seeds_that_would_alias_are_refused_by_the_api(seed):
+    with pytest.raises(ValueError, match=r"seed must be from 0 to 2\*\*62 - 1"):
+        random_rows(seed, "q", np.arange(4), 2, 4)
+
+
+@pytest.mark.parametrize("seed", [1.5, True, "3", None])
+def test_seeds_that_are_not_integers_are_refused_by_the_api(seed):
+    with pytest.raises(ValueError, match="seed must be an integer"):
+        random_rows(seed, "q", np.arange(4), 2, 4)
+
+
+def test_unknown_tensor_is_refused_by_the_api():
+    with pytest.raises(ValueError, match="tensor must be one of"):
+        random_rows(0, "x", np.arange(4), 2, 4)
+
+
+@pytest.mark.parametrize("seed", [2**62, 2**63 - 1, -1])
+def test_job_file_seed_out_of_range_names_job_seed(tmp_path, seed):
+    (tmp_path / "job.toml").write_text(JOB.format(seed=seed))
+    with pytest.raises(JobFileError) as info:
+        load_job(tmp_path / "job.toml")
+    assert info.value.param == "job.seed"
+    assert load_job_ok(tmp_path, MAX_SEED).seed == MAX_SEED
+
+
+def load_job_ok(tmp_path: Path, seed: int):
+    (tmp_path / "ok.toml").write_text(JOB.format(seed=seed))
+    return load_job(tmp_path / "ok.toml")
+
+
+def test_job_file_seed_out_of_range_is_one_line(tmp_path):
+    (tmp_path / "job.toml").write_text(JOB.format(seed=2**62))
+    res = subprocess.run([sys.executable, "-m", "hilbert_hpc", "run", "job.toml", "-o", "r.h5"], cwd=tmp_path,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "job.seed" in lines[0] and "2**62" in lines[0], res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.toml"]
