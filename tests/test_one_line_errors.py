@@ -14,10 +14,10 @@ from hilbert_hpc.errors import JobFileError
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def cli(*args: str, cwd: Path, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+def cli(*args: str, cwd: Path, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
+    env = env or dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     return subprocess.run([sys.executable, "-m", "hilbert_hpc", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout, **kwargs)
+                          text=True, timeout=timeout)
 
 
 def one_error_line(res: subprocess.CompletedProcess, *words: str) -> str:
@@ -49,3 +49,27 @@ def test_dev_zero_as_a_job_file_is_one_line(tmp_path, command):
     res = cli(command[0], "/dev/zero", *command[1:], cwd=tmp_path, timeout=60)
     assert res.returncode == 2
     one_error_line(res, "/dev/zero", "larger than 16 MiB")
+
+
+# --- bandwidth: arguments checked before the sweep ------------------------------------------------------------------
+
+@pytest.mark.parametrize("flags, words", [(["--iterations", "0"], "--iterations: expected an integer >= 1, got 0"),
+                                          (["--iterations", "-3"], "--iterations: expected an integer >= 1, got -3"),
+                                          (["--max-bytes", "0"], "--max-bytes: expected a positive size"),
+                                          (["--max-bytes", "-1"], "--max-bytes: expected a size"),
+                                          (["--max-bytes", "512"], "--max-bytes: expected a message size in bytes"),
+                                          (["--device", "gpu"], "--device: GPU buffers need CuPy and an NVIDIA GPU")])
+def test_bandwidth_refuses_arguments_that_measure_nothing(tmp_path, flags, words):
+    res = cli("bandwidth", *flags, "-o", "bw.h5", cwd=tmp_path, env=dict(
+        os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""))
+    assert res.returncode == 2
+    assert res.stdout == ""
+    one_error_line(res, words)
+    assert not (tmp_path / "bw.h5").exists()
+
+
+def test_bandwidth_takes_a_size_with_a_unit(tmp_path):
+    res = cli("bandwidth", "--max-bytes", "4KiB", "--iterations", "1", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    sizes = [line.split()[0] for line in res.stdout.splitlines() if not line.startswith("#")]
+    assert sizes == ["1024", "2048", "4096"]
