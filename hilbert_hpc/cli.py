@@ -219,17 +219,87 @@ def _abort_other_ranks(code: int) -> None:
         mpi.COMM_WORLD.Abort(code)
 
 
+#: exit code when the reader of standard output went away (``| head``): as a program killed by SIGPIPE (128 + 13)
+BROKEN_PIPE_EXIT = 141
+
+
+class StdoutError(Exception):
+    """Standard output could not be written (raised in place of the OSError, so no file handler takes it)."""
+
+    def __init__(self, cause: OSError) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+class _GuardedStdout:
+    """Standard output whose failed writes raise :class:`StdoutError`, telling them from file errors."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError as exc:
+            raise StdoutError(exc) from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as exc:
+            raise StdoutError(exc) from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _discard_stdout() -> None:
+    """Point standard output at /dev/null, so that the interpreter's last flush cannot fail again."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):       # no file descriptor behind stdout (a test's StringIO): nothing to redirect
+        pass
+
+
+def _stdout_error(exc: OSError, command: str) -> int:
+    """Standard output failed: quietly 141 for a reader that left (``| head``), else one line and exit 2."""
+    from .output_files import os_reason
+
+    _discard_stdout()
+    if isinstance(exc, BrokenPipeError):
+        if command == "run" and _is_rank0():
+            print("hilbert-hpc: standard output was closed: the run stopped; its complete cases are kept "
+                  "(continue with run --resume)", file=sys.stderr)
+        _abort_other_ranks(BROKEN_PIPE_EXIT)
+        return BROKEN_PIPE_EXIT
+    if _is_rank0():
+        print(f"hilbert-hpc: error: cannot write to standard output: {os_reason(exc)}", file=sys.stderr)
+    _abort_other_ranks(UserError.exit_code)
+    return UserError.exit_code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``hilbert-hpc`` console script.
 
     A UserError (bad input, a file that cannot be written, an environment that
     cannot run the job) prints one line on the first rank and exits with its
     code; such errors are agreed by all ranks before they are raised. A second
-    Ctrl-C ends the run at once, on every rank.
+    Ctrl-C ends the run at once, on every rank. When standard output goes away
+    (``| head``) the command stops quietly with exit code 141, as a program
+    killed by SIGPIPE would; when it cannot be written (a full device) it stops
+    with one line and exit code 2.
     """
     args = build_parser().parse_args(argv)
+    stdout = sys.stdout
+    sys.stdout = _GuardedStdout(stdout)
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()
+        return code
     except UserError as exc:
         if _is_rank0():
             print(f"hilbert-hpc: error: {exc}", file=sys.stderr)
@@ -241,6 +311,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                   file=sys.stderr)
         _abort_other_ranks(130)
         return 130
+    except StdoutError as exc:
+        return _stdout_error(exc.cause, args.command)
+    finally:
+        sys.stdout = stdout
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -73,3 +73,82 @@ def test_bandwidth_takes_a_size_with_a_unit(tmp_path):
     assert res.returncode == 0, res.stderr
     sizes = [line.split()[0] for line in res.stdout.splitlines() if not line.startswith("#")]
     assert sizes == ["1024", "2048", "4096"]
+
+
+# --- standard output: a reader that leaves, a full device ------------------------------------------------------------
+
+TINY_JOB = """
+[job]
+name = "tiny"
+repeats = 1
+warmup = 0
+accuracy_rows = 4
+[defaults]
+heads = 2
+head_dim = 8
+[[cases]]
+name = "t"
+tokens = 256
+patterns = [[64, 1]]
+[cases.sweep]
+ordering = ["natural", "hilbert"]
+"""
+
+
+def _closed_pipe(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """Run the command with its standard output a pipe whose reader has already gone (``| head -0``)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "hilbert_hpc", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()
+    err = proc.stderr.read()
+    proc.wait(timeout=120)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, "", err)
+
+
+@pytest.fixture
+def results_file(tmp_path) -> Path:
+    (tmp_path / "job.toml").write_text(TINY_JOB)
+    res = cli("run", "job.toml", "-o", "r.h5", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    return tmp_path / "r.h5"
+
+
+@pytest.mark.parametrize("command", [["report", "r.h5"], ["plan", "job.toml", "-n", "2"], ["info"]])
+def test_a_closed_pipe_ends_quietly_with_141(results_file, command):
+    res = _closed_pipe(command, results_file.parent)
+    assert (res.returncode, res.stderr) == (141, "")
+
+
+def test_a_closed_pipe_stops_a_run_with_one_note_and_keeps_the_file_sound(tmp_path):
+    (tmp_path / "job.toml").write_text(TINY_JOB)
+    res = _closed_pipe(["run", "job.toml", "-o", "r.h5"], tmp_path)
+    assert res.returncode == 141
+    assert res.stderr.splitlines() == ["hilbert-hpc: standard output was closed: the run stopped; its complete "
+                                       "cases are kept (continue with run --resume)"]
+    again = cli("run", "job.toml", "-o", "r.h5", "--resume", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+
+
+def test_report_into_head_leaves_no_traceback(results_file):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    res = subprocess.run(["bash", "-c", f"{sys.executable} -m hilbert_hpc report r.h5 | head -1; "
+                                        "exit ${PIPESTATUS[0]}"], cwd=results_file.parent, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode in (0, 141) and res.stderr == ""
+    assert len(res.stdout.splitlines()) == 1
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
+@pytest.mark.parametrize("command", [["report", "r.h5"], ["plan", "job.toml", "-n", "2"], ["info"],
+                                     ["run", "job.toml", "-o", "r2.h5"]])
+def test_stdout_on_a_full_device_is_one_line(results_file, command):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    with open("/dev/full", "w") as full:
+        res = subprocess.run([sys.executable, "-m", "hilbert_hpc", *command], cwd=results_file.parent, env=env,
+                             stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert res.returncode == 2
+    assert res.stderr.splitlines()[-1:] == ["hilbert-hpc: error: cannot write to standard output: "
+                                            "No space left on device"]
+    one_error_line(subprocess.CompletedProcess(res.args, res.returncode, "", res.stderr.splitlines()[-1] + "\n"))
+    assert "Traceback" not in res.stderr and "Exception ignored" not in res.stderr
