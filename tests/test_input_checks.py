@@ -174,7 +174,8 @@ def test_parse_size_refuses_what_no_machine_has(text, words):
     assert info.value.param == "--device-memory"
 
 
-PLAN_JOB = '[defaults]\nbackend = "{backend}"\nheads = 4\nhead_dim = 32\n[[cases]]\ntokens = 4096\npatterns = [[1024, 1]]\n'
+PLAN_JOB = ('[defaults]\nbackend = "{backend}"\nheads = 4\nhead_dim = 32\n'
+            '[[cases]]\ntokens = 4096\npatterns = [[1024, 1]]\n')
 
 
 @pytest.mark.parametrize("ranks", ["0", "-4"])

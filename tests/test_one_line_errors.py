@@ -14,7 +14,8 @@ from hilbert_hpc.errors import JobFileError
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def cli(*args: str, cwd: Path, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
+def cli(*args: str, cwd: Path, timeout: float = 120,
+        env: dict | None = None) -> subprocess.CompletedProcess:
     env = env or dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     return subprocess.run([sys.executable, "-m", "hilbert_hpc", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
