@@ -87,6 +87,12 @@ def dilated_attention(q: Any, k: Any, v: Any, *, patterns: Sequence, causal: boo
     ``h mod dilation``. Returns the output in natural order, same leading shape,
     as a NumPy array (the accumulator dtype: float32 or float64) — or a torch
     tensor when the inputs are tensors and ``backend="torch"``.
+
+    Misuse raises before any work, naming the argument: TypeError for q, k, v
+    mixing torch tensors with arrays, complex or boolean values, a ``causal``
+    that is not a bool or a ``scale`` that is not a number; ValueError
+    (``ConfigError``) for shapes, an empty head dimension, and a ``scale`` that
+    is not finite and > 0.
     """
     check_arguments(q, k, v, causal, scale)
     be = get_backend(backend)

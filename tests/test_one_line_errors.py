@@ -33,7 +33,7 @@ def one_error_line(res: subprocess.CompletedProcess, *words: str) -> str:
     return lines[0]
 
 
-# --- job files: what is read is capped ---------------------------------------------------------------------------------
+# --- job files: what is read is capped --------------------------------------------------------------------------------
 
 def test_a_job_file_larger_than_the_cap_is_refused_before_parsing(tmp_path):
     from hilbert_hpc.jobfile import MAX_JOB_BYTES, read_toml
