@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any, Sequence
 
 import numpy as np
 
+from .arrays import tensor_to_numpy
 from .backends import get_backend
 from .errors import ConfigError
 from .ordering import ORDERINGS, inverse_order, serialization_order
@@ -30,6 +32,50 @@ def problem_order(grid: Sequence[int], ordering: str, segment: int | None) -> np
         raise ConfigError(str(exc), "ordering") from None
 
 
+#: dtype kinds that are not real numbers: booleans, complex numbers, objects, strings, dates
+NOT_REAL = {"b": "boolean", "c": "complex", "O": "object", "S": "string", "U": "string", "M": "datetime",
+            "m": "timedelta"}
+
+
+def check_arguments(q: Any, k: Any, v: Any, causal: Any, scale: Any) -> None:
+    """Refuse API misuse before any work: TypeError/ValueError naming the argument.
+
+    q, k, v must be all torch tensors or all arrays (NumPy or array-like) of real
+    numbers; ``causal`` a bool; ``scale`` None or a finite number > 0.
+    """
+    from .arrays import is_tensor
+
+    tensors = [name for name, x in zip("qkv", (q, k, v)) if is_tensor(x)]
+    if tensors and len(tensors) < 3:
+        odd = next(name for name in "qkv" if name not in tensors)
+        kind = type((q, k, v)["qkv".index(odd)])
+        raise TypeError(f"{odd}: is a {kind.__module__.split('.')[0]}.{kind.__name__}, but {', '.join(tensors)} "
+                        f"{'is a torch tensor' if len(tensors) == 1 else 'are torch tensors'}: pass q, k and v as the "
+                        f"same kind (all torch tensors or all NumPy arrays)")
+    for name, x in zip("qkv", (q, k, v)):
+        kind = _dtype_kind(x)
+        if kind in NOT_REAL:
+            raise TypeError(f"{name}: has {NOT_REAL[kind]} dtype {x.dtype}; attention needs real numbers "
+                            f"(float or integer)")
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"causal: expected True or False, got {causal!r}")
+    if scale is not None:
+        if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.integer, np.floating)):
+            raise TypeError(f"scale: expected a number or None, got {scale!r}")
+        if not math.isfinite(scale) or scale <= 0:
+            raise ValueError(f"scale: expected a finite number > 0 (or None for 1/sqrt(D)), got {scale!r}")
+
+
+def _dtype_kind(x: Any) -> str:
+    """NumPy's dtype kind of an array, tensor or array-like (``'b'`` for a torch bool, ``'c'`` for complex)."""
+    from .arrays import is_tensor
+
+    if is_tensor(x):
+        return "c" if x.dtype.is_complex else "b" if x.dtype == sys.modules["torch"].bool else "f"
+    dtype = getattr(x, "dtype", None)
+    return np.dtype(dtype).kind if dtype is not None else np.asarray(x).dtype.kind
+
+
 def dilated_attention(q: Any, k: Any, v: Any, *, patterns: Sequence, causal: bool = False,
                       grid: Sequence[int] | int | None = None, ordering: str = "natural",
                       scale: float | None = None, backend: str = "numpy", segment: int | None = None) -> Any:
@@ -41,13 +87,24 @@ def dilated_attention(q: Any, k: Any, v: Any, *, patterns: Sequence, causal: boo
     ``h mod dilation``. Returns the output in natural order, same leading shape,
     as a NumPy array (the accumulator dtype: float32 or float64) — or a torch
     tensor when the inputs are tensors and ``backend="torch"``.
+
+    Misuse raises before any work, naming the argument: TypeError for q, k, v
+    mixing torch tensors with arrays, complex or boolean values, a ``causal``
+    that is not a bool or a ``scale`` that is not a number; ValueError
+    (``ConfigError``) for shapes, an empty head dimension, and a ``scale`` that
+    is not finite and > 0.
     """
+    check_arguments(q, k, v, causal, scale)
     be = get_backend(backend)
     batched = getattr(q, "ndim", None) == 4
     if getattr(q, "ndim", None) not in (3, 4):
         raise ConfigError(f"q must have shape (N, H, D) or (B, N, H, D), got {tuple(getattr(q, 'shape', ()))}", "q")
     q4, k4, v4 = (x if batched else x[None] for x in (q, k, v))
     b, n, h, d = q4.shape
+    if d == 0 or v4.shape[3] == 0:
+        name, x = ("q", q) if d == 0 else ("v", v)
+        raise ConfigError(f"{name} has shape {tuple(x.shape)}, with an empty last (head) dimension: it needs at least "
+                          f"one entry", name)
     if tuple(k4.shape) != (b, n, h, d):
         raise ConfigError(f"k has shape {tuple(k.shape)}, expected {tuple(q.shape)}", "k")
     if tuple(v4.shape[:3]) != (b, n, h):
@@ -61,7 +118,7 @@ def dilated_attention(q: Any, k: Any, v: Any, *, patterns: Sequence, causal: boo
         scale = 1.0 / math.sqrt(d)
 
     is_tensor = type(q).__module__.startswith("torch")
-    host = [x.detach().cpu().numpy() if is_tensor else np.asarray(x) for x in (q4, k4, v4)]
+    host = [tensor_to_numpy(x) if is_tensor else np.asarray(x) for x in (q4, k4, v4)]
     dtype = np.float64 if host[0].dtype == np.float64 else np.float32
     inverse = inverse_order(perm)
     outs = []

@@ -52,29 +52,57 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _at_least(value: int, lowest: int, flag: str, what: str = "an integer") -> int:
+    """``value`` when it is at least ``lowest``, else a UserError naming ``flag``."""
+    if value < lowest:
+        raise UserError(f"expected {what} >= {lowest}, got {value}", flag)
+    return value
+
+
+def _bandwidth_arguments(args: argparse.Namespace) -> int:
+    """Check the sweep's arguments before MPI work starts; returns the largest message in bytes."""
+    from .bandwidth import MIN_BYTES
+    from .plan import parse_size
+
+    _at_least(args.iterations, 1, "--iterations")
+    max_bytes = _at_least(parse_size(args.max_bytes, "--max-bytes"), MIN_BYTES, "--max-bytes",
+                          "a message size in bytes (the sweep starts at 1 KiB)")
+    if args.device == "gpu":
+        from .backends import gpu_unusable
+
+        reason = gpu_unusable()
+        if reason:
+            raise UserError(f"GPU buffers need CuPy and an NVIDIA GPU; none is usable here ({reason}); "
+                            f"use --device cpu", "--device")
+    return max_bytes
+
+
 def _cmd_bandwidth(args: argparse.Namespace) -> int:
     from .bandwidth import run_bandwidth
 
     comm = _world()
-    _collectively(comm, lambda: None)
-    run_bandwidth(comm, args.transport, args.device, args.max_bytes, args.iterations, args.output,
+    max_bytes = _collectively(comm, _bandwidth_arguments, args)
+    run_bandwidth(comm, args.transport, args.device, max_bytes, args.iterations, args.output,
                   overwrite=args.overwrite)
     return 0
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     from .jobfile import load_job
-    from .plan import parse_size, print_plan
-    from .runner import check_case
+    from .plan import check_plannable, gpu_memory, parse_size, print_plan
 
-    job = load_job(args.job, world_size=args.ranks)
+    ranks = _at_least(args.ranks, 1, "-n/--ranks", "a number of ranks")
+    device = (parse_size(args.device_memory) if args.device_memory else
+              gpu_memory(args.gpu) if args.gpu else None)
+    host = parse_size(args.host_memory, "--host-memory") if args.host_memory else None
+    job = load_job(args.job, world_size=ranks)
     if args.transport:
         job = job.with_transport(args.transport)
-    for case in job.cases:
-        check_case(case)
-    device = parse_size(args.device_memory) if args.device_memory else None
-    host = parse_size(args.host_memory, "--host-memory") if args.host_memory else None
-    rows = print_plan(job, args.ranks, sys.stdout, device, host)
+    checked = [check_plannable(case) for case in job.cases]
+    rows = print_plan(job, ranks, sys.stdout, device, host)
+    if not all(checked):
+        print("hilbert-hpc: note: no usable GPU here: GPU cases were checked for their distribution over the "
+              "ranks only; 'run' checks their kernels and transport on the GPU nodes", file=sys.stderr)
     return 3 if any(fits is False for _, fits in rows) else 0
 
 
@@ -115,6 +143,7 @@ def _cmd_cuda_env(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with one sub-command per action."""
+    from .plan import GPU_MEMORY, SIZE_HELP
     from .transports import TRANSPORTS
 
     parser = argparse.ArgumentParser(
@@ -138,16 +167,21 @@ def build_parser() -> argparse.ArgumentParser:
                                           "(raw Isend/Irecv, under mpirun)")
     bw.add_argument("--transport", choices=TRANSPORTS, default="auto")
     bw.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="buffers in host or GPU memory")
-    bw.add_argument("--max-bytes", type=int, default=256 << 20, help="largest message (default 256 MiB)")
-    bw.add_argument("--iterations", type=int, default=10, help="timed exchanges per size")
+    bw.add_argument("--max-bytes", default="256MiB", help="largest message, at least 1KiB (default 256MiB; sizes: "
+                                                          f"{SIZE_HELP})")
+    bw.add_argument("--iterations", type=int, default=10, help="timed exchanges per size (at least 1)")
     bw.add_argument("-o", "--output", help="also write the sweep to this HDF5 file")
     bw.add_argument("--overwrite", action="store_true", help="replace an existing bandwidth results file")
     bw.set_defaults(func=_cmd_bandwidth)
     plan = sub.add_parser("plan", help="preflight a job for P ranks: memory per rank, bytes moved, FLOPs; "
                                        "exit 3 if a case does not fit")
     plan.add_argument("job", help="job file (TOML)")
-    plan.add_argument("-n", "--ranks", type=int, required=True, help="ranks of the planned run")
-    plan.add_argument("--device-memory", help="GPU memory per rank, e.g. 80GiB (else fits is '?' for GPU cases)")
+    plan.add_argument("-n", "--ranks", type=int, required=True, help="ranks of the planned run (at least 1)")
+    gpu = plan.add_mutually_exclusive_group()
+    gpu.add_argument("--device-memory", help="GPU memory per rank, e.g. 80GiB (else fits is '?' for GPU cases; "
+                                             f"sizes: {SIZE_HELP}); no GPU is needed here")
+    gpu.add_argument("--gpu", metavar="MODEL", help="plan for this GPU model's memory: "
+                                                    f"{', '.join(GPU_MEMORY)}; no GPU is needed here")
     plan.add_argument("--host-memory", help="host memory per rank, e.g. 16GiB (else fits is '?' for CPU cases)")
     plan.add_argument("--transport", choices=TRANSPORTS, help="override every case's K/V transport")
     plan.set_defaults(func=_cmd_plan)
@@ -185,17 +219,87 @@ def _abort_other_ranks(code: int) -> None:
         mpi.COMM_WORLD.Abort(code)
 
 
+#: exit code when the reader of standard output went away (``| head``): as a program killed by SIGPIPE (128 + 13)
+BROKEN_PIPE_EXIT = 141
+
+
+class StdoutError(Exception):
+    """Standard output could not be written (raised in place of the OSError, so no file handler takes it)."""
+
+    def __init__(self, cause: OSError) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+class _GuardedStdout:
+    """Standard output whose failed writes raise :class:`StdoutError`, telling them from file errors."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError as exc:
+            raise StdoutError(exc) from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as exc:
+            raise StdoutError(exc) from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _discard_stdout() -> None:
+    """Point standard output at /dev/null, so that the interpreter's last flush cannot fail again."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):       # no file descriptor behind stdout (a test's StringIO): nothing to redirect
+        pass
+
+
+def _stdout_error(exc: OSError, command: str) -> int:
+    """Standard output failed: quietly 141 for a reader that left (``| head``), else one line and exit 2."""
+    from .output_files import os_reason
+
+    _discard_stdout()
+    if isinstance(exc, BrokenPipeError):
+        if command == "run" and _is_rank0():
+            print("hilbert-hpc: standard output was closed: the run stopped; its complete cases are kept "
+                  "(continue with run --resume)", file=sys.stderr)
+        _abort_other_ranks(BROKEN_PIPE_EXIT)
+        return BROKEN_PIPE_EXIT
+    if _is_rank0():
+        print(f"hilbert-hpc: error: cannot write to standard output: {os_reason(exc)}", file=sys.stderr)
+    _abort_other_ranks(UserError.exit_code)
+    return UserError.exit_code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``hilbert-hpc`` console script.
 
     A UserError (bad input, a file that cannot be written, an environment that
     cannot run the job) prints one line on the first rank and exits with its
     code; such errors are agreed by all ranks before they are raised. A second
-    Ctrl-C ends the run at once, on every rank.
+    Ctrl-C ends the run at once, on every rank. When standard output goes away
+    (``| head``) the command stops quietly with exit code 141, as a program
+    killed by SIGPIPE would; when it cannot be written (a full device) it stops
+    with one line and exit code 2.
     """
     args = build_parser().parse_args(argv)
+    stdout = sys.stdout
+    sys.stdout = _GuardedStdout(stdout)
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()
+        return code
     except UserError as exc:
         if _is_rank0():
             print(f"hilbert-hpc: error: {exc}", file=sys.stderr)
@@ -207,6 +311,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                   file=sys.stderr)
         _abort_other_ranks(130)
         return 130
+    except StdoutError as exc:
+        return _stdout_error(exc.cause, args.command)
+    finally:
+        sys.stdout = stdout
 
 
 if __name__ == "__main__":  # pragma: no cover

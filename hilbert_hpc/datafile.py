@@ -42,7 +42,7 @@ def describe_input(path: str | Path, param: str = "input") -> dict[str, Any]:
         if missing:
             raise ConfigError(f"input file {str(path)!r} lacks dataset(s) {', '.join(missing)}", param)
         for t in TENSORS:
-            _check_dataset(f[t], t, path, param)
+            _check_dataset(_open_member(f, t, path, param), t, path, param)
         shapes = {t: f[t].shape for t in TENSORS}
         q = shapes["q"]
         if len(q) not in (3, 4) or shapes["k"] != q or shapes["v"][:-1] != q[:-1]:
@@ -54,6 +54,51 @@ def describe_input(path: str | Path, param: str = "input") -> dict[str, Any]:
     batched = len(q) == 4
     return {"batch": q[0] if batched else 1, "tokens": q[-3], "heads": q[-2], "head_dim": q[-1],
             "v_dim": shapes["v"][-1], "grid": grid, "batched": batched}
+
+
+def _open_member(f: Any, tensor: str, path: str | Path, param: str) -> Any:
+    """``f[tensor]``, with a link that does not resolve (an external link to a missing file) refused in one line."""
+    import h5py
+
+    try:
+        return f[tensor]
+    except (KeyError, OSError) as exc:
+        link = f.get(tensor, getlink=True)
+        if isinstance(link, h5py.ExternalLink):
+            what = f"an external link to {link.path!r} in {link.filename!r}, which cannot be opened"
+        elif isinstance(link, h5py.SoftLink):
+            what = f"a soft link to {link.path!r}, which does not exist"
+        else:
+            what = f"an object that cannot be opened ({_h5_reason(exc)})"
+        raise ConfigError(f"input file {str(path)!r}: {tensor} is {what}: store {tensor} in the file itself, "
+                          f"or make the link resolve", param) from None
+
+
+def _h5_reason(exc: Exception) -> str:
+    """The cause HDF5 gave, in a few words (h5py prefixes it with the call that failed)."""
+    text = " ".join(str(exc).strip("'\"").split())
+    return text.split("(", 1)[1].rstrip(")") if "(" in text else text or type(exc).__name__
+
+
+def _read_block(path: str | Path, tensor: str, batch_index: int, rows: Any, param: str) -> np.ndarray:
+    """Rows ``rows`` (a slice or sorted indices) of batch element ``batch_index`` of one dataset, as stored.
+
+    Data that fails its checksum (fletcher32), a damaged compressed chunk, a
+    link that no longer resolves or a file that went away become one
+    ConfigError naming the file and dataset instead of an h5py traceback.
+    """
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as f:
+            ds = _open_member(f, tensor, path, param)
+            return ds[batch_index, rows] if ds.ndim == 4 else ds[rows]
+    except (OSError, KeyError, RuntimeError) as exc:
+        reason = _h5_reason(exc)
+        hint = (" (its data fails the HDF5 checksum or a compressed chunk is damaged)"
+                if "filter" in reason.lower() else "")
+        raise ConfigError(f"input file {str(path)!r}: cannot read dataset {tensor}: {reason}{hint}; "
+                          f"fix or recreate the file", param) from None
 
 
 def _check_dataset(obj: Any, tensor: str, path: str | Path, param: str) -> None:
@@ -132,12 +177,8 @@ def read_rows(path: str | Path, tensor: str, batch_index: int, natural: np.ndarr
     Refuses non-finite values (ConfigError naming the file, tensor and natural
     index). Not collective: run it on rows that :func:`read_shard` has checked.
     """
-    import h5py
-
     uniq, inverse = np.unique(np.asarray(natural, dtype=np.int64), return_inverse=True)
-    with h5py.File(path, "r") as f:
-        ds = f[tensor]
-        raw = ds[batch_index, uniq] if ds.ndim == 4 else ds[uniq]
+    raw = _read_block(path, tensor, batch_index, uniq, param)
     rows = _as_dtype(raw, dtype)
     bad = _first_bad(rows)
     if bad is not None:
@@ -149,21 +190,22 @@ def read_shard(path: str | Path, tensor: str, batch_index: int, layout: Layout, 
                param: str = "input") -> np.ndarray:
     """This rank's serialized shard of ``tensor``: contiguous natural read + one all-to-all exchange.
 
-    Collective. Each rank checks its natural block for NaN/Inf before the
-    exchange; if any rank found one, every rank raises the same ConfigError
+    Collective. Each rank checks its natural block for NaN/Inf (and that it
+    could be read at all) before the exchange; if any rank found a problem, every rank raises the same ConfigError
     (the lowest such rank's, which holds the first bad natural index).
     """
-    import h5py
-
     rank, shard = comm.Get_rank(), layout.shard
     lo, hi = rank * shard, (rank + 1) * shard
-    with h5py.File(path, "r") as f:
-        ds = f[tensor]
-        raw = ds[batch_index, lo:hi] if ds.ndim == 4 else ds[lo:hi]
-    block = _as_dtype(raw, dtype)
-    bad = _first_bad(block)
-    error = None if bad is None else _not_finite(path, tensor, (batch_index, lo + bad[0], *bad[1:]), raw[bad],
-                                                 dtype, param)
+    error, block = None, None
+    try:
+        raw = _read_block(path, tensor, batch_index, slice(lo, hi), param)
+    except ConfigError as exc:
+        error = exc
+    else:
+        block = _as_dtype(raw, dtype)
+        bad = _first_bad(block)
+        error = None if bad is None else _not_finite(path, tensor, (batch_index, lo + bad[0], *bad[1:]), raw[bad],
+                                                     dtype, param)
     error = agree(comm, error)            # every rank raises the lowest rank's error: no rank waits
     if error is not None:
         raise error

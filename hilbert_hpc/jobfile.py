@@ -416,16 +416,31 @@ def expand_cases(raw_cases: Any, defaults: dict[str, Any], world_size: int | Non
     return cases
 
 
+#: the most bytes read of a job or study file (a TOML text of a few KiB; /dev/zero or a data file is refused)
+MAX_JOB_BYTES = 16 << 20
+
+
+def read_text_capped(path: str | Path) -> str:
+    """The UTF-8 text of a job or study file, reading at most ``MAX_JOB_BYTES`` (+1 to notice more)."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_JOB_BYTES + 1)
+    except OSError as exc:
+        raise JobFileError(f"cannot read job file: {exc.strerror or exc}", str(path)) from None
+    if len(data) > MAX_JOB_BYTES:
+        raise JobFileError(f"larger than {MAX_JOB_BYTES >> 20} MiB, not a job file: a job file is TOML text of a few "
+                           f"KiB", str(path))
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise JobFileError(f"not a UTF-8 text file (byte {exc.start} is {exc.object[exc.start:exc.start + 1]!r}); "
+                           f"a job file is TOML text", str(path)) from None
+
+
 def read_toml(path: str | Path, text: str | None = None) -> tuple[dict, str]:
-    """The parsed document and text of a TOML study file; JobFileError if unreadable or not TOML."""
+    """The parsed document and text of a TOML study file; JobFileError if unreadable, too large or not TOML."""
     if text is None:
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise JobFileError(f"cannot read job file: {exc.strerror}", str(path)) from None
-        except UnicodeDecodeError as exc:
-            raise JobFileError(f"not a UTF-8 text file (byte {exc.start} is {exc.object[exc.start:exc.start + 1]!r}); "
-                               f"a job file is TOML text", str(path)) from None
+        text = read_text_capped(path)
     try:
         return tomllib.loads(text), text
     except tomllib.TOMLDecodeError as exc:

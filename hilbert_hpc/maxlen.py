@@ -96,6 +96,10 @@ def load_search(path: str | Path) -> Search:
             raise JobFileError(f"expected an integer >= {lo}, got {value!r}", f"search.{key}")
         return value
 
+    output = s.get("output", "results/max_length.h5")
+    if not isinstance(output, str) or not output.strip():
+        raise JobFileError(f"expected a file name (a TOML string such as \"results/max_length.h5\"), got {output!r}",
+                           "search.output")
     backends = s.get("backends", ["cuda-fp32"])
     if not isinstance(backends, list) or not backends or any(b not in BACKENDS for b in backends):
         raise JobFileError(f"expected a list of backends from {', '.join(BACKENDS)}, got {backends!r}",
@@ -105,7 +109,7 @@ def load_search(path: str | Path) -> Search:
     except ConfigError as exc:
         raise JobFileError(exc.message, exc.param) from None
     search = Search(name=check_name(s.get("name", "max_length"), "search.name"),
-                    output=str(s.get("output", "results/max_length.h5")), backends=tuple(backends),
+                    output=output, backends=tuple(backends),
                     heads=integer("heads", 8, 1), head_dim=integer("head_dim", 64, 1),
                     local_patterns=local, global_rows=integer("global_rows", 2048, 0),
                     start=integer("start", 1 << 20, 1), limit=integer("limit", 1 << 26, 1),

@@ -11,7 +11,9 @@ PyTorch peer its gathered copies, measured at 1.25x the Q/K/V/O bytes).
 
 from __future__ import annotations
 
+import math
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -25,6 +27,8 @@ from .ring import RingPattern, ring_schedule
 GIB = float(1 << 30)
 #: PyTorch peer: gathered Q/K/V/O copies per pattern and offset, measured (docs/performance.md)
 TORCH_WORKSPACE = 1.25
+#: backends whose arrays always live on a GPU (torch's follow the machine, or the plan's target)
+GPU_BACKENDS = ("cupy", "cuda-fp32", "cuda")
 #: blockwise backends: a score tile, its probabilities and one temporary of the same size
 TILE_ARRAYS = 3
 
@@ -63,8 +67,11 @@ def _ring_bytes(case: Case, shard: int, itemsize: int) -> tuple[int, int]:
     return largest, sent * case.batch
 
 
-def estimate(case: Case) -> Estimate:
-    """What ``case`` needs on each of its ``case.ranks`` ranks."""
+def estimate(case: Case, torch_on_gpu: bool | None = None) -> Estimate:
+    """What ``case`` needs on each of its ``case.ranks`` ranks.
+
+    ``torch_on_gpu``: whether the PyTorch peer runs on a GPU (None: as on this machine).
+    """
     from .backends import BACKENDS, get_backend
 
     ranks = case.ranks
@@ -82,9 +89,11 @@ def estimate(case: Case) -> Estimate:
             memory += shard * scratch_heads(case.heads) * case.head_dim * 4
     largest, sent = _ring_bytes(case, shard, itemsize) if ranks > 1 else (0, 0)
     memory += 2 * largest
-    on_gpu = case.backend in ("cupy", "cuda-fp32", "cuda")
+    on_gpu = case.backend in GPU_BACKENDS
     if case.backend == "torch":
-        on_gpu = bool(get_backend("torch").on_gpu) if "torch" in BACKENDS else False
+        if torch_on_gpu is None:
+            torch_on_gpu = bool(get_backend("torch").on_gpu) if "torch" in BACKENDS else False
+        on_gpu = torch_on_gpu
         memory += int(TORCH_WORKSPACE * floor)
     elif case.backend == "cupy":
         memory += TILE_ARRAYS * (1 << 25) * acc
@@ -124,15 +133,22 @@ def check_fits(est: Estimate, available: int | None, where: str) -> None:
 
 def print_plan(job: Job, world_size: int, stream: TextIO, device_memory: int | None = None,
                host_memory: int | None = None) -> list[tuple[Estimate, bool | None]]:
-    """The plan table of ``job`` on ``world_size`` ranks; returns (estimate, fits or None if unknown) rows."""
+    """The plan table of ``job`` on ``world_size`` ranks; returns (estimate, fits or None if unknown) rows.
+
+    With ``device_memory`` the plan is for GPU nodes: the PyTorch peer's cases count as GPU cases.
+    """
     rows = []
     print(f"plan: job {job.name!r} on {world_size} rank(s), {len(job.cases)} case(s)", file=stream)
+    limits = [f"{kind} {limit / GIB:.2f} GiB" for kind, limit in (("GPU", device_memory), ("host", host_memory))
+              if limit is not None]
+    if limits:
+        print(f"memory per rank: {', '.join(limits)}", file=stream)
     head = (f"{'case':<28} {'ranks':>5} {'tokens/rank':>12} {'mem/rank GiB':>12} {'Q/K/V/O GiB':>11} "
             f"{'sent/rank MB':>12} {'GFLOP/rank':>11}  fits")
     print(head, file=stream)
     print("-" * len(head), file=stream)
     for case in job.cases:
-        est = estimate(case)
+        est = estimate(case, True if device_memory is not None else None)
         limit = device_memory if est.on_gpu else host_memory
         fits = None if limit is None else est.memory_bytes <= limit
         print(f"{case.case_id[:28]:<28} {est.ranks:>5} {est.tokens_per_rank:>12,} {est.memory_bytes / GIB:>12.3f} "
@@ -144,20 +160,66 @@ def print_plan(job: Job, world_size: int, stream: TextIO, device_memory: int | N
     return rows
 
 
+#: size units (case-insensitive): K/M/G/T alone or with "iB" are powers of 1024 (as SLURM's --mem and
+#: nvidia-smi count), with "B" alone powers of 1000 (SI); no unit or "B": bytes
+SIZE_UNITS = {"": 1, "b": 1, **{f"{p}{suffix}": 1 << (10 * i) for i, p in enumerate("kmgt", 1)
+                                for suffix in ("", "i", "ib")},
+              **{f"{p}b": 1000 ** i for i, p in enumerate("kmgt", 1)}}
+#: the largest size accepted (1 EiB): anything larger is a typo, not a machine
+MAX_SIZE = 1 << 60
+SIZE_HELP = ("bytes, or a number with a unit: K, M, G, T or KiB, MiB, GiB, TiB are powers of 1024; KB, MB, GB, TB "
+             "powers of 1000; any case, e.g. 80GiB, 16G, 512MB, '80 GB'")
+_SIZE = re.compile(r"\s*((?:\d+\.?\d*|\.\d+)(?:e[+-]?\d+)?)\s*([a-z]*)\s*", re.IGNORECASE)
+
+
 def parse_size(text: str, flag: str = "--device-memory") -> int:
-    """'80GiB', '512MiB', '1.5TB', '1000000' -> bytes; a ConfigError names ``flag``, the option it came from."""
-    units = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KIB": 1 << 10, "MIB": 1 << 20,
-             "GIB": 1 << 30, "TIB": 1 << 40}
-    t = text.strip().upper()
-    number = t.rstrip("KMGTIB")
-    unit = t[len(number):]
-    try:
-        value = float(number)
-    except ValueError:
-        value = -1.0
-    if unit not in units or value <= 0:
+    """'80GiB', '16G', '512MB', '80 GB', '1000000' -> bytes (``SIZE_UNITS``); a ConfigError names ``flag``.
+
+    Refuses what is not a positive, finite size of at most ``MAX_SIZE`` bytes
+    (``nanGiB``, ``infGiB``, ``1e400GiB``, ``0``, ``-3GB``, unknown units).
+    """
+    found = _SIZE.fullmatch(text)
+    unit = found.group(2).lower() if found else None
+    if unit not in SIZE_UNITS:
         raise ConfigError(f"expected a size such as 80GiB or 512MB, got {text!r}", flag)
-    return int(value * units[unit])
+    value = float(found.group(1)) * SIZE_UNITS[unit]
+    if not math.isfinite(value) or value > MAX_SIZE:
+        raise ConfigError(f"{text!r} is not a size a machine has (the limit is {MAX_SIZE >> 60} EiB)", flag)
+    if value < 1:
+        raise ConfigError(f"expected a positive size such as 80GiB, got {text!r}", flag)
+    return int(value)
+
+
+#: memory of known GPU models (what nvidia-smi reports as total), for ``plan --gpu`` on a machine without one
+GPU_MEMORY = {"H100": 81559 << 20, "H200": 143771 << 20, "A100-80GB": 81920 << 20, "A100-40GB": 40960 << 20,
+              "L40S": 46068 << 20, "V100-32GB": 32768 << 20, "V100-16GB": 16384 << 20}
+
+
+def gpu_memory(model: str) -> int:
+    """Memory of the GPU ``model`` (a key of ``GPU_MEMORY``, any case); a ConfigError names ``--gpu``."""
+    for name, size in GPU_MEMORY.items():
+        if name.lower() == model.strip().lower():
+            return size
+    raise ConfigError(f"unknown GPU model {model!r}; known: {', '.join(GPU_MEMORY)} (or give --device-memory)",
+                      "--gpu")
+
+
+def check_plannable(case: Case) -> bool:
+    """The checks of ``runner.check_case`` this machine can make before planning ``case``; False if some were left.
+
+    All of them for a CPU case, or where a GPU is usable. A GPU case on a
+    machine without one (a login node) gets those that need no GPU (the
+    distribution of its tokens over its ranks): the kernels and the transport
+    are checked by ``run`` on the GPU nodes.
+    """
+    from .backends import gpu_unusable
+    from .runner import case_layout, check_case
+
+    if case.backend in GPU_BACKENDS and gpu_unusable() is not None:
+        case_layout(case, case.ranks)
+        return False
+    check_case(case)
+    return True
 
 
 def check_job_fits(job: Job, comm: Any) -> None:

@@ -693,7 +693,7 @@ def run_job(job: Job, output: str | None = None, stream: TextIO | None = None, c
                        (progress or sys.stderr) if rank0 else None)
     subs = SubComms(comm, {c.ranks for c in todo})
     try:
-        with StopRequests() as stops:
+        with StopRequests(lambda: f"{len(done) + finished} of {len(job.cases)} cases are complete in {path}") as stops:
             if rank0:
                 print(f"hilbert-hpc: job {job.name!r}, {len(job.cases)} case(s) on up to {comm.Get_size()} "
                       f"rank(s), results -> {path}", file=stream)

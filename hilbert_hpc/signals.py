@@ -12,13 +12,23 @@ forwards SIGTERM and kills only after ``KillWait`` (30 s by default); Open MPI 5
 ``mpiexec`` forwards SIGUSR1, but on SIGTERM or Ctrl-C it kills its ranks about
 0.25 s after forwarding SIGTERM, too soon to reach a boundary: send SIGUSR1 to
 ``mpiexec`` instead (docs/studies.md).
+
+Once Open MPI's launcher has begun ending its ranks it no longer forwards their
+output, so a line they print then is lost (a Ctrl-C of ``mpiexec`` used to end
+in 0.5 s, exit 1 and nothing on stderr). Rank 0, started by that launcher on
+its node, therefore says what was kept straight on the launcher's own standard
+error (``/proc/<launcher>/fd/2``), from a thread woken by the signal itself
+(``signal.set_wakeup_fd``), so that neither a blocked MPI call nor the SIGKILL
+that follows within a second can swallow it.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
-from typing import Any
+import threading
+from typing import Any, Callable
 
 from .errors import UserError
 
@@ -33,12 +43,92 @@ class StoppedForRequeue(UserError):
     exit_code = REQUEUE_EXIT
 
 
-class StopRequests:
-    """Context manager: records stop signals while a job runs, restores the old handlers after."""
+#: Open MPI launchers (their process names) that end their ranks within a second of a SIGINT or SIGTERM
+OPEN_MPI_LAUNCHERS = ("prterun", "mpiexec", "mpirun", "orterun", "prte")
+#: signals after which such a launcher kills its ranks (it forwards SIGUSR1 and waits)
+LAUNCHER_KILLS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self) -> None:
+
+def launcher_stderr() -> int | None:
+    """A descriptor writing to the standard error of the Open MPI launcher that started this process, or None.
+
+    None when this process is not an Open MPI rank whose parent is the launcher
+    itself (under srun, or on a node where a daemon started it), or where
+    ``/proc`` cannot tell. Opened for appending and non-blocking: a write never
+    overwrites a redirected file and never waits.
+    """
+    if "OMPI_COMM_WORLD_RANK" not in os.environ:
+        return None
+    parent = os.getppid()
+    try:
+        with open(f"/proc/{parent}/comm") as fh:
+            if fh.read().strip() not in OPEN_MPI_LAUNCHERS:
+                return None
+        return os.open(f"/proc/{parent}/fd/2", os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK)
+    except OSError:
+        return None
+
+
+class LauncherNotice:
+    """Writes one line to the launcher's stderr when it is about to end the ranks (SIGINT/SIGTERM).
+
+    ``status`` returns what is kept (e.g. "2 of 4 cases are complete in r.h5");
+    it is called when the signal comes. A daemon thread waits on the wake-up
+    descriptor that Python's C-level signal handler writes the signal number to.
+    """
+
+    def __init__(self, target: int, status: Callable[[], str]) -> None:
+        self.target, self.status = target, status
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._write, False)
+        self._old_wakeup = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
+        self._thread = threading.Thread(target=self._watch, name="hilbert-hpc-signal-notice", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        try:
+            while True:
+                data = os.read(self._read, 64)
+                if not data:
+                    return
+                kills = [s for s in data if s in LAUNCHER_KILLS]
+                if kills:
+                    self._say(signal.Signals(kills[0]).name)
+                    return
+        except OSError:
+            return
+        finally:
+            os.close(self._read)
+
+    def _say(self, name: str) -> None:
+        line = (f"hilbert-hpc: interrupted: mpiexec sent {name} and ends the ranks now; {self.status()}; continue "
+                f"with 'run --resume' (to stop at a case boundary instead, send SIGUSR1 to mpiexec)\n")
+        try:
+            os.write(self.target, line.encode())
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        """Restore the previous wake-up descriptor and end the thread."""
+        signal.set_wakeup_fd(self._old_wakeup)
+        os.close(self._write)                    # the thread reads end-of-file and closes its end
+        self._thread.join(timeout=1.0)
+        os.close(self.target)
+
+
+class StopRequests:
+    """Context manager: records stop signals while a job runs, restores the old handlers after.
+
+    ``status`` (optional) says what is kept so far, e.g. "2 of 4 cases are
+    complete in r.h5": with it, rank 0 under Open MPI's launcher tells the
+    launcher's stderr at once when it is about to be ended (:class:`LauncherNotice`).
+    """
+
+    def __init__(self, status: Callable[[], str] | None = None) -> None:
         self.received: int | None = None
+        self.status = status
         self._old: dict[int, Any] = {}
+        self._notice: LauncherNotice | None = None
 
     def _handler(self, signum: int, frame: Any) -> None:
         if signum == signal.SIGINT and self.received == signal.SIGINT:
@@ -55,9 +145,16 @@ class StopRequests:
                 self._old[sig] = signal.signal(sig, self._handler)
             except ValueError:          # not the main thread: no handlers, never stops early
                 pass
+        if self._old and self.status is not None and _prints():
+            target = launcher_stderr()
+            if target is not None:
+                self._notice = LauncherNotice(target, self.status)
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        if self._notice is not None:
+            self._notice.close()
+            self._notice = None
         for sig, old in self._old.items():
             signal.signal(sig, old)
 

@@ -144,3 +144,53 @@ def test_invalid_problems_name_the_parameter(kwargs, param):
     with pytest.raises(ConfigError) as info:
         dilated_attention(q, q, q, **kwargs)
     assert info.value.param == param
+
+
+# --- API misuse: a TypeError or ValueError naming the argument, before any work -------------------------------------
+
+def _qkv(d: int = 8, dtype=np.float32):
+    rng = np.random.default_rng(3)
+    return [rng.standard_normal((64, 2, d)).astype(dtype) for _ in range(3)]
+
+
+@pytest.mark.parametrize("change, error, words", [
+    (lambda a: {**a, "q": a["q"][..., :0], "k": a["k"][..., :0]}, ValueError, "q has shape (64, 2, 0)"),
+    (lambda a: {**a, "v": a["v"][..., :0]}, ValueError, "v has shape (64, 2, 0)"),
+    (lambda a: {**a, "q": a["q"].astype(np.complex64)}, TypeError, "q: has complex dtype"),
+    (lambda a: {**a, "k": a["k"] > 0}, TypeError, "k: has boolean dtype"),
+    (lambda a: {**a, "scale": 0}, ValueError, "scale: expected a finite number > 0"),
+    (lambda a: {**a, "scale": -0.5}, ValueError, "scale: expected a finite number > 0"),
+    (lambda a: {**a, "scale": float("nan")}, ValueError, "scale: expected a finite number > 0"),
+    (lambda a: {**a, "scale": float("inf")}, ValueError, "scale: expected a finite number > 0"),
+    (lambda a: {**a, "scale": "0.1"}, TypeError, "scale: expected a number or None"),
+    (lambda a: {**a, "causal": "yes"}, TypeError, "causal: expected True or False, got 'yes'"),
+    (lambda a: {**a, "causal": 1}, TypeError, "causal: expected True or False"),
+])
+def test_api_misuse_names_the_argument(change, error, words):
+    q, k, v = _qkv()
+    args = change({"q": q, "k": k, "v": v, "patterns": [(16, 1)]})
+    with pytest.raises(error) as info:
+        dilated_attention(**args)
+    assert words in str(info.value)
+
+
+@pytest.mark.parametrize("tensor", ["q", "k", "v"])
+def test_a_torch_tensor_mixed_with_numpy_arrays_is_a_typeerror(tensor):
+    torch = pytest.importorskip("torch")
+    args = dict(zip("qkv", _qkv()))
+    args[tensor] = torch.from_numpy(args[tensor])
+    with pytest.raises(TypeError) as info:
+        dilated_attention(**args, patterns=[(16, 1)], backend="torch")
+    message = str(info.value)
+    assert message.startswith(next(n for n in "qkv" if n != tensor) + ": is a numpy.ndarray, but ")
+    assert "same kind" in message
+
+
+def test_boolean_tensors_are_refused_and_16_bit_tensors_accepted():
+    torch = pytest.importorskip("torch")
+    q, k, v = (torch.from_numpy(x) for x in _qkv())
+    with pytest.raises(TypeError, match="q: has boolean dtype"):
+        dilated_attention(q > 0, k, v, patterns=[(16, 1)], backend="torch")
+    out = dilated_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), patterns=[(16, 1)], backend="torch")
+    ref = dilated_attention(*(x.bfloat16().float() for x in (q, k, v)), patterns=[(16, 1)], backend="torch")
+    assert torch.equal(out, ref)

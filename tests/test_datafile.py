@@ -305,3 +305,60 @@ def test_cli_refuses_an_input_with_an_inf_in_one_line(tmp_path):
     assert res.returncode == 2, res.stderr
     assert "Traceback" not in res.stderr
     assert res.stderr.splitlines() == [f"hilbert-hpc: error: input: {_message('in.h5', 'v', (0, 77, 1, 0), 'is inf')}"]
+
+
+# --- inputs that pass the load-time checks but cannot be read --------------------------------------------------------
+
+def _checksummed_with_a_damaged_chunk(path: Path) -> Path:
+    """q, k, v with fletcher32 checksums; one byte of a chunk of ``v`` flipped (the file still opens)."""
+    import h5py
+
+    q, k, v = _arrays(128, heads=2)
+    with h5py.File(path, "w") as f:
+        for name, x in zip("qkv", (q, k, v)):
+            f.create_dataset(name, data=x, chunks=(16, 2, 4), fletcher32=True)
+        offset = f["v"].id.get_chunk_info(3).byte_offset
+    data = bytearray(path.read_bytes())
+    data[offset + 10] ^= 0xFF
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_data_failing_its_checksum_is_one_configerror_naming_file_and_dataset(tmp_path):
+    path = _checksummed_with_a_damaged_chunk(tmp_path / "in.h5")
+    assert describe_input(path)["tokens"] == 128          # the load-time check cannot see it
+    with pytest.raises(ConfigError) as info:
+        read_shard(path, "v", 0, Layout((128,), "natural", 1), SingleProcessComm(), np.float64)
+    assert "'" + str(path) + "'" in info.value.message and "dataset v" in info.value.message
+    assert "checksum" in info.value.message
+    with pytest.raises(ConfigError, match="dataset v"):
+        read_rows(path, "v", 0, np.arange(128), np.float64)
+
+
+def test_a_dangling_external_link_is_refused_at_load(tmp_path):
+    import h5py
+
+    q, k, _ = _arrays(128, heads=2)
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        f["q"], f["k"] = q, k
+        f["v"] = h5py.ExternalLink("missing.h5", "/v")
+    with pytest.raises(ConfigError) as info:
+        describe_input(tmp_path / "in.h5", "cases[0].input")
+    assert info.value.param == "cases[0].input"
+    assert "v is an external link to '/v' in 'missing.h5', which cannot be opened" in info.value.message
+
+
+def test_cli_refuses_an_input_failing_its_checksum_in_one_line(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    _checksummed_with_a_damaged_chunk(tmp_path / "in.h5")
+    (tmp_path / "job.toml").write_text(BAD_INPUT_JOB)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    res = subprocess.run([sys.executable, "-m", "hilbert_hpc", "run", "job.toml", "-o", "out.h5"], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=240)
+    assert res.returncode == 2, res.stderr
+    assert "Traceback" not in res.stderr
+    errors = [line for line in res.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1 and "in.h5" in errors[0] and "checksum" in errors[0], res.stderr

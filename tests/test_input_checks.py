@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import sys
 from pathlib import Path
 
 import pytest
@@ -148,3 +149,79 @@ def test_table_rows_of_a_scaling_sweep_differ_in_ranks_and_causal():
     assert [row[causal_at:causal_at + 6] for row in rows] == ["no    ", "no    ", "yes   "]
     assert len(set(rows)) == 3
     assert all(len(row) <= len(rule) for row in rows)
+
+
+@pytest.mark.parametrize("text, size", [("16G", 16 << 30), ("16g", 16 << 30), ("4MiB", 4 << 20), ("80GiB", 80 << 30),
+                                        ("512MB", 512_000_000), ("80 GB", 80_000_000_000), ("1000000", 1_000_000),
+                                        ("2Ki", 2048), ("1.5TB", 1_500_000_000_000), ("123B", 123),
+                                        (" 8 gib ", 8 << 30)])
+def test_parse_size_takes_the_spellings_people_type(text, size):
+    from hilbert_hpc.plan import parse_size
+
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text, words", [("nanGiB", "expected a size"), ("infGiB", "expected a size"),
+                                         ("1e400GiB", "not a size a machine has"), ("2e18GiB", "not a size"),
+                                         ("0", "positive"), ("0.0GiB", "positive"), ("-3GB", "expected a size"),
+                                         ("16 XB", "expected a size"), ("", "expected a size"),
+                                         ("GiB", "expected a size")])
+def test_parse_size_refuses_what_no_machine_has(text, words):
+    from hilbert_hpc.plan import parse_size
+
+    with pytest.raises(ConfigError, match=words) as info:
+        parse_size(text)
+    assert info.value.param == "--device-memory"
+
+
+PLAN_JOB = ('[defaults]\nbackend = "{backend}"\nheads = 4\nhead_dim = 32\n'
+            '[[cases]]\ntokens = 4096\npatterns = [[1024, 1]]\n')
+
+
+@pytest.mark.parametrize("ranks", ["0", "-4"])
+def test_plan_refuses_a_rank_count_below_one(tmp_path, capsys, ranks):
+    from hilbert_hpc.cli import main
+
+    (tmp_path / "j.toml").write_text(PLAN_JOB.format(backend="numpy"))
+    assert main(["plan", str(tmp_path / "j.toml"), "-n", ranks]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == f"hilbert-hpc: error: -n/--ranks: expected a number of ranks >= 1, got {ranks}\n"
+
+
+@pytest.mark.parametrize("backend", ["cuda", "cuda-fp32", "cupy"])
+@pytest.mark.parametrize("flags, fits, code", [([], "?", 0), (["--device-memory", "80GiB"], "yes", 0),
+                                               (["--gpu", "H100"], "yes", 0), (["--gpu", "a100-40gb"], "yes", 0),
+                                               (["--device-memory", "64KiB"], "NO", 3)])
+def test_plan_on_a_login_node_without_cupy_or_gpu(tmp_path, capsys, monkeypatch, backend, flags, fits, code):
+    """GPU cases are planned without touching CUDA: no CuPy importable here at all."""
+    from hilbert_hpc.cli import main
+
+    monkeypatch.setitem(sys.modules, "cupy", None)          # import cupy -> ImportError
+    (tmp_path / "j.toml").write_text(PLAN_JOB.format(backend=backend))
+    assert main(["plan", str(tmp_path / "j.toml"), "-n", "2", *flags]) == code
+    captured = capsys.readouterr()
+    row = [line for line in captured.out.splitlines() if line.startswith("0000-")]
+    assert len(row) == 1 and row[0].split()[-1] == fits, captured.out
+    assert "no usable GPU here" in captured.err and "error" not in captured.err
+
+
+def test_plan_for_a_named_gpu_states_its_memory(tmp_path, capsys, monkeypatch):
+    from hilbert_hpc.cli import main
+    from hilbert_hpc.plan import GPU_MEMORY
+
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    (tmp_path / "j.toml").write_text(PLAN_JOB.format(backend="cuda"))
+    assert main(["plan", str(tmp_path / "j.toml"), "-n", "1", "--gpu", "H200"]) == 0
+    assert f"memory per rank: GPU {GPU_MEMORY['H200'] / (1 << 30):.2f} GiB" in capsys.readouterr().out
+    assert main(["plan", str(tmp_path / "j.toml"), "-n", "1", "--gpu", "B9000"]) == 2
+    assert capsys.readouterr().err.startswith("hilbert-hpc: error: --gpu: unknown GPU model 'B9000'; known: H100")
+
+
+def test_plan_still_refuses_a_gpu_case_that_cannot_be_distributed(tmp_path, capsys, monkeypatch):
+    from hilbert_hpc.cli import main
+
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    (tmp_path / "j.toml").write_text(PLAN_JOB.format(backend="cuda"))
+    assert main(["plan", str(tmp_path / "j.toml"), "-n", "3", "--gpu", "H100"]) == 2
+    assert "do not divide the sequence length" in capsys.readouterr().err

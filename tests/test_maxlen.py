@@ -75,3 +75,13 @@ def test_random_rows_in_chunks_equal_one_block(monkeypatch):
     whole = inputs.random_rows(5, "k", np.arange(3000), 3, 32)
     monkeypatch.setattr(inputs, "CHUNK_ELEMENTS", 1000)
     assert np.array_equal(inputs.random_rows(5, "k", np.arange(3000), 3, 32), whole)
+
+
+@pytest.mark.parametrize("value", ["5", "true", "[\"a.h5\"]", "\"\"", "\"  \""])
+def test_an_output_that_is_not_a_file_name_is_refused(tmp_path, monkeypatch, capsys, value):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.toml").write_text(STUDY + f"output = {value}\n")
+    assert main(["maxlen", "s.toml"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hilbert-hpc: error: search.output: expected a file name") and err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.toml"]      # no file named 5 (or True)
