@@ -100,6 +100,8 @@ EFFICIENCY_LIMIT = 1.1
 MIN_REPEATS = 2
 #: Compact tables that would be wider than this show groups as keys explained under the table.
 COMPACT_WIDTH = 120
+#: Compact tables cut case ids longer than this (the numbered prefix that makes them unique stays).
+CASE_WIDTH = 24
 #: Cases named at most in one note.
 NOTE_CASES = 6
 #: ``Software`` text of the PNG files report writes: how a report recognizes its own plots.
@@ -780,22 +782,31 @@ class Col:
     cell: Callable[[dict], str]
     short: str | None = ""
     text: bool = False
+    limit: int = 0              # compact: longer cells are cut to this many characters, ending in "..."
 
     def heading(self, wide: bool) -> str:
         """The column title in the chosen layout."""
         return self.title if wide or not self.short else self.short
 
+    def text_of(self, row: dict, wide: bool) -> str:
+        """The cell of ``row`` in the chosen layout."""
+        cell = self.cell(row)
+        if wide or not self.limit or len(cell) <= self.limit:
+            return cell
+        return cell[:self.limit - 3] + "..."
 
-def _text(name: str, short: str | None = "") -> Col:
-    return Col(name, _key_of(name), short, text=True)
+
+def _text(name: str, short: str | None = "", limit: int = 0) -> Col:
+    return Col(name, _key_of(name), short, text=True, limit=limit)
 
 
-_FILE = _text("file")           # compact: the file's number in the list printed under the first line
+_FILE = _text("file", "f")      # compact: the file's number in the list printed under the first line
+_CASE = _text("case", limit=CASE_WIDTH)
 _NOISE = Col("vs spread", _key_of("noise"), "noise", text=True)
 
 #: Printed columns per table (the CSV has every field of every row).
 COLUMNS: dict[str, list[Col]] = {
-    "cases": [_text("case"), _FILE, _text("name", None), Col("ranks", _key_of("ranks"), "P"),
+    "cases": [_CASE, _FILE, _text("name", None), Col("ranks", _key_of("ranks"), "P"),
               Col("tokens", _key_of("tokens", _fmt(",")), "N"), _text("backend"), _text("ordering", "order"),
               _text("transport"), Col("attn ms [min, max]", _range_ms("attention")),
               Col("spread", _flagged("spread", SPREAD_LIMIT, ".3g")),
@@ -820,13 +831,13 @@ COLUMNS: dict[str, list[Col]] = {
                            Col("attn ms [min, max]", _range_ms("attention"), "attn ms"),
                            Col("ratio", _key_of("ratio", _fmt(".2f"))),
                            Col("ratio range", _ratio_range("ratio"), None), _NOISE],
-    "compute_communication": [_text("case"), Col("ranks", _key_of("ranks"), "P"), _text("transport"),
+    "compute_communication": [_CASE, Col("ranks", _key_of("ranks"), "P"), _text("transport"),
                               Col("attn ms", _key_of("attention_s", _ms)), Col("local ms", _key_of("local_s", _ms)),
                               Col("compute ms", _key_of("compute_s", _ms)), Col("wait ms", _key_of("wait_s", _ms)),
                               Col("pack ms", _key_of("pack_s", _ms)),
                               Col("imbalance ms", _key_of("imbalance_s", _ms), "imbal. ms"),
                               Col("wait share", _key_of("wait_share", _fmt(".1%")))],
-    "peer_ratio": [_text("group"), _text("case"), _text("backend"), Col("ranks", _key_of("ranks"), "P"),
+    "peer_ratio": [_text("group"), _CASE, _text("backend"), Col("ranks", _key_of("ranks"), "P"),
                    Col("attn ms", _key_of("attention_s", _ms)), Col("peer case", _key_of("peer_case"), None, text=True),
                    Col("peer ms", _key_of("peer_s", _ms)), Col("ratio", _key_of("ratio", _fmt(".2f"))),
                    Col("ratio range", _ratio_range("ratio"), None),
@@ -884,7 +895,7 @@ def format_table(name: str, rows: Sequence[dict[str, Any]], wide: bool = True,
 
 
 def _layout(name: str, columns: Sequence[Col], rows: Sequence[dict[str, Any]], wide: bool) -> str:
-    cells = [[c.cell(row) for c in columns] for row in rows]
+    cells = [[c.text_of(row, wide) for c in columns] for row in rows]
     titles = [c.heading(wide) for c in columns]
     widths = [max([len(t)] + [len(r[i]) for r in cells]) for i, t in enumerate(titles)]
     aligns = ["<" if c.text else ">" for c in columns]
