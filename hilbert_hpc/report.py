@@ -423,8 +423,9 @@ def load_files(paths: Sequence[str | Path]) -> Loaded:
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     if not paths:
         raise UserError("give at least one results file", PARAM)
-    results = [p for p in paths if _root_study(p) != "bandwidth"]
-    sweeps = [read_bandwidth_file(p) for p in paths if _root_study(p) == "bandwidth"]
+    is_sweep = {str(p): _root_study(p) == "bandwidth" for p in paths}
+    results = [p for p in paths if not is_sweep[str(p)]]
+    sweeps = [read_bandwidth_file(p) for p in paths if is_sweep[str(p)]]
     cases, notes = load_cases(results) if results else ([], [])
     files: list[tuple[Path, str]] = []
     folders: list[tuple[Path, str]] = []
@@ -733,9 +734,10 @@ def table_notes(name: str, rows: Sequence[dict[str, Any]]) -> list[str]:
                              ("too few repeats", f"fewer than {MIN_REPEATS} repeats: no spread to judge by")):
         marked = [row for row in rows if row.get("noise") == verdict]
         if marked:
+            compared = sum(1 for row in rows if row.get("noise"))
             cases = ", ".join(row["case"] for row in marked[:NOTE_CASES]) + (", ..." if len(marked) > NOTE_CASES
                                                                              else "")
-            notes.append(f"{TITLES[name]}: {len(marked)} of {len(rows)} ratio(s) {verdict} ({cases}): {meaning}")
+            notes.append(f"{TITLES[name]}: {len(marked)} of {compared} ratio(s) {verdict} ({cases}): {meaning}")
     return notes
 
 
@@ -813,15 +815,16 @@ COLUMNS: dict[str, list[Col]] = {
               Col("total ms", _key_of("total_s", _ms), None),
               Col("attn/total", _key_of("attention_share", _fmt(".2f")), None),
               Col("tokens/s", _key_of("tokens_per_s", _fmt(".3g")), None),
-              Col("TFLOP/s", _key_of("tflops", _fmt(".3g"))), Col("max rel err", _key_of("max_rel_err", _fmt(".1e")),
-                                                                    "err")],
+              Col("TFLOP/s", _key_of("tflops", _fmt(".3g"))),
+              Col("max rel err", _key_of("max_rel_err", _fmt(".1e")), "err")],
     "strong_scaling": [_text("group"), Col("ranks", _key_of("ranks"), "P"),
                        Col("attn ms [min, max]", _range_ms("attention")),
                        Col("ideal ms", _key_of("ideal_s", _ms), None), Col("speedup", _key_of("speedup", _fmt(".2f"))),
                        Col("speedup range", _ratio_range("speedup"), None),
                        Col("efficiency", _flagged("efficiency", EFFICIENCY_LIMIT, ".2f"), "effic."), _NOISE],
     "weak_scaling": [_text("group"), Col("ranks", _key_of("ranks"), "P"),
-                     Col("tokens", _key_of("tokens", _fmt(",")), "N"), Col("attn ms [min, max]", _range_ms("attention")),
+                     Col("tokens", _key_of("tokens", _fmt(",")), "N"),
+                     Col("attn ms [min, max]", _range_ms("attention")),
                      Col("efficiency", _flagged("efficiency", EFFICIENCY_LIMIT, ".2f"), "effic."),
                      Col("efficiency range", _ratio_range("efficiency"), None), _NOISE],
     "hilbert_vs_natural": [_text("group"),
