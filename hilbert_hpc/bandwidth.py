@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from .provenance import provenance, utc_now
+
 MIN_BYTES = 1 << 10
 
 
@@ -46,7 +48,8 @@ def run_bandwidth(comm: Any, transport_name: str, device: str, max_bytes: int, i
     """Print (rank 0) and return ``[(bytes, GB/s), ...]`` for the chosen transport and memory.
 
     With ``output``, rank 0 claims the file before the sweep (same rules as
-    results files: an existing one only with ``overwrite``) and writes it at the end.
+    results files: an existing one only with ``overwrite``) and writes it at the end,
+    with the provenance of a results file at its root (docs/results.md, "Bandwidth files").
     """
     from contextlib import ExitStack
 
@@ -65,16 +68,25 @@ def run_bandwidth(comm: Any, transport_name: str, device: str, max_bytes: int, i
         error = agree(comm, error)
         if error is not None:
             raise error
+        origin = provenance(comm) if output else {}      # collective: every rank takes part
         rows = _sweep(comm, transport_name, device, max_bytes, iterations)
         if claim is not None:
-            claim.write(lambda h5: _write(h5, rows))
+            settings = {"iterations": iterations, "max_bytes": max_bytes}
+            claim.write(lambda h5: _write(h5, rows, origin, settings))
     return [(nbytes, rate) for nbytes, rate, _ in rows]
 
 
-def _write(f: Any, rows: list[tuple[int, float, dict]]) -> None:
-    """The sweep into the open HDF5 file ``f``."""
+def _write(f: Any, rows: list[tuple[int, float, dict]], origin: dict[str, Any],
+           settings: dict[str, Any]) -> None:
+    """The sweep into the open HDF5 file ``f``, with the provenance a results file has at its root."""
+    from .results import _attr
+
+    for key, value in origin.items():
+        f.attrs[key] = _attr(value)
     f.attrs["program"] = "hilbert-hpc"
     f.attrs["study"] = "bandwidth"
+    f.attrs.update(settings)
+    f.attrs["finished_utc"] = utc_now()
     ds = f.create_dataset("bandwidth", data=np.asarray([r[:2] for r in rows], dtype=np.float64))
     ds.attrs.update({"columns": "bytes, GB/s", **rows[0][2]} if rows else {"columns": "bytes, GB/s"})
 

@@ -109,7 +109,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 def _cmd_report(args: argparse.Namespace) -> int:
     from .report import report
 
-    report(args.results, csv_path=args.csv, plot_dir=args.plot)
+    report(args.results, csv_path=args.csv, plot_dir=args.plot, overwrite=args.overwrite, wide=args.wide)
     return 0
 
 
@@ -186,10 +186,14 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--transport", choices=TRANSPORTS, help="override every case's K/V transport")
     plan.set_defaults(func=_cmd_plan)
     rep = sub.add_parser("report", help="scaling tables (strong, weak, Hilbert vs natural, communication, "
-                                        "PyTorch peer) from one or more results files")
-    rep.add_argument("results", nargs="+", help="results files (HDF5); files of separate jobs are merged")
-    rep.add_argument("--csv", help="also write every table to this CSV file")
+                                        "PyTorch peer, bandwidth) from results and bandwidth files")
+    rep.add_argument("results", nargs="+", help="results files (HDF5) and bandwidth files (bandwidth -o); files "
+                                                "of separate jobs are merged")
+    rep.add_argument("--csv", help="also write every table, with every column, to this CSV file")
     rep.add_argument("--plot", metavar="DIR", help="write PNG plots (strong/weak scaling) into DIR")
+    rep.add_argument("--overwrite", action="store_true",
+                     help="replace a CSV file or plots that an earlier report wrote (never any other file)")
+    rep.add_argument("--wide", action="store_true", help="print every column (default: compact tables)")
     rep.set_defaults(func=_cmd_report)
     ml = sub.add_parser("maxlen", help="max-length search on one device: longest sequence that fits, "
                                        "peak memory against the Q/K/V/O floor")

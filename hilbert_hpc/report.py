@@ -1,9 +1,11 @@
-"""Analysis of results files: per-case statistics, scaling, orderings, communication, PyTorch peer.
+"""Analysis of results files: per-case statistics, scaling, orderings, communication, PyTorch peer, bandwidth.
 
 ``report(paths)`` pools the complete cases of one or more results files
-(docs/results.md), recomputes every statistic from the raw timings and prints
-plain-text tables; it can also write all rows to one CSV file and draw the
-scaling curves as PNG files.
+(docs/results.md) and the sweeps of bandwidth files, recomputes every
+statistic from the raw timings and prints plain-text tables (compact by
+default, every column with ``wide``); it can also write all rows to one CSV
+file and draw the scaling curves as PNG files, under the same ownership rules
+as ``run``'s outputs (:class:`ReportOutputs`).
 
 Statistics: for each repeat the slowest rank counts, ``t_rep = max over ranks``
 of a timing; a case's time is the median over repeats of ``t_rep`` (with the
@@ -12,8 +14,8 @@ minimum and maximum over repeats as its spread).
 Tables (each printed only when it has rows):
 
 ``cases``
-    one row per case: median attention time [min, max], tokens/s
-    (``tokens * batch / median total``), useful TFLOP/s
+    one row per case: median attention time [min, max], the spread
+    max / min, tokens/s (``tokens * batch / median total``), useful TFLOP/s
     (``metrics.useful_flops / median attention``), max relative error.
 ``strong_scaling``
     cases with ``scaling == "strong"`` whose parameters are equal except
@@ -32,6 +34,15 @@ Tables (each printed only when it has rows):
     each case whose backend is not ``torch`` against the ``torch`` case with
     equal parameters except backend, transport, ranks and scaling (preferably
     on one rank): ``ratio = T(peer) / T(case)`` and ``ratio / ranks`` per GPU.
+``bandwidth``
+    the ring exchange rate (GB/s) per message size of each bandwidth file.
+
+Every ratio (speedup, efficiency, ordering, peer) comes with its range over
+the repeats and a verdict (:func:`compare`): ``within noise`` when the [min,
+max] times of the two cases overlap. Notes under a table flag repeats that
+spread more than :data:`SPREAD_LIMIT` and scaling efficiencies above
+:data:`EFFICIENCY_LIMIT`. Groups are labelled with the transport the cases
+used (recorded per case), not the one requested (``auto``).
 
 When several files hold cases with identical parameters (``params_json``
 completed with ``ranks`` and ``scaling``), the case of the later file (by the
@@ -43,6 +54,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -54,7 +66,9 @@ import h5py
 import numpy as np
 
 from .errors import UserError
-from .results import READ_ERRORS, case_groups, output_notes
+from .output_files import (OutputError, OutputLock, make_parent, move_into_place, os_reason, remove_quietly,
+                           same_file, temporary_name)
+from .results import READ_ERRORS, case_groups, output_notes, parts_dir
 
 PROGRAM = "hilbert-hpc"
 PARAM = "results"
@@ -65,13 +79,35 @@ CASE_PARAMS = ("name", "tokens", "grid", "patterns", "batch", "heads", "head_dim
 
 #: Table keys of the dictionary returned by :func:`report`, in print order, with their titles.
 TABLES = {
-    "cases": "cases (times: median over repeats of the slowest rank [min, max])",
+    "cases": "cases (times: median over repeats of the slowest rank [min, max]; spread = max/min)",
     "strong_scaling": "strong scaling (speedup = T(p0)/T(P), efficiency = speedup * p0/P)",
     "weak_scaling": "weak scaling (efficiency = T(p0)/T(P))",
     "hilbert_vs_natural": "hilbert vs natural (ratio = T(natural)/T(ordering), > 1: faster than natural)",
     "compute_communication": "compute / communication (medians over repeats of the slowest rank)",
     "peer_ratio": "PyTorch peer (ratio = T(peer)/T(case), > 1: faster than the peer)",
+    "bandwidth": "bandwidth (ring exchange, GB/s per rank: bytes sent / time of the slowest rank)",
 }
+#: Short table names for notes.
+TITLES = {"cases": "cases", "strong_scaling": "strong scaling", "weak_scaling": "weak scaling",
+          "hilbert_vs_natural": "hilbert vs natural", "compute_communication": "compute / communication",
+          "peer_ratio": "PyTorch peer", "bandwidth": "bandwidth"}
+
+#: A case whose slowest repeat took more than this many times its fastest gets a note (and ``!``).
+SPREAD_LIMIT = 2.0
+#: A scaling efficiency above this is superlinear beyond plausibility: a note (and ``!``).
+EFFICIENCY_LIMIT = 1.1
+#: Fewest repeats per case for a ratio's noise verdict (one repeat has no spread).
+MIN_REPEATS = 2
+#: Compact tables that would be wider than this show groups as keys explained under the table.
+COMPACT_WIDTH = 120
+#: Compact tables cut case ids longer than this (the numbered prefix that makes them unique stays).
+CASE_WIDTH = 24
+#: Cases named at most in one note.
+NOTE_CASES = 6
+#: ``Software`` text of the PNG files report writes: how a report recognizes its own plots.
+PNG_SOFTWARE = "hilbert-hpc report"
+#: A CSV file larger than this is not taken for a report's (not read to find out).
+MAX_OWN_CSV_BYTES = 64 << 20
 
 RING_COUNTERS = ("local_s", "compute_s", "wait_s", "pack_s", "imbalance_s")
 
@@ -94,6 +130,12 @@ class CaseResult:
     def ranks(self) -> int:
         """Number of ranks the case ran on."""
         return int(self.params["ranks"])
+
+    @property
+    def repeats(self) -> int:
+        """Number of timed repeats (of the attention timing)."""
+        per_rep = self.slowest("attention")
+        return 0 if per_rep is None else int(per_rep.size)
 
     @property
     def tokens(self) -> int:
@@ -286,6 +328,115 @@ def load_cases(paths: Sequence[str | Path]) -> tuple[list[CaseResult], list[str]
     return list(pooled.values()), notes
 
 
+@dataclass
+class BandwidthSweep:
+    """One ``hilbert-hpc bandwidth -o`` file: the ring exchange rate per message size of one transport."""
+
+    file: str
+    transport: str
+    device: str
+    ranks: int
+    host: str
+    sizes: list[tuple[int, float]]
+
+
+def _root_study(path: str | Path) -> str | None:
+    """The ``study`` root attribute of a hilbert-hpc HDF5 file (None for anything else or an unreadable file)."""
+    try:
+        with h5py.File(path, "r") as h5:
+            if _plain(h5.attrs.get("program")) != PROGRAM:
+                return None
+            study = _plain(h5.attrs.get("study"))
+            return str(study) if study else None
+    except Exception:  # noqa: BLE001 - not HDF5, missing or unreadable: read_results_file says which
+        return None
+
+
+def read_bandwidth_file(path: str | Path) -> BandwidthSweep:
+    """The sweep of a bandwidth file; a UserError naming the file when it is malformed."""
+    name = str(path)
+    try:
+        with h5py.File(path, "r") as h5:
+            ds = h5.get("bandwidth")
+            data = np.asarray(ds[()], dtype=np.float64) if isinstance(ds, h5py.Dataset) else None
+            attrs = {key: _plain(value) for key, value in ds.attrs.items()} if data is not None else {}
+            host = str(_plain(h5.attrs.get("host", "")))
+    except READ_ERRORS as exc:
+        raise UserError(f"{name!r}: the bandwidth file cannot be read ({exc})", PARAM) from None
+    if data is None or data.ndim != 2 or data.shape[1] != 2:
+        raise UserError(f"{name!r}: a bandwidth file without a (sizes, 2) dataset 'bandwidth'", PARAM)
+    return BandwidthSweep(file=name, transport=str(attrs.get("transport", "?")), device=str(attrs.get("device", "?")),
+                          ranks=int(attrs.get("ranks", 0) or 0), host=host,
+                          sizes=[(int(b), float(r)) for b, r in data])
+
+
+def _owned_by(path: str | Path) -> tuple[list[tuple[Path, str]], list[tuple[Path, str]]]:
+    """What a results file owns or names, which a report never writes: (files, folders), each with what it is.
+
+    Files: the results file, its job file (root ``job_path``) and the cases'
+    ``input`` files; folders: its output parts folder (``results.parts_dir``)
+    and the folders its cases' outputs point to. Relative names count both from
+    the current folder and from the results file's folder.
+    """
+    path = Path(path)
+    files: list[tuple[Path, str]] = [(path, "file given to report")]
+    folders: list[tuple[Path, str]] = [(parts_dir(path), f"output parts folder of {str(path)!r}")]
+
+    def named(value: Any, what: str) -> None:
+        text = _plain(value)
+        if isinstance(text, str) and text:
+            files.extend([(Path(text), what), (path.parent / text, what)])
+
+    try:
+        h5 = h5py.File(path, "r")
+    except Exception:  # noqa: BLE001 - not HDF5 or unreadable: it names nothing more
+        return files, folders
+    with h5:
+        named(h5.attrs.get("job_path"), f"job file of {str(path)!r}")
+        cases = h5.get("cases")
+        for cid, group, _ in (case_groups(cases) if isinstance(cases, h5py.Group) else ()):
+            try:
+                named(group.attrs.get("input"), f"input file of case {cid}")
+                output = group.get("output")
+                parts = json.loads(_plain(output.attrs.get("parts", "[]"))) if output is not None else []
+            except Exception:  # noqa: BLE001 - a damaged case names nothing more
+                continue
+            for part in parts:
+                top = Path(str(part)).parts
+                if len(top) > 1:
+                    folders.append((path.parent / top[0], f"output parts folder of {str(path)!r}"))
+    return files, folders
+
+
+@dataclass
+class Loaded:
+    """What the files given to a report hold, and what of theirs the report must never write."""
+
+    cases: list[CaseResult]
+    sweeps: list[BandwidthSweep]
+    notes: list[str]
+    protected_files: list[tuple[Path, str]]
+    protected_folders: list[tuple[Path, str]]
+
+
+def load_files(paths: Sequence[str | Path]) -> Loaded:
+    """Read results files (pooled by :func:`load_cases`) and bandwidth files, in the order given."""
+    paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    if not paths:
+        raise UserError("give at least one results file", PARAM)
+    is_sweep = {str(p): _root_study(p) == "bandwidth" for p in paths}
+    results = [p for p in paths if not is_sweep[str(p)]]
+    sweeps = [read_bandwidth_file(p) for p in paths if is_sweep[str(p)]]
+    cases, notes = load_cases(results) if results else ([], [])
+    files: list[tuple[Path, str]] = []
+    folders: list[tuple[Path, str]] = []
+    for path in paths:
+        owned_files, owned_folders = _owned_by(path)
+        files += owned_files
+        folders += owned_folders
+    return Loaded(cases, sweeps, notes, files, folders)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # tables
 
@@ -347,9 +498,52 @@ def _timing_row(case: CaseResult, prefix: str = "attention") -> dict[str, float]
     return {f"{prefix}_s": med, f"{prefix}_min_s": lo, f"{prefix}_max_s": hi}
 
 
+def compare(reference: CaseResult, case: CaseResult) -> dict[str, Any]:
+    """``T(reference) / T(case)`` on medians, its range over the repeats, and whether that range holds 1.
+
+    The rule for every comparison of the report (docs/studies.md): with
+    ``[lo, hi]`` the minimum and maximum over repeats of each case's time
+    (slowest rank), ``ratio_min = lo_ref / hi_case`` and
+    ``ratio_max = hi_ref / lo_case``. When ``ratio_min <= 1 <= ratio_max`` the
+    two ranges overlap: the repeats do not show that the two cases differ, and
+    ``noise`` is ``"within noise"``; otherwise ``"resolved"``. A case with
+    fewer than :data:`MIN_REPEATS` repeats has no spread to judge by
+    (``"too few repeats"``).
+    """
+    t_ref, lo_ref, hi_ref = reference.stats("attention")
+    t, lo, hi = case.stats("attention")
+    ratio = t_ref / t if t > 0 else math.nan
+    ratio_min = lo_ref / hi if hi > 0 else math.nan
+    ratio_max = hi_ref / lo if lo > 0 else math.nan
+    if min(reference.repeats, case.repeats) < MIN_REPEATS:
+        noise = "too few repeats"
+    elif ratio_min <= 1.0 <= ratio_max:
+        noise = "within noise"
+    else:
+        noise = "resolved"
+    return {"ratio": ratio, "ratio_min": ratio_min, "ratio_max": ratio_max, "noise": noise}
+
+
+def _transport_text(cases: Iterable[CaseResult]) -> str:
+    """The transport the cases used (as recorded by each case; ``none`` on one rank), joined by ``/``.
+
+    A group on one and several ranks is labelled by what its multi-rank
+    cases used; files without the record fall back to the requested transport.
+    """
+    cases = list(cases)
+    used = [c.transport_used or c.params["transport"] for c in cases]
+    moving = [u for c, u in zip(cases, used) if c.ranks > 1 and u != "none"]
+    return "/".join(dict.fromkeys(moving or used))
+
+
+def _group_label(cases: Sequence[CaseResult], base: Sequence[str], extra: Sequence[str]) -> str:
+    """:func:`_label` of the first case, with the transport the group actually used."""
+    return _label(dict(cases[0].params, transport=_transport_text(cases)), base, extra)
+
+
 def cases_table(cases: Sequence[CaseResult]) -> list[dict[str, Any]]:
-    """One row per case: times (attention, and total with the copies around it), throughput, useful TFLOP/s
-    and accuracy."""
+    """One row per case: times (attention, and total with the copies around it), throughput, useful TFLOP/s,
+    accuracy, and the spread of the repeats (slowest / fastest)."""
     rows = []
     for c in cases:
         p = c.params
@@ -364,6 +558,7 @@ def cases_table(cases: Sequence[CaseResult]) -> list[dict[str, Any]]:
             "tokens_per_s": tokens / tot[0] if tot[0] > 0 else math.nan,
             "tflops": c.useful_flops / att[0] / 1e12 if att[0] > 0 else math.nan,
             "max_rel_err": c.max_rel_err, "rel_l2_err": c.rel_l2_err,
+            "repeats": c.repeats, "spread": att[2] / att[1] if att[1] > 0 else math.nan,
         })
     return rows
 
@@ -377,13 +572,16 @@ def strong_scaling_table(cases: Sequence[CaseResult]) -> list[dict[str, Any]]:
     extra = _varying([c for g in groups for c in g], ["ranks", "scaling", *base_fields])
     labels, rows = _Labels(), []
     for group in groups:
-        label = labels(_label(group[0].params, base_fields, extra))
-        p0, t0 = group[0].ranks, group[0].median("attention")
+        label = labels(_group_label(group, base_fields, extra))
+        base = group[0]
+        p0, t0 = base.ranks, base.median("attention")
         for c in group:
-            t = c.median("attention")
-            speedup = t0 / t if t > 0 else math.nan
+            vs = compare(base, c)
+            noise = "" if c is base else vs["noise"]
             rows.append({"group": label, "case": c.case_id, "file": c.file, "ranks": c.ranks, **_timing_row(c),
-                         "ideal_s": t0 * p0 / c.ranks, "speedup": speedup, "efficiency": speedup * p0 / c.ranks})
+                         "ideal_s": t0 * p0 / c.ranks, "speedup": vs["ratio"],
+                         "efficiency": vs["ratio"] * p0 / c.ranks, "speedup_min": vs["ratio_min"],
+                         "speedup_max": vs["ratio_max"], "noise": noise})
     return rows
 
 
@@ -414,12 +612,16 @@ def weak_scaling_table(cases: Sequence[CaseResult], notes: list[str] | None = No
     labels, rows = _Labels(), []
     for s in series:
         per_rank = Fraction(s[0].tokens, s[0].ranks)
-        label = labels(_label(s[0].params, base_fields, extra) + f" N/P={per_rank.numerator // per_rank.denominator if per_rank.denominator == 1 else float(per_rank)}")
-        p0, t0 = s[0].ranks, s[0].median("attention")
+        density = per_rank.numerator if per_rank.denominator == 1 else float(per_rank)
+        label = labels(_group_label(s, base_fields, extra) + f" N/P={density}")
+        base = s[0]
+        t0 = base.median("attention")
         for c in s:
-            t = c.median("attention")
+            vs = compare(base, c)
             rows.append({"group": label, "case": c.case_id, "file": c.file, "ranks": c.ranks, "tokens": c.tokens,
-                         **_timing_row(c), "ideal_s": t0, "efficiency": t0 / t if t > 0 else math.nan})
+                         **_timing_row(c), "ideal_s": t0, "efficiency": vs["ratio"],
+                         "efficiency_min": vs["ratio_min"], "efficiency_max": vs["ratio_max"],
+                         "noise": "" if c is base else vs["noise"]})
     return rows
 
 
@@ -436,14 +638,13 @@ def hilbert_vs_natural_table(cases: Sequence[CaseResult]) -> list[dict[str, Any]
     extra = _varying([c for n, o in groups for c in (n, *o)], [*free, *base_fields])
     labels, rows = _Labels(), []
     for natural, others in groups:
-        label = labels(_label(natural.params, base_fields, extra))
-        t_nat = natural.median("attention")
+        label = labels(_group_label([natural, *others], base_fields, extra))
         for c in others:
-            t = c.median("attention")
+            vs = compare(natural, c)
             rows.append({"group": label, "case": c.case_id, "file": c.file, "natural_case": natural.case_id,
                          "natural_file": natural.file, "ordering": c.params["ordering"],
-                         "segment": c.params.get("segment") or 0, "natural_s": t_nat, **_timing_row(c),
-                         "ratio": t_nat / t if t > 0 else math.nan})
+                         "segment": c.params.get("segment") or 0, **_timing_row(natural, "natural"),
+                         **_timing_row(c), **vs})
     return rows
 
 
@@ -486,16 +687,27 @@ def peer_ratio_table(cases: Sequence[CaseResult]) -> list[dict[str, Any]]:
     extra = _varying([c for pair in pairs for c in pair], [*free, *base_fields])
     rows = []
     for c, peer in pairs:
-        t, t_peer = c.median("attention"), peer.median("attention")
-        ratio = t_peer / t if t > 0 else math.nan
+        vs = compare(peer, c)
         rows.append({"group": _label(c.params, base_fields, extra), "case": c.case_id, "file": c.file,
-                     "backend": c.params["backend"], "ranks": c.ranks, "attention_s": t, "peer_case": peer.case_id,
-                     "peer_file": peer.file, "peer_ranks": peer.ranks, "peer_s": t_peer, "ratio": ratio,
-                     "ratio_per_gpu": ratio / c.ranks})
+                     "backend": c.params["backend"], "ranks": c.ranks, "attention_s": c.median("attention"),
+                     "peer_case": peer.case_id, "peer_file": peer.file, "peer_ranks": peer.ranks,
+                     "peer_s": peer.median("attention"), **vs, "ratio_per_gpu": vs["ratio"] / c.ranks})
     return rows
 
 
-def build_tables(cases: Sequence[CaseResult], notes: list[str] | None = None) -> dict[str, list[dict[str, Any]]]:
+def bandwidth_table(sweeps: Sequence[BandwidthSweep]) -> list[dict[str, Any]]:
+    """One row per message size of each bandwidth sweep, labelled by transport, buffers and ranks."""
+    labels, rows = _Labels(), []
+    for sweep in sweeps:
+        label = labels(f"{sweep.transport} {sweep.device} P={sweep.ranks}")
+        for nbytes, rate in sweep.sizes:
+            rows.append({"sweep": label, "file": sweep.file, "transport": sweep.transport, "device": sweep.device,
+                         "ranks": sweep.ranks, "host": sweep.host, "bytes": nbytes, "gb_per_s": rate})
+    return rows
+
+
+def build_tables(cases: Sequence[CaseResult], notes: list[str] | None = None,
+                 sweeps: Sequence[BandwidthSweep] = ()) -> dict[str, list[dict[str, Any]]]:
     """Every table's rows (keys of :data:`TABLES`); notes about left-out data are appended to ``notes``."""
     return {
         "cases": cases_table(cases),
@@ -504,7 +716,30 @@ def build_tables(cases: Sequence[CaseResult], notes: list[str] | None = None) ->
         "hilbert_vs_natural": hilbert_vs_natural_table(cases),
         "compute_communication": compute_communication_table(cases),
         "peer_ratio": peer_ratio_table(cases),
+        "bandwidth": bandwidth_table(sweeps),
     }
+
+
+def table_notes(name: str, rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Warnings about a table's rows: repeats spread beyond :data:`SPREAD_LIMIT`, efficiency beyond
+    :data:`EFFICIENCY_LIMIT`, and the ratios that are within the repeats' spread (:func:`compare`)."""
+    notes = []
+    for row in rows:
+        if name == "cases" and row["spread"] > SPREAD_LIMIT:
+            notes.append(f"case {row['case']}: repeats spread {row['spread']:.3g}x (slowest / fastest, limit "
+                         f"{SPREAD_LIMIT:g}x): its median is not a steady figure; rerun with more repeats")
+        if name in ("strong_scaling", "weak_scaling") and row["efficiency"] > EFFICIENCY_LIMIT:
+            notes.append(f"{TITLES[name]} {row['group']} P={row['ranks']}: efficiency {row['efficiency']:.3g} is "
+                         f"implausibly superlinear (> {EFFICIENCY_LIMIT:g}); check the cases' spread")
+    for verdict, meaning in (("within noise", "the two cases' [min, max] times over repeats overlap"),
+                             ("too few repeats", f"fewer than {MIN_REPEATS} repeats: no spread to judge by")):
+        marked = [row for row in rows if row.get("noise") == verdict]
+        if marked:
+            compared = sum(1 for row in rows if row.get("noise"))
+            cases = ", ".join(row["case"] for row in marked[:NOTE_CASES]) + (", ..." if len(marked) > NOTE_CASES
+                                                                             else "")
+            notes.append(f"{TITLES[name]}: {len(marked)} of {compared} ratio(s) {verdict} ({cases}): {meaning}")
+    return notes
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -532,65 +767,163 @@ def _range_ms(prefix: str) -> Callable[[dict], str]:
                         f"{_ms(row[f'{prefix}_max_s'])}]")
 
 
-_TEXT = {"case", "file", "name", "backend", "ordering", "transport", "group", "peer case"}
+def _flagged(name: str, limit: float, spec: str) -> Callable[[dict], str]:
+    """A number with ``!`` after it when it exceeds ``limit`` (a note under the table says why)."""
+    fmt = _fmt(spec)
+    return lambda row: fmt(row[name]) + ("!" if row[name] > limit else "")
 
-#: Printed columns per table: (title, cell function of a row).
-COLUMNS: dict[str, list[tuple[str, Callable[[dict], str]]]] = {
-    "cases": [("case", _key_of("case")), ("file", _key_of("file")), ("name", _key_of("name")),
-              ("ranks", _key_of("ranks")), ("tokens", _key_of("tokens", _fmt(","))),
-              ("backend", _key_of("backend")), ("ordering", _key_of("ordering")),
-              ("transport", _key_of("transport")), ("attn ms [min, max]", _range_ms("attention")),
-              ("total ms", _key_of("total_s", _ms)), ("attn/total", _key_of("attention_share", _fmt(".2f"))),
-              ("tokens/s", _key_of("tokens_per_s", _fmt(".3g"))), ("TFLOP/s", _key_of("tflops", _fmt(".3g"))),
-              ("max rel err", _key_of("max_rel_err", _fmt(".1e")))],
-    "strong_scaling": [("group", _key_of("group")), ("ranks", _key_of("ranks")),
-                       ("attn ms [min, max]", _range_ms("attention")), ("ideal ms", _key_of("ideal_s", _ms)),
-                       ("speedup", _key_of("speedup", _fmt(".2f"))),
-                       ("efficiency", _key_of("efficiency", _fmt(".2f")))],
-    "weak_scaling": [("group", _key_of("group")), ("ranks", _key_of("ranks")),
-                     ("tokens", _key_of("tokens", _fmt(","))), ("attn ms [min, max]", _range_ms("attention")),
-                     ("efficiency", _key_of("efficiency", _fmt(".2f")))],
-    "hilbert_vs_natural": [("group", _key_of("group")),
-                           ("ordering", lambda r: r["ordering"] + (f"/{r['segment']}" if r["segment"] else "")),
-                           ("natural ms", _key_of("natural_s", _ms)), ("attn ms [min, max]", _range_ms("attention")),
-                           ("ratio", _key_of("ratio", _fmt(".2f")))],
-    "compute_communication": [("case", _key_of("case")), ("ranks", _key_of("ranks")),
-                              ("transport", _key_of("transport")), ("attn ms", _key_of("attention_s", _ms)),
-                              ("local ms", _key_of("local_s", _ms)), ("compute ms", _key_of("compute_s", _ms)),
-                              ("wait ms", _key_of("wait_s", _ms)), ("pack ms", _key_of("pack_s", _ms)),
-                              ("imbalance ms", _key_of("imbalance_s", _ms)),
-                              ("wait share", _key_of("wait_share", _fmt(".1%")))],
-    "peer_ratio": [("group", _key_of("group")), ("case", _key_of("case")), ("backend", _key_of("backend")),
-                   ("ranks", _key_of("ranks")), ("attn ms", _key_of("attention_s", _ms)),
-                   ("peer case", _key_of("peer_case")), ("peer ms", _key_of("peer_s", _ms)),
-                   ("ratio", _key_of("ratio", _fmt(".2f"))), ("ratio/GPU", _key_of("ratio_per_gpu", _fmt(".2f")))],
+
+def _ratio_range(name: str) -> Callable[[dict], str]:
+    return lambda row: f"[{_fmt('.2f')(row[name + '_min'])}, {_fmt('.2f')(row[name + '_max'])}]"
+
+
+@dataclass(frozen=True)
+class Col:
+    """A printed column: its title, the cell text of a row, its compact title (None: only with ``--wide``)."""
+
+    title: str
+    cell: Callable[[dict], str]
+    short: str | None = ""
+    text: bool = False
+    limit: int = 0              # compact: longer cells are cut to this many characters, ending in "..."
+
+    def heading(self, wide: bool) -> str:
+        """The column title in the chosen layout."""
+        return self.title if wide or not self.short else self.short
+
+    def text_of(self, row: dict, wide: bool) -> str:
+        """The cell of ``row`` in the chosen layout."""
+        cell = self.cell(row)
+        if wide or not self.limit or len(cell) <= self.limit:
+            return cell
+        return cell[:self.limit - 3] + "..."
+
+
+def _text(name: str, short: str | None = "", limit: int = 0) -> Col:
+    return Col(name, _key_of(name), short, text=True, limit=limit)
+
+
+_FILE = _text("file", "f")      # compact: the file's number in the list printed under the first line
+_CASE = _text("case", limit=CASE_WIDTH)
+_NOISE = Col("vs spread", _key_of("noise"), "noise", text=True)
+
+#: Printed columns per table (the CSV has every field of every row).
+COLUMNS: dict[str, list[Col]] = {
+    "cases": [_CASE, _FILE, _text("name", None), Col("ranks", _key_of("ranks"), "P"),
+              Col("tokens", _key_of("tokens", _fmt(",")), "N"), _text("backend"), _text("ordering", "order"),
+              _text("transport"), Col("attn ms [min, max]", _range_ms("attention")),
+              Col("spread", _flagged("spread", SPREAD_LIMIT, ".3g")),
+              Col("total ms", _key_of("total_s", _ms), None),
+              Col("attn/total", _key_of("attention_share", _fmt(".2f")), None),
+              Col("tokens/s", _key_of("tokens_per_s", _fmt(".3g")), None),
+              Col("TFLOP/s", _key_of("tflops", _fmt(".3g"))),
+              Col("max rel err", _key_of("max_rel_err", _fmt(".1e")), "err")],
+    "strong_scaling": [_text("group"), Col("ranks", _key_of("ranks"), "P"),
+                       Col("attn ms [min, max]", _range_ms("attention")),
+                       Col("ideal ms", _key_of("ideal_s", _ms), None), Col("speedup", _key_of("speedup", _fmt(".2f"))),
+                       Col("speedup range", _ratio_range("speedup"), None),
+                       Col("efficiency", _flagged("efficiency", EFFICIENCY_LIMIT, ".2f"), "effic."), _NOISE],
+    "weak_scaling": [_text("group"), Col("ranks", _key_of("ranks"), "P"),
+                     Col("tokens", _key_of("tokens", _fmt(",")), "N"),
+                     Col("attn ms [min, max]", _range_ms("attention")),
+                     Col("efficiency", _flagged("efficiency", EFFICIENCY_LIMIT, ".2f"), "effic."),
+                     Col("efficiency range", _ratio_range("efficiency"), None), _NOISE],
+    "hilbert_vs_natural": [_text("group"),
+                           Col("ordering", lambda r: r["ordering"] + (f"/{r['segment']}" if r["segment"] else ""),
+                               "order", text=True),
+                           Col("natural ms [min, max]", _range_ms("natural"), "natural ms"),
+                           Col("attn ms [min, max]", _range_ms("attention"), "attn ms"),
+                           Col("ratio", _key_of("ratio", _fmt(".2f"))),
+                           Col("ratio range", _ratio_range("ratio"), None), _NOISE],
+    "compute_communication": [_CASE, Col("ranks", _key_of("ranks"), "P"), _text("transport"),
+                              Col("attn ms", _key_of("attention_s", _ms)), Col("local ms", _key_of("local_s", _ms)),
+                              Col("compute ms", _key_of("compute_s", _ms)), Col("wait ms", _key_of("wait_s", _ms)),
+                              Col("pack ms", _key_of("pack_s", _ms)),
+                              Col("imbalance ms", _key_of("imbalance_s", _ms), "imbal. ms"),
+                              Col("wait share", _key_of("wait_share", _fmt(".1%")))],
+    "peer_ratio": [_text("group"), _CASE, _text("backend"), Col("ranks", _key_of("ranks"), "P"),
+                   Col("attn ms", _key_of("attention_s", _ms)), Col("peer case", _key_of("peer_case"), None, text=True),
+                   Col("peer ms", _key_of("peer_s", _ms)), Col("ratio", _key_of("ratio", _fmt(".2f"))),
+                   Col("ratio range", _ratio_range("ratio"), None),
+                   Col("ratio/GPU", _key_of("ratio_per_gpu", _fmt(".2f"))), _NOISE],
 }
 
 
-def format_table(name: str, rows: Sequence[dict[str, Any]]) -> str:
-    """One table as aligned plain text (title, column titles, rule, rows); text left, numbers right."""
-    columns = COLUMNS[name]
-    cells = [[fn(row) for _, fn in columns] for row in rows]
-    widths = [max([len(title)] + [len(r[i]) for r in cells]) for i, (title, _) in enumerate(columns)]
-    aligns = ["<" if title in _TEXT else ">" for title, _ in columns]
+def _size_text(nbytes: int) -> str:
+    """A message size in the largest binary unit that divides it (``256 MiB``), else in bytes."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
+            return f"{nbytes >> shift} {unit}"
+    return f"{nbytes} B"
+
+
+def _bandwidth_columns(rows: Sequence[dict[str, Any]]) -> tuple[list[Col], list[dict[str, Any]]]:
+    """The bandwidth table pivoted for print: one row per size, one GB/s column per sweep."""
+    sweeps = list(dict.fromkeys(r["sweep"] for r in rows))
+    by_size: dict[int, dict[str, Any]] = {}
+    for r in rows:
+        by_size.setdefault(r["bytes"], {"bytes": r["bytes"]})[r["sweep"]] = r["gb_per_s"]
+    columns = [Col("size", lambda r: _size_text(r["bytes"]))]
+    columns += [Col(f"{s} GB/s", lambda r, s=s: _fmt(".3f")(r.get(s, math.nan))) for s in sweeps]
+    return columns, [by_size[b] for b in sorted(by_size)]
+
+
+def _group_key(i: int) -> str:
+    return f"g{i + 1}"
+
+
+def format_table(name: str, rows: Sequence[dict[str, Any]], wide: bool = True,
+                 files: dict[str, int] | None = None) -> str:
+    """One table as aligned plain text (title, column titles, rule, rows); text left, numbers right.
+
+    Compact (``wide=False``): only the columns with a compact title, the file as
+    its number in ``files`` (left out for one file), and when the table is still
+    wider than :data:`COMPACT_WIDTH`, groups as keys explained under the table.
+    """
+    legend: list[str] = []
+    if name == "bandwidth":
+        columns, rows = _bandwidth_columns(rows)
+    else:
+        columns = [c for c in COLUMNS[name] if wide or c.short is not None]
+        if not wide:
+            if len(files or {}) > 1:
+                rows = [dict(r, file=str(files[r["file"]])) for r in rows]
+            else:
+                columns = [c for c in columns if c is not _FILE]
+    text = _layout(name, columns, rows, wide)
+    if not wide and max(map(len, text.splitlines())) > COMPACT_WIDTH and any(c.title == "group" for c in columns):
+        keys = {g: _group_key(i) for i, g in enumerate(dict.fromkeys(r["group"] for r in rows))}
+        legend = [f"  {key} = {group}" for group, key in keys.items()]
+        text = _layout(name, columns, [dict(r, group=keys[r["group"]]) for r in rows], wide)
+    return "\n".join([text, *legend])
+
+
+def _layout(name: str, columns: Sequence[Col], rows: Sequence[dict[str, Any]], wide: bool) -> str:
+    cells = [[c.text_of(row, wide) for c in columns] for row in rows]
+    titles = [c.heading(wide) for c in columns]
+    widths = [max([len(t)] + [len(r[i]) for r in cells]) for i, t in enumerate(titles)]
+    aligns = ["<" if c.text else ">" for c in columns]
 
     def line(values: Sequence[str]) -> str:
         return "  ".join(f"{v:{a}{w}}" for v, a, w in zip(values, aligns, widths)).rstrip()
 
-    out = [TABLES[name], line([t for t, _ in columns]), line(["-" * w for w in widths])]
+    out = [TABLES[name], line(titles), line(["-" * w for w in widths])]
     out += [line(r) for r in cells]
     return "\n".join(out)
 
 
-def print_tables(tables: dict[str, list[dict[str, Any]]], stream: TextIO | None = None) -> None:
-    """Print every table that has rows, separated by blank lines (on stdout by default)."""
+def print_tables(tables: dict[str, list[dict[str, Any]]], stream: TextIO | None = None, wide: bool = True,
+                 files: dict[str, int] | None = None) -> None:
+    """Print every table that has rows, each followed by its notes, separated by blank lines."""
     stream = stream or sys.stdout
     first = True
     for name in TABLES:
         if tables.get(name):
             if not first:
                 print(file=stream)
-            print(format_table(name, tables[name]), file=stream)
+            print(format_table(name, tables[name], wide, files), file=stream)
+            for note in table_notes(name, tables[name]):
+                print(f"note: {note}", file=stream)
             first = False
 
 
@@ -600,23 +933,17 @@ def _csv_value(value: Any) -> Any:
     return value
 
 
-def write_csv(tables: dict[str, list[dict[str, Any]]], path: str | Path) -> Path:
-    """All rows of all tables in one CSV file: column ``table`` first, then the union of the rows' columns."""
+def _write_csv_rows(tables: dict[str, list[dict[str, Any]]], f: TextIO) -> None:
+    """All rows of all tables: column ``table`` first, then the union of the rows' columns."""
     columns: dict[str, None] = {"table": None}
     for name in TABLES:
         for row in tables.get(name, []):
             columns.update(dict.fromkeys(row))
-    path = Path(path)
-    try:
-        with path.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(columns), restval="")
-            writer.writeheader()
-            for name in TABLES:
-                for row in tables.get(name, []):
-                    writer.writerow({"table": name, **{k: _csv_value(v) for k, v in row.items()}})
-    except OSError as exc:
-        raise UserError(f"cannot write {str(path)!r}: {exc.strerror or exc}", "--csv") from None
-    return path
+    writer = csv.DictWriter(f, fieldnames=list(columns), restval="")
+    writer.writeheader()
+    for name in TABLES:
+        for row in tables.get(name, []):
+            writer.writerow({"table": name, **{k: _csv_value(v) for k, v in row.items()}})
 
 
 def _series(rows: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -626,8 +953,9 @@ def _series(rows: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
-def _scaling_figure(rows: Sequence[dict[str, Any]], title: str, efficiency_title: str, log_time: bool) -> Any:
-    """Two panels: time (with the ideal, dashed) and efficiency (with 1.0) against ranks on a log2 axis."""
+def scaling_figure(rows: Sequence[dict[str, Any]], title: str, efficiency_title: str, log_time: bool) -> Any:
+    """Two panels: time (with the ideal, dashed) and efficiency (with 1.0) against ranks on a log2 axis;
+    one series per group, labelled by the group (with the transport each group used)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -666,59 +994,235 @@ def _scaling_figure(rows: Sequence[dict[str, Any]], title: str, efficiency_title
     return fig
 
 
-def write_plots(tables: dict[str, list[dict[str, Any]]], plot_dir: str | Path) -> list[str]:
-    """``strong_scaling.png`` and ``weak_scaling.png`` in ``plot_dir`` for the tables that have rows."""
+#: The plots: table, file name, titles, log time axis.
+PLOTS = (("strong_scaling", "strong_scaling.png", "strong scaling", "efficiency = T(p0) p0 / (T(P) P)", True),
+         ("weak_scaling", "weak_scaling.png", "weak scaling (ideal: flat)", "efficiency = T(p0) / T(P)", False))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the files a report writes
+
+
+def is_report_csv(path: Path) -> bool:
+    """True for a CSV file written by report: header ``table,...`` and every row of a known table."""
+    try:
+        if path.stat().st_size > MAX_OWN_CSV_BYTES:
+            return False
+        with path.open(newline="", encoding="utf-8") as f:
+            reader = csv.reader(f)
+            header = next(reader, None)
+            if not header or header[0] != "table" or "file" not in header:
+                return False
+            return all(row and row[0] in TABLES for row in reader)
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return False
+
+
+def is_report_png(path: Path) -> bool:
+    """True for a PNG file whose ``Software`` text chunk says report wrote it (:data:`PNG_SOFTWARE`)."""
+    try:
+        with path.open("rb") as f:
+            if f.read(8) != b"\x89PNG\r\n\x1a\n":
+                return False
+            while True:
+                head = f.read(8)
+                if len(head) < 8:
+                    return False
+                length, kind = int.from_bytes(head[:4], "big"), head[4:]
+                if kind == b"tEXt" and length < 4096:
+                    key, _, value = f.read(length).partition(b"\0")
+                    if key == b"Software" and value == PNG_SOFTWARE.encode():
+                        return True
+                    f.seek(4, 1)
+                    continue
+                if kind in (b"IDAT", b"IEND"):
+                    return False
+                f.seek(length + 4, 1)
+    except OSError:
+        return False
+
+
+@dataclass
+class Target:
+    """One file a report writes: where, the option that named it, what it is, and how to recognize one of ours."""
+
+    path: Path
+    option: str
+    kind: str
+    is_ours: Callable[[Path], bool]
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    """True when ``path`` is ``folder`` or lies under it (after resolving links)."""
+    path, folder = path.resolve(), folder.resolve()
+    return path == folder or folder in path.parents
+
+
+class ReportOutputs:
+    """The CSV file and plots of one report, claimed before anything is printed and written whole.
+
+    The rules of ``run``'s outputs (hilbert_hpc/output_files.py) with a report's
+    owned files: a target may not be a file given to the report, a job or input
+    file they name, anything inside their output parts folders, a folder or a
+    special file; an existing target is replaced only when report wrote it
+    (:func:`is_report_csv`, :func:`is_report_png`) and ``overwrite`` is set.
+    Each target is locked (``<target>.lock``, as ``run`` locks a results file)
+    from the checks to the end, and written under a temporary name renamed
+    into place.
+    """
+
+    def __init__(self, targets: Sequence[Target], loaded: Loaded, overwrite: bool = False) -> None:
+        self.targets, self.loaded, self.overwrite = list(targets), loaded, overwrite
+        self.locks: list[OutputLock] = []
+
+    def _refuse_protected(self, target: Target) -> None:
+        path, choose = target.path, f"choose another {target.option}"
+        for other, what in self.loaded.protected_files:
+            if same_file(path, other):
+                raise UserError(f"{str(path)!r} is the {what}; it is never replaced: {choose}", target.option)
+        for folder, what in self.loaded.protected_folders:
+            if _inside(path, folder):
+                raise UserError(f"{str(path)!r} is inside {str(folder)!r}, the {what}: {choose}", target.option)
+        if path.is_dir():
+            raise UserError(f"{str(path)!r} is a folder: {choose} file name", target.option)
+        if path.exists() and not path.is_file():
+            raise UserError(f"{str(path)!r} is not a regular file: {choose}", target.option)
+        if path.parent.exists() and not path.parent.is_dir():
+            raise UserError(f"{str(path.parent)!r} is not a folder: {choose}", target.option)
+
+    def _refuse_existing(self, target: Target) -> None:
+        path = target.path
+        if not path.exists():
+            return
+        if not target.is_ours(path):
+            raise UserError(f"{str(path)!r} exists and is not a {target.kind} written by hilbert-hpc report; it is "
+                            f"not replaced: move it away or choose another {target.option}", target.option)
+        if not self.overwrite:
+            raise UserError(f"{str(path)!r} exists; replace it with --overwrite or choose another {target.option}",
+                            target.option)
+
+    def __enter__(self) -> "ReportOutputs":
+        paths = [t.path.resolve() for t in self.targets]
+        if len(set(paths)) < len(paths):
+            raise UserError("the CSV file is also one of the plot files: choose another --csv", "--csv")
+        for target in self.targets:
+            self._refuse_protected(target)
+        try:
+            for target in self.targets:
+                make_parent(target.path)
+                self._lock(target)
+                self._refuse_existing(target)
+        except BaseException:
+            self.release()
+            raise
+        return self
+
+    def _lock(self, target: Target) -> None:
+        """Lock ``target`` as ``run`` locks its output; held by another command, refuse it naming the option."""
+        try:
+            self.locks.append(OutputLock(target.path).acquire())
+        except OutputError as exc:
+            cause = exc.message.split("; ")[0]
+            raise UserError(f"{cause}; wait for it to end or choose another {target.option}", target.option) from None
+
+    def release(self) -> None:
+        """Drop every lock taken."""
+        for lock in self.locks:
+            lock.release()
+        self.locks = []
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def write(self, target: Target, fill: Callable[[Path], None]) -> None:
+        """``fill(tmp)`` writes the new file under a temporary name, then it is renamed over ``target``."""
+        tmp = temporary_name(target.path)
+        try:
+            fill(tmp)
+            move_into_place(tmp, target.path)
+        except OSError as exc:
+            remove_quietly(tmp)
+            raise UserError(f"cannot write {str(target.path)!r}: {os_reason(exc)}", target.option) from None
+        except BaseException:
+            remove_quietly(tmp)
+            raise
+
+
+def _csv_filler(tables: dict[str, list[dict[str, Any]]]) -> Callable[[Path], None]:
+    def fill(tmp: Path) -> None:
+        with tmp.open("w", newline="", encoding="utf-8") as f:
+            _write_csv_rows(tables, f)
+            f.flush()
+            os.fsync(f.fileno())
+    return fill
+
+
+def _plot_filler(rows: Sequence[dict[str, Any]], title: str, eff_title: str, log_time: bool) -> Callable[[Path], None]:
+    def fill(tmp: Path) -> None:
+        fig = scaling_figure(rows, title, eff_title, log_time)
+        fig.savefig(tmp, format="png", dpi=120, metadata={"Software": PNG_SOFTWARE})
+    return fill
+
+
+def _need_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
         raise UserError("plots need matplotlib: install the 'plot' extra (pip install 'hilbert_hpc[plot]')",
                         "--plot") from None
+
+
+def _plot_targets(tables: dict[str, list[dict[str, Any]]],
+                  plot_dir: str | Path | None) -> list[tuple[Target, tuple[Any, ...]]]:
+    """The plots to write (those whose table has rows), each with its entry of :data:`PLOTS`."""
+    if plot_dir is None:
+        return []
+    _need_matplotlib()
     directory = Path(plot_dir)
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserError(f"cannot create {str(directory)!r}: {exc.strerror or exc}", "--plot") from None
-    written = []
-    for name, title, eff_title, log_time in (
-            ("strong_scaling", "strong scaling", "efficiency = T(p0) p0 / (T(P) P)", True),
-            ("weak_scaling", "weak scaling (ideal: flat)", "efficiency = T(p0) / T(P)", False)):
-        rows = tables.get(name)
-        if not rows:
-            continue
-        path = directory / f"{name}.png"
-        fig = _scaling_figure(rows, title, eff_title, log_time)
-        try:
-            fig.savefig(path, dpi=120)
-        except OSError as exc:
-            raise UserError(f"cannot write {str(path)!r}: {exc.strerror or exc}", "--plot") from None
-        written.append(str(path))
-    return written
+    if directory.exists() and not directory.is_dir():
+        raise UserError(f"{str(directory)!r} is not a folder: choose another --plot folder", "--plot")
+    return [(Target(directory / plot[1], "--plot", "plot", is_report_png), plot) for plot in PLOTS
+            if tables.get(plot[0])]
 
 
 def report(paths: Sequence[str | Path], stream: TextIO | None = None, csv_path: str | Path | None = None,
-           plot_dir: str | Path | None = None) -> dict[str, list[Any]]:
+           plot_dir: str | Path | None = None, overwrite: bool = False, wide: bool = False) -> dict[str, list[Any]]:
     """Print the tables; write CSV / PNG plots when asked; return the table rows (for tests).
 
+    Every refusal of an output (:class:`ReportOutputs`) comes before anything
+    is printed or written. ``wide`` prints every column; the compact default
+    fits about :data:`COMPACT_WIDTH` columns (the CSV always has every field).
     The result maps each table name of :data:`TABLES` to its rows (dicts,
     times in seconds), ``"notes"`` to the note lines printed and ``"plots"``
     to the PNG files written.
     """
     stream = stream or sys.stdout
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
-    cases, notes = load_cases(paths)
-    tables: dict[str, list[Any]] = build_tables(cases, notes)
-    files = len({str(p) for p in paths})
-    print(f"hilbert-hpc report: {len(cases)} case(s) from {files} file(s)", file=stream)
-    for note in notes:
-        print(f"note: {note}", file=stream)
-    print(file=stream)
-    print_tables(tables, stream)
-    if csv_path is not None:
-        write_csv(tables, csv_path)
-        print(f"\ncsv -> {csv_path}", file=stream)
-    plots = write_plots(tables, plot_dir) if plot_dir is not None else []
-    for path in plots:
-        print(f"plot -> {path}", file=stream)
-    tables["notes"] = notes
-    tables["plots"] = plots
+    loaded = load_files(paths)
+    notes = loaded.notes
+    tables: dict[str, list[Any]] = build_tables(loaded.cases, notes, loaded.sweeps)
+    csv_target = [Target(Path(csv_path), "--csv", "CSV file", is_report_csv)] if csv_path is not None else []
+    plots = _plot_targets(tables, plot_dir)
+    files = {str(p): i + 1 for i, p in enumerate(dict.fromkeys(str(p) for p in paths))}
+    with ReportOutputs(csv_target + [target for target, _ in plots], loaded, overwrite) as out:
+        what = f"{len(loaded.cases)} case(s)" + (f", {len(loaded.sweeps)} bandwidth sweep(s)" if loaded.sweeps
+                                                 else "")
+        print(f"hilbert-hpc report: {what} from {len(files)} file(s)", file=stream)
+        if not wide and len(files) > 1:
+            for path, number in files.items():
+                print(f"  file {number}: {path}", file=stream)
+        for note in notes:
+            print(f"note: {note}", file=stream)
+        print(file=stream)
+        print_tables(tables, stream, wide, files)
+        if csv_target:
+            out.write(csv_target[0], _csv_filler(tables))
+            print(f"\ncsv -> {csv_path}", file=stream)
+        for target, (name, _, title, eff_title, log_time) in plots:
+            out.write(target, _plot_filler(tables[name], title, eff_title, log_time))
+            print(f"plot -> {target.path}", file=stream)
+        if plot_dir is not None and not plots:
+            print(f"plot: no strong or weak scaling series; nothing written to {str(plot_dir)!r}", file=stream)
+    tables["notes"] = notes + [n for name in TABLES for n in table_notes(name, tables.get(name, []))]
+    tables["plots"] = [str(target.path) for target, _ in plots]
     return tables

@@ -557,6 +557,10 @@ class CaseLoop:
         except UserError as exc:
             self.failed = exc
 
+    def status(self) -> str:
+        """What is kept so far, e.g. "2 of 4 cases are complete in r.h5" (said when the launcher ends the run)."""
+        return f"{self.complete} of {self.total} cases are complete in {self.path}"
+
     def finished(self, case: Case) -> None:
         """Count ``case`` complete (unless this rank failed it) and print the progress line."""
         if self.failed is None:
@@ -693,15 +697,15 @@ def run_job(job: Job, output: str | None = None, stream: TextIO | None = None, c
                        (progress or sys.stderr) if rank0 else None)
     subs = SubComms(comm, {c.ranks for c in todo})
     try:
-        with StopRequests(lambda: f"{len(done) + finished} of {len(job.cases)} cases are complete in {path}") as stops:
+        loop = CaseLoop(comm, None, todo, len(job.cases) - len(todo), len(job.cases), path, results_id, tracker)
+        with StopRequests(loop.status) as stops:
+            loop.stops = stops
             if rank0:
                 print(f"hilbert-hpc: job {job.name!r}, {len(job.cases)} case(s) on up to {comm.Get_size()} "
                       f"rank(s), results -> {path}", file=stream)
                 for note in results.notes + accuracy_rows_notes(job) + interleave_notes(job, todo):
                     print(f"hilbert-hpc: note: {note}", file=sys.stderr, flush=True)
                 table.header()
-            loop = CaseLoop(comm, stops, todo, len(job.cases) - len(todo), len(job.cases), path, results_id,
-                            tracker)
             run_cases = run_interleaved if job.interleave else run_in_turn
             run_cases(job, loop, subs, results, table, stream, done)
     finally:

@@ -93,9 +93,9 @@ if want maxlen; then
 fi
 if want report; then
   shopt -s nullglob
-  files=("$OUT"/strong_*.h5 "$OUT"/weak_*.h5 "$OUT"/kernel_bench*.h5 "$OUT"/overhead_*.h5)
-  if [[ ${#files[@]} -gt 0 ]]; then
-    check "report" hh report "${files[@]}" --csv "$OUT/scaling.csv" --plot "$OUT/plots"
+  files=("$OUT"/strong_*.h5 "$OUT"/weak_*.h5 "$OUT"/kernel_bench*.h5 "$OUT"/overhead_*.h5 "$OUT"/bw_*.h5)
+  if [[ ${#files[@]} -gt 0 ]]; then    # --overwrite: the CSV and plots of this script's earlier report
+    check "report" hh report "${files[@]}" --csv "$OUT/scaling.csv" --plot "$OUT/plots" --overwrite
   fi
 fi
 if want cpu; then
