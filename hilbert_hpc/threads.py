@@ -54,6 +54,9 @@ class ThreadPlan:
     limits_libraries: bool
 
 
+#: a thread variable the user set: (name, value, its leading count or None)
+Setting = tuple[str, str, int | None]
+
 _applied: ThreadPlan | None = None
 
 
@@ -83,7 +86,7 @@ def _count(name: str, value: str) -> int | None:
     return None
 
 
-def user_setting(environ: Mapping[str, str]) -> tuple[str, str, int | None] | None:
+def user_setting(environ: Mapping[str, str]) -> Setting | None:
     """The first thread variable (THREAD_VARIABLES order) set to a non-empty value: (name, value, count).
     Raises ConfigError (a ValueError) for a ``HILBERT_HPC_THREADS`` that is not a positive whole number."""
     for name in THREAD_VARIABLES:
@@ -93,7 +96,7 @@ def user_setting(environ: Mapping[str, str]) -> tuple[str, str, int | None] | No
     return None
 
 
-def decide(mine: frozenset[int], masks: Sequence[frozenset[int]], setting: tuple[str, str, int | None] | None,
+def decide(mine: frozenset[int], masks: Sequence[frozenset[int]], setting: Setting | None,
            how_counted: str = "COMM_TYPE_SHARED split") -> ThreadPlan:
     """The thread plan of a rank with affinity ``mine`` among the node's ranks with affinities ``masks``
     (this rank's included), given the user's thread variable ``setting`` (:func:`user_setting`)."""
