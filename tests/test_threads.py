@@ -86,10 +86,9 @@ def test_a_bad_hilbert_hpc_threads_is_refused_naming_it(value):
         user_setting({"HILBERT_HPC_THREADS": value})
 
 
-def test_apply_sets_the_variables_for_libraries_loaded_later_only_when_it_limits(monkeypatch):
+def test_apply_sets_the_variables_for_libraries_loaded_later_only_when_it_limits(monkeypatch, no_plan):
     import hilbert_hpc.threads as threads
 
-    monkeypatch.setattr(threads, "_applied", None)
     monkeypatch.setattr(threads, "threadpool_limits", lambda limits: None)
     environ: dict[str, str] = {}
     apply(ThreadPlan(2, "test", True), environ)
@@ -100,12 +99,20 @@ def test_apply_sets_the_variables_for_libraries_loaded_later_only_when_it_limits
     assert environ == {} and cpu_threads() == 3
 
 
-def test_explicit_thread_count(monkeypatch):
+@pytest.fixture
+def no_plan(monkeypatch):
+    """No plan applied yet in this process (a test before may have started MPI through world())."""
+    import hilbert_hpc.threads as threads
+
+    monkeypatch.setattr(threads, "_applied", None)
+
+
+def test_explicit_thread_count(monkeypatch, no_plan):
     monkeypatch.setenv("HILBERT_HPC_THREADS", "3")
     assert cpu_threads() == 3
 
 
-def test_unbound_ranks_share_the_cores(monkeypatch):
+def test_unbound_ranks_share_the_cores(monkeypatch, no_plan):
     for var in THREAD_VARIABLES + LOCAL_SIZE_VARIABLES:
         monkeypatch.delenv(var, raising=False)
     alone = cpu_threads()
