@@ -5,16 +5,24 @@ from __future__ import annotations
 import json
 import os
 
-from .provenance import cpu_model, git_hash, gpu_devices, library_versions
+from .provenance import cpu_model, git_hash, gpu_devices, library_versions, thread_record
+
+
+def threads_line() -> str:
+    """This rank's CPU threads and how they were decided; what BLAS/OpenMP report (two lines)."""
+    record = thread_record()
+    libraries = ", ".join(f"{name} {n}" for name, n in sorted(record["libraries"].items())) or "none loaded"
+    return (f"threads:  {record['threads']} per rank ({record['decided']}; under mpiexec each rank takes its "
+            f"share)\nblas/omp: {libraries} thread(s)")
 
 
 def print_info() -> None:
     """Print CPU, GPUs (with compute capability), MPI library and library versions."""
-    try:
-        from mpi4py import MPI  # noqa: F401  (imported so the MPI library version is reported)
-    except ImportError:
-        pass
+    from .mpi import world
+
+    world()  # starts MPI (so its library version is reported) and sets this rank's threads
     print(f"cpu:      {cpu_model()} ({os.cpu_count()} logical cores)")
+    print(threads_line())
     gpus = gpu_devices()
     if gpus:
         for g in gpus:

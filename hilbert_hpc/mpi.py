@@ -45,12 +45,21 @@ class SingleProcessComm:
 
 
 def world() -> Any:
-    """``MPI.COMM_WORLD`` (initializing MPI), or a single-process stand-in without mpi4py."""
+    """``MPI.COMM_WORLD`` (initializing MPI), or a single-process stand-in without mpi4py.
+
+    Collective on its first call: each rank then limits its BLAS/OpenMP threads to its share of the
+    node's cores (:func:`hilbert_hpc.threads.limit_rank_threads`).
+    """
+    from .threads import limit_rank_threads
+
     try:
         from mpi4py import MPI
     except ImportError:
-        return SingleProcessComm()
-    return MPI.COMM_WORLD
+        comm = SingleProcessComm()
+    else:
+        comm = MPI.COMM_WORLD
+    limit_rank_threads(comm)
+    return comm
 
 
 def launched_by_mpi() -> bool:
@@ -77,17 +86,22 @@ def local_rank(comm: Any) -> tuple[int, str]:
         node.Free()
 
 
-def ranks_per_node(comm: Any) -> int:
-    """How many ranks of ``comm`` share this node (collective: a shared-memory split)."""
+def node_allgather(comm: Any, obj: Any) -> list:
+    """Collective: ``obj`` of every rank of ``comm`` on this node, in rank order (a shared-memory split)."""
     if isinstance(comm, SingleProcessComm):
-        return 1
+        return [obj]
     from mpi4py import MPI
 
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
-        return node.Get_size()
+        return node.allgather(obj)
     finally:
         node.Free()
+
+
+def ranks_per_node(comm: Any) -> int:
+    """How many ranks of ``comm`` share this node (collective: a shared-memory split)."""
+    return len(node_allgather(comm, None))
 
 
 def bind_gpu(comm: Any) -> tuple[int, str]:

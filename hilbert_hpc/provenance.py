@@ -95,9 +95,25 @@ def slurm_variables() -> dict[str, str]:
     return {k: v for k, v in sorted(os.environ.items()) if k.startswith(SLURM_PREFIXES)}
 
 
+def thread_record() -> dict[str, Any]:
+    """This rank's CPU threads: the count it runs with, how it was decided, and the threads each loaded
+    BLAS/OpenMP library reports (threadpoolctl)."""
+    from .threads import current_plan, library_threads
+
+    plan = current_plan()
+    return {"threads": plan.threads, "decided": plan.source, "libraries": library_threads()}
+
+
 def provenance(comm: Any = None) -> dict[str, Any]:
-    """Everything recorded at the top of a results file (collective over ``comm`` when given)."""
-    hosts = [socket.gethostname()] if comm is None else comm.allgather(socket.gethostname())
+    """Everything recorded at the top of a results file (collective over ``comm`` when given).
+
+    ``threads_per_rank``, ``threads_decided`` and ``library_threads`` hold, rank by rank, the CPU
+    threads of the NumPy backend and BLAS/OpenMP limit, where that number came from, and what the
+    loaded BLAS/OpenMP libraries report.
+    """
+    mine = (socket.gethostname(), thread_record())
+    ranks = [mine] if comm is None else comm.allgather(mine)
+    hosts = [host for host, _ in ranks]
     return {
         "ranks": len(hosts),
         "hosts": sorted(set(hosts)),
@@ -109,6 +125,9 @@ def provenance(comm: Any = None) -> dict[str, Any]:
         "platform": platform.platform(),
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count() or 0,
+        "threads_per_rank": [t["threads"] for _, t in ranks],
+        "threads_decided": [t["decided"] for _, t in ranks],
+        "library_threads": [t["libraries"] for _, t in ranks],
         "versions": library_versions(),
         "gpus": gpu_devices(),
         "slurm": slurm_variables(),
