@@ -297,10 +297,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     killed by SIGPIPE would; when it cannot be written (a full device) it stops
     with one line and exit code 2.
     """
-    args = build_parser().parse_args(argv)
     stdout = sys.stdout
     sys.stdout = _GuardedStdout(stdout)
+    command = None
     try:
+        try:
+            args = build_parser().parse_args(argv)
+        except SystemExit:
+            sys.stdout.flush()          # --version or --help: their text reaches stdout, or fails as one line
+            raise
+        command = args.command
         code = args.func(args)
         sys.stdout.flush()
         return code
@@ -311,12 +317,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         if _is_rank0():
             print("hilbert-hpc: interrupted; the complete cases of the results file are intact "
-                  "(continue with --resume)" if args.command == "run" else "hilbert-hpc: interrupted",
+                  "(continue with --resume)" if command == "run" else "hilbert-hpc: interrupted",
                   file=sys.stderr)
         _abort_other_ranks(130)
         return 130
     except StdoutError as exc:
-        return _stdout_error(exc.cause, args.command)
+        return _stdout_error(exc.cause, command)
     finally:
         sys.stdout = stdout
 

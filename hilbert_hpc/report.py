@@ -101,7 +101,7 @@ MIN_REPEATS = 2
 #: Compact tables that would be wider than this show groups as keys explained under the table.
 COMPACT_WIDTH = 120
 #: Compact tables cut case ids longer than this (the numbered prefix that makes them unique stays).
-CASE_WIDTH = 24
+CASE_WIDTH = 21
 #: Cases named at most in one note.
 NOTE_CASES = 6
 #: ``Software`` text of the PNG files report writes: how a report recognizes its own plots.
@@ -123,6 +123,7 @@ class CaseResult:
     useful_flops: float = math.nan
     max_rel_err: float = math.nan
     rel_l2_err: float = math.nan
+    checked_pairs: float = math.nan     # the (row, head) pairs that a pattern selects among the checked rows
     transport_used: str = ""
     _stats: dict[str, tuple[float, float, float]] = field(default_factory=dict, repr=False)
 
@@ -243,7 +244,8 @@ def _read_case(path: str, cid: str, group: h5py.Group) -> CaseResult:
     used = _plain(group.attrs.get("transport", params.get("transport", "")))
     return CaseResult(file=path, case_id=cid, params=params, timings=timings,
                       useful_flops=number(metrics, "useful_flops"), max_rel_err=number(accuracy, "max_rel_err"),
-                      rel_l2_err=number(accuracy, "rel_l2_err"), transport_used=str(used))
+                      rel_l2_err=number(accuracy, "rel_l2_err"),
+                      checked_pairs=number(accuracy, "selected_pairs"), transport_used=str(used))
 
 
 def read_results_file(path: str | Path) -> tuple[list[CaseResult], int]:
@@ -551,13 +553,14 @@ def cases_table(cases: Sequence[CaseResult]) -> list[dict[str, Any]]:
         tokens = c.tokens * int(p.get("batch", 1))
         rows.append({
             "case": c.case_id, "file": c.file, "name": p["name"], "ranks": c.ranks, "tokens": c.tokens,
-            "backend": p["backend"], "ordering": p["ordering"], "transport": c.transport_used or p["transport"],
+            "backend": p["backend"], "dtype": p.get("dtype", ""), "causal": _is_true(p.get("causal")),
+            "ordering": p["ordering"], "transport": c.transport_used or p["transport"],
             "attention_s": att[0], "attention_min_s": att[1], "attention_max_s": att[2],
             "total_s": tot[0], "total_min_s": tot[1], "total_max_s": tot[2],
             "attention_share": att[0] / tot[0] if tot[0] > 0 else math.nan,
             "tokens_per_s": tokens / tot[0] if tot[0] > 0 else math.nan,
             "tflops": c.useful_flops / att[0] / 1e12 if att[0] > 0 else math.nan,
-            "max_rel_err": c.max_rel_err, "rel_l2_err": c.rel_l2_err,
+            "max_rel_err": c.max_rel_err, "rel_l2_err": c.rel_l2_err, "checked_pairs": c.checked_pairs,
             "repeats": c.repeats, "spread": att[2] / att[1] if att[1] > 0 else math.nan,
         })
     return rows
@@ -786,6 +789,8 @@ class Col:
     short: str | None = ""
     text: bool = False
     limit: int = 0              # compact: longer cells are cut to this many characters, ending in "..."
+    fold: bool = False          # compact: when every row has the same value, said once under the table instead
+    abbrev: dict[str, str] = field(default_factory=dict)   # compact: shorter spellings of cell values
 
     def heading(self, wide: bool) -> str:
         """The column title in the chosen layout."""
@@ -794,15 +799,19 @@ class Col:
     def text_of(self, row: dict, wide: bool) -> str:
         """The cell of ``row`` in the chosen layout."""
         cell = self.cell(row)
+        if not wide:
+            cell = self.abbrev.get(cell, cell)
         if wide or not self.limit or len(cell) <= self.limit:
             return cell
         return cell[:self.limit - 3] + "..."
 
 
-def _text(name: str, short: str | None = "", limit: int = 0) -> Col:
-    return Col(name, _key_of(name), short, text=True, limit=limit)
+def _text(name: str, short: str | None = "", limit: int = 0, fold: bool = False) -> Col:
+    return Col(name, _key_of(name), short, text=True, limit=limit, fold=fold)
 
 
+#: compact spellings of dtypes in the cases table
+DTYPE_ABBREVIATIONS = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
 _FILE = _text("file", "f")      # compact: the file's number in the list printed under the first line
 _CASE = _text("case", limit=CASE_WIDTH)
 _NOISE = Col("vs spread", _key_of("noise"), "noise", text=True)
@@ -810,14 +819,16 @@ _NOISE = Col("vs spread", _key_of("noise"), "noise", text=True)
 #: Printed columns per table (the CSV has every field of every row).
 COLUMNS: dict[str, list[Col]] = {
     "cases": [_CASE, _FILE, _text("name", None), Col("ranks", _key_of("ranks"), "P"),
-              Col("tokens", _key_of("tokens", _fmt(",")), "N"), _text("backend"), _text("ordering", "order"),
-              _text("transport"), Col("attn ms [min, max]", _range_ms("attention")),
+              Col("tokens", _key_of("tokens", _fmt(",")), "N"), _text("backend", fold=True), Col("dtype", _key_of("dtype"), text=True, fold=True, abbrev=DTYPE_ABBREVIATIONS),
+              Col("causal", lambda r: "yes" if r["causal"] else "no", text=True, fold=True),
+              _text("ordering", "order"), _text("transport", "transp.", fold=True), Col("attn ms [min, max]", _range_ms("attention")),
               Col("spread", _flagged("spread", SPREAD_LIMIT, ".3g")),
               Col("total ms", _key_of("total_s", _ms), None),
               Col("attn/total", _key_of("attention_share", _fmt(".2f")), None),
               Col("tokens/s", _key_of("tokens_per_s", _fmt(".3g")), None),
               Col("TFLOP/s", _key_of("tflops", _fmt(".3g"))),
-              Col("max rel err", _key_of("max_rel_err", _fmt(".1e")), "err")],
+              Col("max rel err", _key_of("max_rel_err", _fmt(".1e")), "err"),
+              Col("checked (row, head) pairs", _key_of("checked_pairs", _fmt(",.0f")), None)],
     "strong_scaling": [_text("group"), Col("ranks", _key_of("ranks"), "P"),
                        Col("attn ms [min, max]", _range_ms("attention")),
                        Col("ideal ms", _key_of("ideal_s", _ms), None), Col("speedup", _key_of("speedup", _fmt(".2f"))),
@@ -890,10 +901,14 @@ def format_table(name: str, rows: Sequence[dict[str, Any]], wide: bool = True,
                 rows = [dict(r, file=str(files[r["file"]])) for r in rows]
             else:
                 columns = [c for c in columns if c is not _FILE]
+            same = [c for c in columns if c.fold and len(rows) > 1 and len({c.text_of(r, wide) for r in rows}) == 1]
+            if same:
+                legend.append("  every row: " + ", ".join(f"{c.title} {c.text_of(rows[0], wide)}" for c in same))
+                columns = [c for c in columns if c not in same]
     text = _layout(name, columns, rows, wide)
     if not wide and max(map(len, text.splitlines())) > COMPACT_WIDTH and any(c.title == "group" for c in columns):
         keys = {g: _group_key(i) for i, g in enumerate(dict.fromkeys(r["group"] for r in rows))}
-        legend = [f"  {key} = {group}" for group, key in keys.items()]
+        legend += [f"  {key} = {group}" for group, key in keys.items()]
         text = _layout(name, columns, [dict(r, group=keys[r["group"]]) for r in rows], wide)
     return "\n".join([text, *legend])
 

@@ -141,7 +141,7 @@ def test_report_into_head_leaves_no_traceback(results_file):
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
-@pytest.mark.parametrize("command", [["report", "r.h5"], ["plan", "job.toml", "-n", "2"], ["info"],
+@pytest.mark.parametrize("command", [["--version"], ["report", "r.h5"], ["plan", "job.toml", "-n", "2"], ["info"],
                                      ["run", "job.toml", "-o", "r2.h5"]])
 def test_stdout_on_a_full_device_is_one_line(results_file, command):
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
