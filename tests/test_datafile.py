@@ -290,20 +290,25 @@ ordering = "hilbert"
 """
 
 
-def test_cli_refuses_an_input_with_an_inf_in_one_line(tmp_path):
+def _run_bad_input_job(folder: Path):
+    """``hilbert-hpc run`` of BAD_INPUT_JOB in ``folder`` (its in.h5 made by the caller): exit 2, no traceback."""
     import os
     import subprocess
     import sys
 
+    (folder / "job.toml").write_text(BAD_INPUT_JOB)
+    res = subprocess.run([sys.executable, "-m", "hilbert_hpc", "run", "job.toml", "-o", "out.h5"], cwd=folder,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=240)
+    assert res.returncode == 2, res.stderr
+    assert "Traceback" not in res.stderr
+    return res
+
+
+def test_cli_refuses_an_input_with_an_inf_in_one_line(tmp_path):
     q, k, v = _arrays(128, heads=2)
     v[77, 1, 0] = np.inf
     write_input(tmp_path / "in.h5", q, k, v, grid=(8, 16))
-    (tmp_path / "job.toml").write_text(BAD_INPUT_JOB)
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    res = subprocess.run([sys.executable, "-m", "hilbert_hpc", "run", "job.toml", "-o", "out.h5"], cwd=tmp_path,
-                         env=env, capture_output=True, text=True, timeout=240)
-    assert res.returncode == 2, res.stderr
-    assert "Traceback" not in res.stderr
+    res = _run_bad_input_job(tmp_path)
     assert res.stderr.splitlines() == [f"hilbert-hpc: error: input: {_message('in.h5', 'v', (0, 77, 1, 0), 'is inf')}"]
 
 
@@ -349,16 +354,7 @@ def test_a_dangling_external_link_is_refused_at_load(tmp_path):
 
 
 def test_cli_refuses_an_input_failing_its_checksum_in_one_line(tmp_path):
-    import os
-    import subprocess
-    import sys
-
     _checksummed_with_a_damaged_chunk(tmp_path / "in.h5")
-    (tmp_path / "job.toml").write_text(BAD_INPUT_JOB)
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    res = subprocess.run([sys.executable, "-m", "hilbert_hpc", "run", "job.toml", "-o", "out.h5"], cwd=tmp_path,
-                         env=env, capture_output=True, text=True, timeout=240)
-    assert res.returncode == 2, res.stderr
-    assert "Traceback" not in res.stderr
+    res = _run_bad_input_job(tmp_path)
     errors = [line for line in res.stderr.splitlines() if "error" in line]
     assert len(errors) == 1 and "in.h5" in errors[0] and "checksum" in errors[0], res.stderr
