@@ -1026,7 +1026,7 @@ def is_report_csv(path: Path) -> bool:
         with path.open(newline="", encoding="utf-8") as f:
             reader = csv.reader(f)
             header = next(reader, None)
-            if not header or header[0] != "table" or "file" not in header:
+            if not header or header[0] != "table":          # a report of no rows has the header "table" alone
                 return False
             return all(row and row[0] in TABLES for row in reader)
     except (OSError, UnicodeDecodeError, csv.Error):
@@ -1220,6 +1220,11 @@ def report(paths: Sequence[str | Path], stream: TextIO | None = None, csv_path: 
     plots = _plot_targets(tables, plot_dir)
     files = {str(p): i + 1 for i, p in enumerate(dict.fromkeys(str(p) for p in paths))}
     with ReportOutputs(csv_target + [target for target, _ in plots], loaded, overwrite) as out:
+        # written before anything is printed: a reader that leaves early (| head) cannot cost the files
+        if csv_target:
+            out.write(csv_target[0], _csv_filler(tables))
+        for target, (name, _, title, eff_title, log_time) in plots:
+            out.write(target, _plot_filler(tables[name], title, eff_title, log_time))
         what = f"{len(loaded.cases)} case(s)" + (f", {len(loaded.sweeps)} bandwidth sweep(s)" if loaded.sweeps
                                                  else "")
         print(f"hilbert-hpc report: {what} from {len(files)} file(s)", file=stream)
@@ -1231,10 +1236,8 @@ def report(paths: Sequence[str | Path], stream: TextIO | None = None, csv_path: 
         print(file=stream)
         print_tables(tables, stream, wide, files)
         if csv_target:
-            out.write(csv_target[0], _csv_filler(tables))
             print(f"\ncsv -> {csv_path}", file=stream)
-        for target, (name, _, title, eff_title, log_time) in plots:
-            out.write(target, _plot_filler(tables[name], title, eff_title, log_time))
+        for target, _ in plots:
             print(f"plot -> {target.path}", file=stream)
         if plot_dir is not None and not plots:
             print(f"plot: no strong or weak scaling series; nothing written to {str(plot_dir)!r}", file=stream)

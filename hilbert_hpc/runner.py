@@ -286,8 +286,7 @@ class CaseRun:
                 # checked before anything is timed: the first call's output against float64, all of it finite
                 nonfinite += count_nonfinite(out_s)
                 if b == 0:
-                    self.accuracy = local_accuracy(c, job.seed, job.accuracy_rows, RowReader(out_s), self.layout,
-                                                   self.rank)
+                    self.accuracy = self._agreed_accuracy(RowReader(out_s))
             del out_s                      # before the next call allocates its output
             if self.ranks > 1:
                 self.comm.Barrier()
@@ -304,6 +303,23 @@ class CaseRun:
             self.timings["peak_device_bytes"].append(float(device_memory.peak_bytes()))
         self.rep += 1
         self.elapsed_s += time.perf_counter() - started
+
+    def _agreed_accuracy(self, output: Any) -> dict:
+        """This rank's :func:`local_accuracy`, agreed by every rank of the case: an input that cannot be read
+        back (changed or damaged during the run) on one rank is raised on all of them, before any rank waits
+        in the next collective."""
+        from .mpi import agree
+
+        accuracy, error = {}, None
+        try:
+            accuracy = local_accuracy(self.case, self.job.seed, self.job.accuracy_rows, output, self.layout,
+                                      self.rank)
+        except UserError as exc:
+            error = exc
+        error = agree(self.comm, error)
+        if error is not None:
+            raise error
+        return accuracy
 
     def results(self) -> tuple[dict, list[np.ndarray], dict]:
         """(per-repeat timings, the last call's host outputs, accuracy sums) once every call has run;
@@ -522,8 +538,9 @@ class CaseLoop:
     """
 
     def __init__(self, comm: Any, stops: Any, todo: list[Case], complete: int, total: int, path: Path,
-                 results_id: str, tracker: Any) -> None:
+                 results_id: str, tracker: Any, results: ResultsFile | None = None) -> None:
         self.comm, self.stops, self.path, self.tracker = comm, stops, path, tracker
+        self.results = results                         # rank 0's open results file (None on other ranks)
         self.results_id = results_id                   # what the run's output parts carry
         self.index = {c.case_id: i for i, c in enumerate(todo)}
         self.complete, self.total = complete, total
@@ -539,9 +556,17 @@ class CaseLoop:
         stop, self.failed = self.stops.agreed(self.comm, self.failed)
         self.errors(agreed=True)
         if stop:
+            if self.replacing():
+                raise StoppedForRequeue(f"stopped by {signal.Signals(stop).name} {where}, before the first case "
+                                        f"was committed: the old {self.path} is unchanged; run again with "
+                                        f"--overwrite to replace it", "run")
             raise StoppedForRequeue(f"stopped by {signal.Signals(stop).name} {where}: {self.complete} of "
                                     f"{self.total} cases are complete in {self.path}{dropped}; continue with "
                                     f"'run --resume'", "run")
+
+    def replacing(self) -> bool:
+        """True on rank 0 while an ``--overwrite`` run has not yet replaced the old file (nothing committed)."""
+        return self.results is not None and not self.results.started
 
     def errors(self, agreed: bool = False) -> None:
         """Raise any rank's error on every rank; a stop request waits for the next :meth:`boundary`."""
@@ -558,8 +583,11 @@ class CaseLoop:
             self.failed = exc
 
     def status(self) -> str:
-        """What is kept so far, e.g. "2 of 4 cases are complete in r.h5" (said when the launcher ends the run)."""
-        return f"{self.complete} of {self.total} cases are complete in {self.path}"
+        """What is kept so far and how to go on, e.g. "2 of 4 cases are complete in r.h5; continue with 'run
+        --resume'" (said when the launcher ends the run)."""
+        if self.replacing():
+            return f"nothing was committed: the old {self.path} is unchanged; run again with --overwrite to replace it"
+        return f"{self.complete} of {self.total} cases are complete in {self.path}; continue with 'run --resume'"
 
     def finished(self, case: Case) -> None:
         """Count ``case`` complete (unless this rank failed it) and print the progress line."""
@@ -697,7 +725,8 @@ def run_job(job: Job, output: str | None = None, stream: TextIO | None = None, c
                        (progress or sys.stderr) if rank0 else None)
     subs = SubComms(comm, {c.ranks for c in todo})
     try:
-        loop = CaseLoop(comm, None, todo, len(job.cases) - len(todo), len(job.cases), path, results_id, tracker)
+        loop = CaseLoop(comm, None, todo, len(job.cases) - len(todo), len(job.cases), path, results_id, tracker,
+                        results)
         with StopRequests(loop.status) as stops:
             loop.stops = stops
             if rank0:

@@ -72,7 +72,8 @@ def launcher_stderr() -> int | None:
 class LauncherNotice:
     """Writes one line to the launcher's stderr when it is about to end the ranks (SIGINT/SIGTERM).
 
-    ``status`` returns what is kept (e.g. "2 of 4 cases are complete in r.h5");
+    ``status`` returns what is kept and how to go on (e.g. "2 of 4 cases are
+    complete in r.h5; continue with 'run --resume'");
     it is called when the signal comes. A daemon thread waits on the wake-up
     descriptor that Python's C-level signal handler writes the signal number to.
     """
@@ -86,23 +87,26 @@ class LauncherNotice:
         self._thread.start()
 
     def _watch(self) -> None:
+        """Say the line at the first SIGINT/SIGTERM, then keep draining the wake-up pipe until :meth:`close`:
+        a closed read end would make Python's handler fail (and print) at every later signal."""
+        said = False
         try:
             while True:
                 data = os.read(self._read, 64)
                 if not data:
                     return
                 kills = [s for s in data if s in LAUNCHER_KILLS]
-                if kills:
+                if kills and not said:
                     self._say(signal.Signals(kills[0]).name)
-                    return
+                    said = True
         except OSError:
             return
         finally:
             os.close(self._read)
 
     def _say(self, name: str) -> None:
-        line = (f"hilbert-hpc: interrupted: mpiexec sent {name} and ends the ranks now; {self.status()}; continue "
-                f"with 'run --resume' (to stop at a case boundary instead, send SIGUSR1 to mpiexec)\n")
+        line = (f"hilbert-hpc: interrupted: mpiexec sent {name} and ends the ranks now; {self.status()} (to stop "
+                f"at a case boundary instead, send SIGUSR1 to mpiexec)\n")
         try:
             os.write(self.target, line.encode())
         except OSError:
@@ -119,8 +123,8 @@ class LauncherNotice:
 class StopRequests:
     """Context manager: records stop signals while a job runs, restores the old handlers after.
 
-    ``status`` (optional) says what is kept so far, e.g. "2 of 4 cases are
-    complete in r.h5": with it, rank 0 under Open MPI's launcher tells the
+    ``status`` (optional) says what is kept so far and how to go on, e.g. "2 of
+    4 cases are complete in r.h5; continue with 'run --resume'": with it, rank 0 under Open MPI's launcher tells the
     launcher's stderr at once when it is about to be ended (:class:`LauncherNotice`).
     """
 

@@ -253,6 +253,25 @@ def test_overwrite_replaces_the_old_file_once_a_case_is_committed(tmp_path, done
     assert not notes_of(report(tmp_path, "r.h5"))
 
 
+def test_a_stop_before_the_first_commit_of_an_overwrite_says_the_old_file_is_unchanged(tmp_path, done, monkeypatch):
+    """Stopped (SIGUSR1) before an --overwrite run commits anything: the old file is as it was, and the message
+    says to run again with --overwrite, not to --resume it (that would keep the cases meant to be replaced)."""
+    import io
+    import signal
+
+    from hilbert_hpc import runner
+    from hilbert_hpc.jobfile import load_job
+    from hilbert_hpc.signals import StoppedForRequeue
+    from hilbert_hpc.table import SummaryTable
+
+    before = digest(done, tmp_path / "r.h5.parts")
+    monkeypatch.setattr(SummaryTable, "header", lambda self: os.kill(os.getpid(), signal.SIGUSR1))
+    with pytest.raises(StoppedForRequeue) as info:
+        runner.run_job(load_job(tmp_path / "job.toml"), output=str(done), overwrite=True, stream=io.StringIO(),
+                       progress=io.StringIO())
+    assert "is unchanged; run again with --overwrite" in str(info.value) and "--resume" not in str(info.value)
+    assert digest(done, tmp_path / "r.h5.parts") == before
+
 # 6. names longer than the file system allows ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("length", [247, 250, 300])      # 247: only "<name>.parts" is too long

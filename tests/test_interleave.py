@@ -213,3 +213,28 @@ def test_stops_on_one_rank_end_every_rank_at_a_group_or_repeat_boundary(tmp_path
     comm.Barrier()
     if rank0:
         _same_results(_cases(reference), _cases(Path(out)))
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("interleave", [False, True])
+def test_an_accuracy_read_failing_on_one_rank_ends_every_rank(tmp_path_factory, monkeypatch, interleave):
+    """An input that cannot be read back for the accuracy check on one rank (changed or damaged during the run)
+    is one error on every rank, not a rank waiting in the next collective while the others wait in another."""
+    from mpi4py import MPI
+
+    from hilbert_hpc import runner
+    from hilbert_hpc.errors import ConfigError
+
+    comm = MPI.COMM_WORLD
+    tmp = Path(comm.bcast(str(tmp_path_factory.mktemp("accuracy-error")) if comm.Get_rank() == 0 else None))
+    checked = runner.local_accuracy
+
+    def failing_on_rank_1(case, seed, rows, output, layout, rank):
+        if comm.Get_rank() == 1:
+            raise ConfigError("cannot read 'in.h5': it changed during the run", "input")
+        return checked(case, seed, rows, output, layout, rank)
+
+    monkeypatch.setattr(runner, "local_accuracy", failing_on_rank_1)
+    with pytest.raises(UserError, match="changed during the run"):
+        runner.run_job(_job(tmp, interleave, comm.Get_size()), output=str(tmp / f"r{interleave}.h5"),
+                       stream=io.StringIO(), comm=comm, progress=io.StringIO())

@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import h5py
@@ -41,17 +42,22 @@ def _env() -> dict:
                 OMP_NUM_THREADS="1", HILBERT_HPC_THREADS="1")
 
 
-def test_the_notice_reaches_the_launchers_stderr_when_the_signal_comes(monkeypatch):
+def test_the_notice_reaches_the_launchers_stderr_when_the_signal_comes(monkeypatch, capfd):
     read, write = os.pipe()
     monkeypatch.setattr(signals, "launcher_stderr", lambda: write)
     monkeypatch.setattr(signals, "_prints", lambda: True)
-    with signals.StopRequests(lambda: "3 of 8 cases are complete in r.h5") as stops:
+    with signals.StopRequests(lambda: "3 of 8 cases are complete in r.h5; continue with 'run --resume'") as stops:
         os.kill(os.getpid(), signal.SIGTERM)
         ready, _, _ = select.select([read], [], [], 10)
         assert ready, "no notice within 10 s"
         line = os.read(read, 4096).decode()
         assert stops.received == signal.SIGTERM          # and the run still stops at the next boundary
+        os.kill(os.getpid(), signal.SIGTERM)              # a second one (srun's and mpiexec's): said once, no error
+        time.sleep(0.3)
+        ready, _, _ = select.select([read], [], [], 0)
+        assert not ready, os.read(read, 4096)
     os.close(read)
+    assert "Exception ignored" not in capfd.readouterr().err
     assert line == ("hilbert-hpc: interrupted: mpiexec sent SIGTERM and ends the ranks now; 3 of 8 cases are complete "
                     "in r.h5; continue with 'run --resume' (to stop at a case boundary instead, send SIGUSR1 to "
                     "mpiexec)\n")

@@ -115,6 +115,34 @@ def test_csv_refuses_other_files_and_replaces_its_own_only_with_overwrite(study,
     assert sorted(p.name for p in mine.parent.iterdir()) == ["report.csv"]     # no temporary or lock file left
 
 
+def test_the_csv_is_written_before_the_tables_are_printed(study, monkeypatch):
+    """A reader that leaves early (| head) cannot cost the CSV: it is on disk before the first printed line."""
+    monkeypatch.chdir(study["dir"])
+    target = study["dir"] / "early.csv"
+
+    class LeavingReader(io.StringIO):
+        def write(self, text: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    with pytest.raises(BrokenPipeError):
+        report([study["results"]], stream=LeavingReader(), csv_path=target)
+    assert target.read_text().startswith("table,")
+
+
+def test_a_csv_of_the_header_alone_is_reports_own(study, monkeypatch):
+    """The CSV of a report whose tables have no rows holds the header ``table`` alone: report knows it as its
+    own (replaced with --overwrite), not as a stranger's file it may never replace."""
+    from hilbert_hpc.report import is_report_csv
+
+    monkeypatch.chdir(study["dir"])
+    target = study["dir"] / "empty.csv"
+    target.write_text("table\r\n")
+    assert is_report_csv(target)
+    refused([study["results"]], "--csv", "exists; replace it with --overwrite", csv_path=target)
+    report([study["results"]], stream=io.StringIO(), csv_path=target, overwrite=True)
+    assert is_report_csv(target) and target.stat().st_size > 10
+
+
 def test_csv_in_use_is_refused(study):
     target = study["dir"] / "busy.csv"
     with OutputLock(target):
