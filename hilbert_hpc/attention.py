@@ -79,7 +79,7 @@ def _dtype_kind(x: Any) -> str:
 def dilated_attention(q: Any, k: Any, v: Any, *, patterns: Sequence, causal: bool = False,
                       grid: Sequence[int] | int | None = None, ordering: str = "natural",
                       scale: float | None = None, backend: str = "numpy", segment: int | None = None) -> Any:
-    """Hilbert-ordered (or natural) dilated attention, exactly as DESIGN section 2 defines it.
+    """Hilbert-ordered (or natural) dilated attention, exactly as docs/semantics.md defines it.
 
     ``q``, ``k``, ``v``: arrays of shape (N, H, D) or (B, N, H, D) in natural order
     (row-major over ``grid``; default grid ``(N,)``). ``patterns``: list of

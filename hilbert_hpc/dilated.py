@@ -1,4 +1,4 @@
-"""Dilated attention on a serialized sequence held by one process (DESIGN section 2, steps 2-3).
+"""Dilated attention on a serialized sequence held by one process (docs/semantics.md, sections 3-5).
 
 Works for any NumPy-like array module: the selection of a pattern/offset is a
 strided view (segments x selected rows x heads), never a gathered index list.

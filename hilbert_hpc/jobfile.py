@@ -201,24 +201,25 @@ JOB_KEYS: dict[str, tuple[Callable[[Any, str], Any], Any]] = {
     "interleave": (_bool, False),
 }
 
-#: Case parameters: key -> (validator, default); ``grid`` or ``tokens`` is required.
-CASE_KEYS: dict[str, tuple[Callable[[Any, str], Any], Any]] = {
-    "grid": (_grid, None),
-    "tokens": (_int(1), None),
-    "patterns": (_patterns, None),
-    "batch": (_int(1), 1),
-    "heads": (_int(1), 8),
-    "head_dim": (_int(1), 64),
-    "causal": (_bool, False),
-    "ordering": (_choice(ORDERINGS), "natural"),
-    "segment": (_int(1), None),
-    "dtype": (_choice(DTYPES), "float32"),
-    "backend": (_backend, "numpy"),
-    "scale": (_scale, None),
-    "transport": (_choice(TRANSPORTS), "auto"),
-    "input": (_str, None),
-    "ranks": (_ranks, "all"),
-    "scaling": (_choice(SCALINGS), "strong"),
+#: Case parameters: key -> validator; ``grid`` or ``tokens`` is required. A key a case leaves out takes the
+#: default of the :class:`Case` field of its name (``ranks``: "all", every rank of the run).
+CASE_KEYS: dict[str, Callable[[Any, str], Any]] = {
+    "grid": _grid,
+    "tokens": _int(1),
+    "patterns": _patterns,
+    "batch": _int(1),
+    "heads": _int(1),
+    "head_dim": _int(1),
+    "causal": _bool,
+    "ordering": _choice(ORDERINGS),
+    "segment": _int(1),
+    "dtype": _choice(DTYPES),
+    "backend": _backend,
+    "scale": _scale,
+    "transport": _choice(TRANSPORTS),
+    "input": _str,
+    "ranks": _ranks,
+    "scaling": _choice(SCALINGS),
 }
 
 
@@ -399,13 +400,13 @@ def expand_cases(raw_cases: Any, defaults: dict[str, Any], world_size: int | Non
         _unknown(sweep, set(CASE_KEYS), f"{where}.sweep")
         fixed = dict(defaults)
         for key, value in raw.items():
-            fixed[key] = CASE_KEYS[key][0](value, f"{where}.{key}")
+            fixed[key] = CASE_KEYS[key](value, f"{where}.{key}")
         axes = []
         for key, values in sweep.items():
             if not isinstance(values, list) or not values:
                 raise JobFileError(f"a sweep takes a non-empty list of values, got {values!r}",
                                    f"{where}.sweep.{key}")
-            axes.append([(key, CASE_KEYS[key][0](v, f"{where}.sweep.{key}[{i}]")) for i, v in enumerate(values)])
+            axes.append([(key, CASE_KEYS[key](v, f"{where}.sweep.{key}[{i}]")) for i, v in enumerate(values)])
         for combo in itertools.product(*axes) if axes else [()]:
             values = dict(fixed)
             values.update(combo)
@@ -458,7 +459,7 @@ def load_job(path: str | Path, text: str | None = None, world_size: int | None =
                 for key, (check, default) in JOB_KEYS.items()}
     defaults_table = _check_table(doc.get("defaults", {}), "defaults")
     _unknown(defaults_table, set(CASE_KEYS), "defaults")
-    defaults = {key: CASE_KEYS[key][0](value, f"defaults.{key}") for key, value in defaults_table.items()}
+    defaults = {key: CASE_KEYS[key](value, f"defaults.{key}") for key, value in defaults_table.items()}
     cases = expand_cases(doc.get("cases"), defaults, world_size)
     output = settings["output"] or f"results/{settings['name']}.h5"
     return Job(name=settings["name"], output=output, seed=settings["seed"], repeats=settings["repeats"],

@@ -62,14 +62,6 @@ def world() -> Any:
     return comm
 
 
-def launched_by_mpi() -> bool:
-    """True when a launcher (mpirun/mpiexec/srun) started this process as one of several ranks."""
-    for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"):
-        if var in os.environ:
-            return True
-    return int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_STEP_ID" in os.environ
-
-
 def local_rank(comm: Any) -> tuple[int, str]:
     """Node-local rank and where it came from (launcher variable, else a shared-memory split)."""
     for var in LOCAL_RANK_VARIABLES:

@@ -1,4 +1,4 @@
-"""Float64 reference for sampled output rows, straight from the definition (DESIGN section 2).
+"""Float64 reference for sampled output rows, straight from the definition (docs/semantics.md, sections 2-6).
 
 Used to report the accuracy of every timed case: for each sampled natural row it
 gathers, per pattern and head, the keys of the row's segment, takes the

@@ -674,8 +674,7 @@ def run_interleaved(job: Job, loop: CaseLoop, subs: "SubComms", results: Results
 
 
 def run_job(job: Job, output: str | None = None, stream: TextIO | None = None, comm: Any = None,
-            transport: str | None = None, resume: bool = False, progress: TextIO | None = None,
-            overwrite: bool = False) -> Path:
+            resume: bool = False, progress: TextIO | None = None, overwrite: bool = False) -> Path:
     """Run every case of ``job`` on the ranks of ``comm`` it asks for; rank 0 writes the file and prints the table.
 
     A case on ``p`` ranks runs on the first ``p`` ranks (a sub-communicator), so
@@ -696,8 +695,6 @@ def run_job(job: Job, output: str | None = None, stream: TextIO | None = None, c
 
     comm = comm or world()
     stream = stream or sys.stdout               # looked up now: the caller's stdout, not the one at import
-    if transport:
-        job = job.with_transport(transport)
     for case in job.cases:
         check_case(case)
         if case.ranks > comm.Get_size():

@@ -1,4 +1,4 @@
-"""Which rank owns which tokens: serialized shards and the rings of long patterns (DESIGN section 4).
+"""Which rank owns which tokens: serialized shards and the rings of long patterns (docs/semantics.md, section 8).
 
 Rank ``p`` of ``P`` owns serialized positions ``[p*L, (p+1)*L)``, ``L = N / P``.
 A pattern with segment ``w <= L`` is local (``L`` must be a multiple of ``w``);

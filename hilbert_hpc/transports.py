@@ -1,4 +1,4 @@
-"""How K/V blocks move between ranks: host, cuda-aware and staged transports (DESIGN section 5).
+"""How K/V blocks move between ranks: host, cuda-aware and staged transports (docs/distributed.md, "Transports").
 
 A transport starts one non-blocking exchange (send one buffer to a rank, receive
 another from a rank) and later waits for it:

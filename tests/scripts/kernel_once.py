@@ -1,4 +1,4 @@
-"""One forward call of a forced kernel variant on the DESIGN anchor, for Nsight Compute.
+"""One forward call of a forced kernel variant on the anchor (docs/performance.md), for Nsight Compute.
 
     ncu --clock-control none --kernel-name regex:dilated_fwd --launch-skip 7 --launch-count 1 \\
         --section SpeedOfLight --section WarpStateStats python3 tests/scripts/kernel_once.py wgmma 64

@@ -8,7 +8,7 @@
    ``hilbert_hpc.fused.local_patterns`` with ``HILBERT_HPC_FP32_KERNEL=wgmma`` (and tf32x3 for comparison)
    against the float64 dense reference (tests/dense_reference.py): relative L2 error (the project's measure)
    and the largest element error relative to max |reference|.
-2. Timing (CUDA events, median of 5 after 2 warm-ups) of wgmma and tf32x3 on the DESIGN anchor
+2. Timing (CUDA events, median of 5 after 2 warm-ups) of wgmma and tf32x3 on the anchor
    (N = 262,144, H = 12, D = 64, patterns (2048,1) (4096,2) (8192,4), scale 1/sqrt(D)) and on D = 128,
    H = 8, non-causal and causal; then the other wgmma block configurations (kernels.WGMMA_CONFIG) for D = 64
    and D = 128, to choose the defaults.
