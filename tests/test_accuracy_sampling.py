@@ -12,22 +12,11 @@ import pytest
 from hilbert_hpc.jobfile import load_job
 from hilbert_hpc.patterns import Pattern
 
+from jobtext import QUICK, job_text
+
 #: one sparse pattern: of 1024 rows only those with s % 64 in {0, 1} are selected (one head each)
-SPARSE = """
-[job]
-name = "sparse"
-seed = 0
-repeats = 1
-warmup = 0
-accuracy_rows = 4
-[[cases]]
-name = "sparse"
-tokens = 1024
-heads = 2
-head_dim = 8
-dtype = "float64"
-patterns = [[1024, 64]]
-"""
+SPARSE = job_text(name="sparse", seed=0, **QUICK, cases=[
+    {"name": "sparse", "tokens": 1024, "heads": 2, "head_dim": 8, "dtype": "float64", "patterns": [[1024, 64]]}])
 
 
 def _uniform_rows(seed: int, tokens: int, rows: int) -> np.ndarray:

@@ -13,27 +13,16 @@ import h5py
 import numpy as np
 import pytest
 
+from jobtext import JobSpec
+
 ROOT = Path(__file__).resolve().parents[1]
 
-JOB = """
-[job]
-name = "cli"
-repeats = 2
-warmup = 0
-accuracy_rows = 8
-save_output = true
-[defaults]
-heads = 3
-head_dim = 16
-[[cases]]
-name = "g"
-grid = [16, 16]
-patterns = [[64, 1], [256, 8]]
-[cases.sweep]
-ordering = ["natural", "hilbert"]
-backend = ["numpy", "torch"]
-dtype = ["float32", "float64"]
-"""
+CLI_JOB = JobSpec({"name": "cli", "repeats": 2, "warmup": 0, "accuracy_rows": 8, "save_output": True},
+                  defaults={"heads": 3, "head_dim": 16},
+                  cases=[{"name": "g", "grid": [16, 16], "patterns": [[64, 1], [256, 8]],
+                          "sweep": {"ordering": ["natural", "hilbert"], "backend": ["numpy", "torch"],
+                                    "dtype": ["float32", "float64"]}}])
+JOB = CLI_JOB.text()
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -74,7 +63,7 @@ def test_run_writes_a_self_describing_results_file(tmp_path):
 
 
 def test_bad_job_gives_one_line_and_exit_code_2(tmp_path):
-    (tmp_path / "job.toml").write_text(JOB.replace("[[64, 1], [256, 8]]", "[[64, 1], [100, 4]]"))
+    (tmp_path / "job.toml").write_text(CLI_JOB.but(case={"patterns": [[64, 1], [100, 4]]}).text())
     res = cli("run", "job.toml", "-o", "out.h5", cwd=tmp_path)
     assert res.returncode == 2
     assert "Traceback" not in res.stderr

@@ -13,6 +13,8 @@ from hilbert_hpc.jobfile import load_job
 from hilbert_hpc.mpi import SingleProcessComm
 from hilbert_hpc.sharding import Layout
 
+from jobtext import QUICK, job_text
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -54,13 +56,14 @@ def test_bad_input_files_are_named(tmp_path):
 
 def test_job_takes_shape_from_the_file_and_refuses_contradictions(tmp_path):
     sample = ROOT / "data" / "grid32x32.h5"
-    job = load_job(tmp_path / "j.toml", text=f'[[cases]]\ninput = "{sample}"\npatterns = [[1024, 4]]\n')
+    job = load_job(tmp_path / "j.toml", text=job_text(cases=[{"input": str(sample), "patterns": [[1024, 4]]}]))
     case = job.cases[0]
     assert case.grid == (32, 32) and case.heads == 4 and case.head_dim == 16
     with pytest.raises(JobFileError, match="heads = 8 contradicts"):
-        load_job(tmp_path / "j.toml", text=f'[[cases]]\ninput = "{sample}"\nheads = 8\npatterns = [[1024, 4]]\n')
+        load_job(tmp_path / "j.toml", text=job_text(cases=[{"input": str(sample), "heads": 8,
+                                                                 "patterns": [[1024, 4]]}]))
     with pytest.raises(JobFileError, match="cannot open"):
-        load_job(tmp_path / "j.toml", text='[[cases]]\ninput = "missing.h5"\npatterns = [[1024, 4]]\n')
+        load_job(tmp_path / "j.toml", text=job_text(cases=[{"input": "missing.h5", "patterns": [[1024, 4]]}]))
 
 
 @pytest.mark.mpi(min_size=2)
@@ -162,7 +165,7 @@ def test_bad_input_contents_are_refused_naming_file_and_dataset(tmp_path, qkv, a
 def test_a_bad_input_file_fails_the_job_load(tmp_path):
     path = _write(tmp_path / "c.h5", GOOD_QKV, GOOD_QKV, GOOD_QKV.astype(np.complex64))
     with pytest.raises(JobFileError) as info:
-        load_job(tmp_path / "j.toml", text=f'[[cases]]\ninput = "{path}"\npatterns = [[4, 1]]\n')
+        load_job(tmp_path / "j.toml", text=job_text(cases=[{"input": str(path), "patterns": [[4, 1]]}]))
     assert info.value.param == "cases[0].input" and "dataset v has complex dtype complex64" in info.value.message
 
 
@@ -276,18 +279,8 @@ def test_when_several_ranks_read_a_nan_all_report_the_first(tmp_path_factory):
 
 # --- the command line: one line, exit code 2 -----------------------------------------------------------------------
 
-BAD_INPUT_JOB = """
-[job]
-name = "bad-input"
-repeats = 1
-warmup = 0
-accuracy_rows = 4
-[[cases]]
-name = "inf"
-input = "in.h5"
-patterns = [[64, 1]]
-ordering = "hilbert"
-"""
+BAD_INPUT_JOB = job_text(name="bad-input", **QUICK,
+                         cases=[{"name": "inf", "input": "in.h5", "patterns": [[64, 1]], "ordering": "hilbert"}])
 
 
 def _run_bad_input_job(folder: Path):

@@ -12,29 +12,15 @@ import h5py
 import pytest
 
 from conftest import gpu_available
+from jobtext import job_text
 
 pytestmark = pytest.mark.gpu
 
-JOB = """
-[job]
-name = "half"
-repeats = 1
-warmup = 1
-accuracy_rows = 96
-[defaults]
-heads = 6
-backend = "torch"
-[[cases]]
-name = "g"
-grid = [48, 64]
-patterns = [[256, 1], [1024, 2], [3072, 6]]
-ordering = "hilbert"
-[cases.sweep]
-dtype = ["bfloat16", "float16"]
-head_dim = [64, 128]
-causal = [false, true]
-backend = ["torch", "cuda"]
-"""
+JOB = job_text(name="half", repeats=1, warmup=1, accuracy_rows=96, defaults={"heads": 6, "backend": "torch"},
+               cases=[{"name": "g", "grid": [48, 64], "patterns": [[256, 1], [1024, 2], [3072, 6]],
+                       "ordering": "hilbert",
+                       "sweep": {"dtype": ["bfloat16", "float16"], "head_dim": [64, 128], "causal": [False, True],
+                                 "backend": ["torch", "cuda"]}}])
 
 
 def _hopper() -> bool:

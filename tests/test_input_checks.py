@@ -12,6 +12,8 @@ from hilbert_hpc.errors import ConfigError, JobFileError
 from hilbert_hpc.jobfile import Case, load_job
 from hilbert_hpc.patterns import Pattern, check_serializable, max_array_dims, parse_grid
 
+from jobtext import job_text
+
 ROOT = Path(__file__).resolve().parents[1]
 
 #: a prime above 2**32: a hilbert-segment block of 2 * P tokens folds into a 2 x P tile
@@ -61,7 +63,7 @@ def test_the_limit_is_the_real_one():
 
 def test_hilbert_segment_refuses_a_tile_side_beyond_32_bits(tmp_path):
     check_serializable((2 * P,), "hilbert-segment", segment=1 << 33)   # a 65536 x 131072 tile
-    text = f'[[cases]]\ntokens = {2 * P}\npatterns = [[{2 * P}, 1]]\nordering = "hilbert-segment"\n'
+    text = job_text(cases=[{"tokens": 2 * P, "patterns": [[2 * P, 1]], "ordering": "hilbert-segment"}])
     with pytest.raises(JobFileError) as info:
         load_job(tmp_path / "j.toml", text=text)
     assert info.value.param == "cases[0].segment"
@@ -118,7 +120,7 @@ def test_parse_size_names_the_flag_it_parsed():
 def test_plan_command_names_host_memory(tmp_path, capsys):
     from hilbert_hpc.cli import main
 
-    (tmp_path / "j.toml").write_text('[[cases]]\ntokens = 64\npatterns = [[64, 1]]\n')
+    (tmp_path / "j.toml").write_text(job_text(cases=[{"tokens": 64, "patterns": [[64, 1]]}]))
     assert main(["plan", str(tmp_path / "j.toml"), "-n", "1", "--host-memory", "lots"]) == 2
     assert capsys.readouterr().err == ("hilbert-hpc: error: --host-memory: expected a size such as 80GiB or 512MB, "
                                        "got 'lots'\n")
@@ -174,15 +176,17 @@ def test_parse_size_refuses_what_no_machine_has(text, words):
     assert info.value.param == "--device-memory"
 
 
-PLAN_JOB = ('[defaults]\nbackend = "{backend}"\nheads = 4\nhead_dim = 32\n'
-            '[[cases]]\ntokens = 4096\npatterns = [[1024, 1]]\n')
+def plan_job(backend: str) -> str:
+    """One 4096-token case on ``backend``, for ``plan``."""
+    return job_text(defaults={"backend": backend, "heads": 4, "head_dim": 32},
+                    cases=[{"tokens": 4096, "patterns": [[1024, 1]]}])
 
 
 @pytest.mark.parametrize("ranks", ["0", "-4"])
 def test_plan_refuses_a_rank_count_below_one(tmp_path, capsys, ranks):
     from hilbert_hpc.cli import main
 
-    (tmp_path / "j.toml").write_text(PLAN_JOB.format(backend="numpy"))
+    (tmp_path / "j.toml").write_text(plan_job("numpy"))
     assert main(["plan", str(tmp_path / "j.toml"), "-n", ranks]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
@@ -198,7 +202,7 @@ def test_plan_on_a_login_node_without_cupy_or_gpu(tmp_path, capsys, monkeypatch,
     from hilbert_hpc.cli import main
 
     monkeypatch.setitem(sys.modules, "cupy", None)          # import cupy -> ImportError
-    (tmp_path / "j.toml").write_text(PLAN_JOB.format(backend=backend))
+    (tmp_path / "j.toml").write_text(plan_job(backend))
     assert main(["plan", str(tmp_path / "j.toml"), "-n", "2", *flags]) == code
     captured = capsys.readouterr()
     row = [line for line in captured.out.splitlines() if line.startswith("0000-")]
@@ -211,7 +215,7 @@ def test_plan_for_a_named_gpu_states_its_memory(tmp_path, capsys, monkeypatch):
     from hilbert_hpc.plan import GPU_MEMORY
 
     monkeypatch.setitem(sys.modules, "cupy", None)
-    (tmp_path / "j.toml").write_text(PLAN_JOB.format(backend="cuda"))
+    (tmp_path / "j.toml").write_text(plan_job("cuda"))
     assert main(["plan", str(tmp_path / "j.toml"), "-n", "1", "--gpu", "H200"]) == 0
     assert f"memory per rank: GPU {GPU_MEMORY['H200'] / (1 << 30):.2f} GiB" in capsys.readouterr().out
     assert main(["plan", str(tmp_path / "j.toml"), "-n", "1", "--gpu", "B9000"]) == 2
@@ -222,6 +226,6 @@ def test_plan_still_refuses_a_gpu_case_that_cannot_be_distributed(tmp_path, caps
     from hilbert_hpc.cli import main
 
     monkeypatch.setitem(sys.modules, "cupy", None)
-    (tmp_path / "j.toml").write_text(PLAN_JOB.format(backend="cuda"))
+    (tmp_path / "j.toml").write_text(plan_job("cuda"))
     assert main(["plan", str(tmp_path / "j.toml"), "-n", "3", "--gpu", "H100"]) == 2
     assert "do not divide the sequence length" in capsys.readouterr().err

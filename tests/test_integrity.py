@@ -14,7 +14,8 @@ import h5py
 import numpy as np
 import pytest
 
-from test_ownership import JOB, digest, one_error_line, outputs, run
+from jobtext import DROP
+from test_ownership import JOB, OWN_JOB, digest, one_error_line, outputs, run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,7 +38,7 @@ def notes_of(res: subprocess.CompletedProcess) -> list[str]:
 def two_jobs(tmp_path: Path) -> tuple[Path, Path]:
     """JOB and the same job with another seed (other inputs, so other outputs)."""
     (tmp_path / "a.toml").write_text(JOB)
-    (tmp_path / "b.toml").write_text(JOB.replace('name = "own"', 'name = "own"\nseed = 7'))
+    (tmp_path / "b.toml").write_text(OWN_JOB.but(seed=7).text())
     return tmp_path / "a.toml", tmp_path / "b.toml"
 
 
@@ -208,7 +209,7 @@ def with_input(tmp_path: Path) -> Path:
 
     rng = np.random.default_rng(0)
     write_input(tmp_path / "data.h5", *(rng.standard_normal((256, 2, 8)) for _ in range(3)), grid=(16, 16))
-    (tmp_path / "job.toml").write_text(JOB.replace('grid = [16, 16]', 'input = "data.h5"'))
+    (tmp_path / "job.toml").write_text(OWN_JOB.but(case={"grid": DROP, "input": "data.h5"}).text())
     res = run(["run", "job.toml", "-o", "r.h5"], tmp_path)
     assert res.returncode == 0, res.stderr
     return tmp_path / "data.h5"
@@ -298,7 +299,7 @@ def test_every_derived_name_is_checked():
 @pytest.mark.skipif(shutil.which("mpiexec") is None, reason="needs mpiexec")
 def test_checksums_of_every_rank_block_under_mpiexec(tmp_path):
     """On 2 ranks each rank's block is checksummed: damage in rank 1's part is named and rerun."""
-    (tmp_path / "job.toml").write_text(JOB.replace("[defaults]", '[defaults]\nranks = 2'))
+    (tmp_path / "job.toml").write_text(OWN_JOB.but(defaults={"ranks": 2}).text())
     res = run(["run", "job.toml", "-o", "r.h5"], tmp_path, mpi=2)
     assert res.returncode == 0, res.stderr
     full = outputs(tmp_path / "r.h5")

@@ -15,31 +15,17 @@ import pytest
 from hilbert_hpc.errors import UserError
 from hilbert_hpc.jobfile import load_job
 
-STUDY = """
-[job]
-name = "mix"
-repeats = 3
-warmup = 1
-accuracy_rows = 6
-save_output = true
-interleave = true
-[defaults]
-heads = 2
-head_dim = 8
-dtype = "float64"
-[[cases]]
-name = "c"
-grid = [16, 16]
-ranks = "pow2"
-patterns = [[64, 1], [256, 8]]
-[cases.sweep]
-ordering = ["natural", "hilbert"]
-"""
+from jobtext import JobSpec
+
+STUDY = JobSpec({"name": "mix", "repeats": 3, "warmup": 1, "accuracy_rows": 6, "save_output": True,
+                 "interleave": True},
+                defaults={"heads": 2, "head_dim": 8, "dtype": "float64"},
+                cases=[{"name": "c", "grid": [16, 16], "ranks": "pow2", "patterns": [[64, 1], [256, 8]],
+                        "sweep": {"ordering": ["natural", "hilbert"]}}])
 
 
 def _job(tmp: Path, interleave: bool, world_size: int | None = None):
-    text = STUDY if interleave else STUDY.replace("interleave = true", "interleave = false")
-    return load_job(tmp / "study.toml", text=text, world_size=world_size)
+    return load_job(tmp / "study.toml", text=STUDY.but(interleave=interleave).text(), world_size=world_size)
 
 
 def _record_calls(monkeypatch) -> list[tuple[str, int]]:

@@ -16,25 +16,13 @@ import pytest
 
 from hilbert_hpc import signals
 
+from jobtext import job_text
+
 ROOT = Path(__file__).resolve().parents[1]
 
-SLOW_JOB = """
-[job]
-name = "slow"
-repeats = 3
-warmup = 0
-accuracy_rows = 4
-[defaults]
-heads = 4
-head_dim = 32
-[[cases]]
-name = "s"
-grid = [64, 128]
-patterns = [[1024, 1], [4096, 4]]
-[cases.sweep]
-ordering = ["natural", "hilbert"]
-causal = [false, true]
-"""
+SLOW_JOB = job_text(name="slow", repeats=3, warmup=0, accuracy_rows=4, defaults={"heads": 4, "head_dim": 32},
+                    cases=[{"name": "s", "grid": [64, 128], "patterns": [[1024, 1], [4096, 4]],
+                            "sweep": {"ordering": ["natural", "hilbert"], "causal": [False, True]}}])
 
 
 def _env() -> dict:

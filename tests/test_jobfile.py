@@ -11,6 +11,8 @@ from hilbert_hpc.errors import JobFileError
 from hilbert_hpc.jobfile import accuracy_rows_notes, check_name, load_job
 from hilbert_hpc.patterns import max_array_dims
 
+from jobtext import JobSpec, job_text
+
 ROOT = Path(__file__).resolve().parents[1]
 
 GOOD = """
@@ -35,14 +37,14 @@ ordering = "hilbert-segment"
 """
 
 
-def job_text(tmp_path: Path, text: str) -> Path:
+def job_file(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "job.toml"
     path.write_text(textwrap.dedent(text))
     return path
 
 
 def test_sweeps_expand_to_the_cartesian_product(tmp_path):
-    job = load_job(job_text(tmp_path, GOOD))
+    job = load_job(job_file(tmp_path, GOOD))
     assert job.repeats == 2 and job.output == "results/t.h5"
     assert len(job.cases) == 5
     first = job.cases[0]
@@ -116,7 +118,7 @@ BAD = [
 @pytest.mark.parametrize("text, param, words", BAD)
 def test_bad_job_files_name_the_parameter(tmp_path, text, param, words):
     with pytest.raises(JobFileError) as info:
-        load_job(job_text(tmp_path, text))
+        load_job(job_file(tmp_path, text))
     assert info.value.param.endswith(param), str(info.value)
     assert words in info.value.message
 
@@ -135,64 +137,43 @@ def test_names_of_shipped_jobs_and_plain_identifiers_pass():
 def test_the_natural_ordering_takes_any_number_of_axes(tmp_path):
     text = GOOD.replace("grid = [16, 16]", f"grid = [16, 16{', 1' * 63}]").replace(
         '["natural", "hilbert"]', '["natural", "hilbert-segment"]')
-    job = load_job(job_text(tmp_path, text))
+    job = load_job(job_file(tmp_path, text))
     assert {len(c.grid) for c in job.cases[:4]} == {65}
 
 
 def test_weak_scaling_checks_the_grid_of_every_rank_count(tmp_path):
-    text = """
-    [[cases]]
-    name = "w"
-    grid = [16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16]
-    patterns = [[16, 1]]
-    ordering = "hilbert"
-    scaling = "weak"
-    ranks = "pow2"
-    """
-    assert len(load_job(job_text(tmp_path, text), world_size=1).cases) == 1
+    text = job_text(cases=[{"name": "w", "grid": [16] * 16, "patterns": [[16, 1]], "ordering": "hilbert",
+                            "scaling": "weak", "ranks": "pow2"}])
+    assert len(load_job(job_file(tmp_path, text), world_size=1).cases) == 1
     with pytest.raises(JobFileError) as info:
-        load_job(job_text(tmp_path, text), world_size=2)      # 32 x 16 ...: 5 bits per axis, 80 key bits
+        load_job(job_file(tmp_path, text), world_size=2)      # 32 x 16 ...: 5 bits per axis, 80 key bits
     assert info.value.param == "cases[0].grid"
     assert "16 x 5 bits (the longest axis, 32, needs 5) = 80 key bits" in info.value.message
 
 
-ROWS_JOB = """
-[job]
-name = "rows"
-accuracy_rows = 1000
-[[cases]]
-name = "tiny"
-tokens = 256
-patterns = [[256, 1]]
-[[cases]]
-name = "big"
-tokens = 4096
-patterns = [[256, 1]]
-[[cases]]
-name = "swept"
-patterns = [[256, 1]]
-[cases.sweep]
-tokens = [256, 512, 2048]
-ordering = ["natural", "hilbert"]
-"""
+ROWS_JOB = JobSpec({"name": "rows", "accuracy_rows": 1000}, cases=[
+    {"name": "tiny", "tokens": 256, "patterns": [[256, 1]]},
+    {"name": "big", "tokens": 4096, "patterns": [[256, 1]]},
+    {"name": "swept", "patterns": [[256, 1]],
+     "sweep": {"tokens": [256, 512, 2048], "ordering": ["natural", "hilbert"]}},
+])
 
 
 def test_accuracy_rows_notes_state_the_clamping(tmp_path):
-    job = load_job(job_text(tmp_path, ROWS_JOB))
+    job = load_job(job_file(tmp_path, ROWS_JOB.text()))
     assert accuracy_rows_notes(job) == [
         "case 0000-tiny has 256 tokens, fewer than accuracy_rows = 1000: all 256 rows are checked",
         "cases 0002-swept ... 0005-swept (4 cases named swept) have 256 to 512 tokens, fewer than "
         "accuracy_rows = 1000: all of their rows are checked",
     ]
-    assert accuracy_rows_notes(load_job(job_text(tmp_path, ROWS_JOB.replace("= 1000", "= 256")))) == []
-    assert accuracy_rows_notes(load_job(job_text(tmp_path, ROWS_JOB.replace("= 1000", "= 0")))) == []
+    assert accuracy_rows_notes(load_job(job_file(tmp_path, ROWS_JOB.but(accuracy_rows=256).text()))) == []
+    assert accuracy_rows_notes(load_job(job_file(tmp_path, ROWS_JOB.but(accuracy_rows=0).text()))) == []
 
 
 def test_accuracy_rows_notes_count_the_rows_the_patterns_select(tmp_path):
     """Sparse patterns select fewer rows than there are tokens; the note says how many are checked."""
-    text = ROWS_JOB.replace("[[256, 1]]", "[[256, 64]]").replace("accuracy_rows = 1000\n",
-                                                                  "accuracy_rows = 40\n[defaults]\nheads = 2\n")
-    job = load_job(job_text(tmp_path, text))
+    text = ROWS_JOB.but(accuracy_rows=40, defaults={"heads": 2}, case={"patterns": [[256, 64]]}).text()
+    job = load_job(job_file(tmp_path, text))
     # 2 heads, dilation 64: rows s with s % 64 in {0, 1}, 2 per 64 tokens (2048 tokens: 64 rows, enough)
     assert accuracy_rows_notes(job) == [
         "case 0000-tiny has 8 rows selected by the patterns, fewer than accuracy_rows = 40: "
@@ -203,11 +184,11 @@ def test_accuracy_rows_notes_count_the_rows_the_patterns_select(tmp_path):
 
 
 def test_interleave_is_a_job_setting_recorded_with_the_others(tmp_path):
-    text = ROWS_JOB.replace('name = "rows"\n', 'name = "rows"\ninterleave = true\n')
-    job = load_job(job_text(tmp_path, text))
+    text = ROWS_JOB.but(interleave=True).text()
+    job = load_job(job_file(tmp_path, text))
     assert job.interleave and job.settings["interleave"] is True
-    default = load_job(job_text(tmp_path, ROWS_JOB))
+    default = load_job(job_file(tmp_path, ROWS_JOB.text()))
     assert not default.interleave and default.settings["interleave"] is False
     with pytest.raises(JobFileError) as info:
-        load_job(job_text(tmp_path, text.replace("interleave = true", 'interleave = "yes"')))
+        load_job(job_file(tmp_path, ROWS_JOB.but(interleave="yes").text()))
     assert info.value.param == "job.interleave" and "expected true or false" in info.value.message

@@ -13,29 +13,18 @@ import h5py
 import numpy as np
 import pytest
 
+from jobtext import DROP, JobSpec
+
 ROOT = Path(__file__).resolve().parents[1]
 MPIEXEC = shutil.which("mpiexec")
 pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="needs mpiexec on PATH")
 
-JOB = """
-[job]
-name = "ranks"
-repeats = 1
-warmup = 0
-accuracy_rows = 12
-save_output = true
-[defaults]
-heads = 3
-head_dim = 8
-dtype = "float64"
-[[cases]]
-name = "grid"
-grid = [16, 16]
-patterns = [[64, 1], [128, 4], [256, 8]]
-[cases.sweep]
-ordering = ["natural", "hilbert"]
-causal = [false, true]
-"""
+SWEEP = {"ordering": ["natural", "hilbert"], "causal": [False, True]}
+RANKS_JOB = JobSpec({"name": "ranks", "repeats": 1, "warmup": 0, "accuracy_rows": 12, "save_output": True},
+                    defaults={"heads": 3, "head_dim": 8, "dtype": "float64"},
+                    cases=[{"name": "grid", "grid": [16, 16], "patterns": [[64, 1], [128, 4], [256, 8]],
+                            "sweep": SWEEP}])
+JOB = RANKS_JOB.text()
 
 
 def mpirun(ranks: int, *args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -67,7 +56,7 @@ def test_two_ranks_equal_one_rank(tmp_path):
 
 
 def test_bad_job_reports_once_and_exits_2_on_every_rank(tmp_path):
-    (tmp_path / "bad.toml").write_text(JOB.replace('dtype = "float64"', 'dtype = "float64"\ncolour = 3'))
+    (tmp_path / "bad.toml").write_text(RANKS_JOB.but(defaults={"colour": 3}).text())
     res = mpirun(2, "-m", "hilbert_hpc", "run", "bad.toml", cwd=tmp_path)
     assert res.returncode == 2
     assert res.stderr.count("hilbert-hpc: error:") == 1 and "colour" in res.stderr
@@ -76,9 +65,7 @@ def test_bad_job_reports_once_and_exits_2_on_every_rank(tmp_path):
 
 
 def test_ranks_that_cut_segments_are_refused(tmp_path):
-    (tmp_path / "job.toml").write_text(JOB.replace("[[64, 1], [128, 4], [256, 8]]", "[[64, 1], [256, 8]]")
-                                       .replace("[16, 16]", "[16, 12]").replace("[[64, 1]", "[[48, 1]")
-                                       .replace("[256, 8]]", "[192, 8]]"))
+    (tmp_path / "job.toml").write_text(RANKS_JOB.but(case={"grid": [16, 12], "patterns": [[48, 1], [192, 8]]}).text())
     res = mpirun(3, "-m", "hilbert_hpc", "run", "job.toml", cwd=tmp_path)
     assert res.returncode == 2, res.stderr
     assert res.stderr.count("hilbert-hpc: error:") == 1 and "shard length 64" in res.stderr
@@ -93,9 +80,9 @@ def test_exception_on_one_rank_ends_every_rank(tmp_path):
 
 
 def test_file_input_on_two_ranks_equals_one_rank(tmp_path):
-    job = JOB.replace('[[cases]]\nname = "grid"\ngrid = [16, 16]\npatterns = [[64, 1], [128, 4], [256, 8]]',
-                      f'[[cases]]\nname = "file"\ninput = "{ROOT / "data" / "grid32x32.h5"}"\n'
-                      'patterns = [[64, 1], [256, 4], [1024, 16]]').replace("heads = 3\nhead_dim = 8\n", "")
+    job = RANKS_JOB.but(defaults={"heads": DROP, "head_dim": DROP}, cases=[
+        {"name": "file", "input": str(ROOT / "data" / "grid32x32.h5"), "patterns": [[64, 1], [256, 4], [1024, 16]],
+         "sweep": SWEEP}]).text()
     assert "grid32x32" in job
     (tmp_path / "job.toml").write_text(job)
     one = mpirun(1, "-m", "hilbert_hpc", "run", "job.toml", "-o", "one.h5", cwd=tmp_path)

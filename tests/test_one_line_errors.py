@@ -11,6 +11,8 @@ import pytest
 
 from hilbert_hpc.errors import JobFileError
 
+from jobtext import QUICK, job_text
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -78,22 +80,9 @@ def test_bandwidth_takes_a_size_with_a_unit(tmp_path):
 
 # --- standard output: a reader that leaves, a full device ------------------------------------------------------------
 
-TINY_JOB = """
-[job]
-name = "tiny"
-repeats = 1
-warmup = 0
-accuracy_rows = 4
-[defaults]
-heads = 2
-head_dim = 8
-[[cases]]
-name = "t"
-tokens = 256
-patterns = [[64, 1]]
-[cases.sweep]
-ordering = ["natural", "hilbert"]
-"""
+TINY_JOB = job_text(name="tiny", **QUICK, defaults={"heads": 2, "head_dim": 8},
+                    cases=[{"name": "t", "tokens": 256, "patterns": [[64, 1]],
+                            "sweep": {"ordering": ["natural", "hilbert"]}}])
 
 
 def _closed_pipe(args: list[str], cwd: Path) -> subprocess.CompletedProcess:

@@ -22,29 +22,18 @@ import h5py
 import numpy as np
 import pytest
 
+from jobtext import DROP, QUICK, JobSpec
+
 ROOT = Path(__file__).resolve().parents[1]
 
-JOB = """
-[job]
-name = "own"
-repeats = 1
-warmup = 0
-accuracy_rows = 4
-save_output = true
-[defaults]
-heads = 2
-head_dim = 8
-dtype = "float64"
-[[cases]]
-name = "g"
-grid = [16, 16]
-patterns = [[64, 1], [256, 4]]
-[cases.sweep]
-scale = [0.1, 0.2, 0.3, 0.4]
-"""
+OWN_JOB = JobSpec({"name": "own", **QUICK, "save_output": True},
+                  defaults={"heads": 2, "head_dim": 8, "dtype": "float64"},
+                  cases=[{"name": "g", "grid": [16, 16], "patterns": [[64, 1], [256, 4]],
+                          "sweep": {"scale": [0.1, 0.2, 0.3, 0.4]}}])
+JOB = OWN_JOB.text()
 
 #: long enough (several seconds) that a second run arrives while the first works
-SLOW_JOB = JOB.replace("grid = [16, 16]", "grid = [192, 192]").replace("[[64, 1], [256, 4]]", "[[96, 1], [1152, 4], [36864, 16]]").replace("repeats = 1", "repeats = 12")
+SLOW_JOB = OWN_JOB.but(repeats=12, case={"grid": [192, 192], "patterns": [[96, 1], [1152, 4], [36864, 16]]}).text()
 
 
 def _env(**extra: str) -> dict:
@@ -195,7 +184,7 @@ def test_outputs_that_are_not_ours_are_refused_with_every_flag(tmp_path, target,
 
     rng = np.random.default_rng(0)
     write_input(tmp_path / "data.h5", *(rng.standard_normal((256, 2, 8)) for _ in range(3)), grid=(16, 16))
-    (tmp_path / "job.toml").write_text(JOB.replace('grid = [16, 16]', 'input = "data.h5"'))
+    (tmp_path / "job.toml").write_text(OWN_JOB.but(case={"grid": DROP, "input": "data.h5"}).text())
     (tmp_path / "notes.txt").write_text("my notes\n")
     with h5py.File(tmp_path / "foreign.h5", "w") as f:
         f["x"] = 1
@@ -267,7 +256,7 @@ def read_only(folder: Path):
 
 @pytest.mark.parametrize("name", ["../../../../escaped", "2d/32x32", "a..b", "tab\there"])
 def test_case_names_that_are_paths_are_refused_before_any_file_is_written(tmp_path, name):
-    (tmp_path / "job.toml").write_text(JOB.replace('name = "g"', f'name = {json.dumps(name)}'))
+    (tmp_path / "job.toml").write_text(OWN_JOB.but(case={"name": name}).text())
     one_error_line(run(["run", "job.toml", "-o", "out/r.h5"], tmp_path), "cases[0].name")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["job.toml"]
 
@@ -275,12 +264,12 @@ def test_case_names_that_are_paths_are_refused_before_any_file_is_written(tmp_pa
 # 3. resume you can trust ----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("change,needle", [
-    (lambda t: t.replace('name = "own"', 'name = "other"'), "it holds job 'own', this is job 'other'"),
-    (lambda t: t.replace("head_dim = 8", "head_dim = 4"), "defaults.head_dim is 8 in the file, 4 here"),
-    (lambda t: t.replace("repeats = 1", "repeats = 2"), "job.repeats is 1 in the file, 2 here"),
+    ({"name": "other"}, "it holds job 'own', this is job 'other'"),
+    ({"defaults": {"head_dim": 4}}, "defaults.head_dim is 8 in the file, 4 here"),
+    ({"repeats": 2}, "job.repeats is 1 in the file, 2 here"),
 ])
 def test_resume_of_another_job_is_refused_and_changes_nothing(tmp_path, done, change, needle):
-    (tmp_path / "other.toml").write_text(change(JOB))
+    (tmp_path / "other.toml").write_text(OWN_JOB.but(**change).text())
     before = digest(tmp_path)
     one_error_line(run(["run", "other.toml", "-o", "r.h5", "--resume"], tmp_path), needle)
     assert digest(tmp_path) == before
@@ -373,10 +362,8 @@ def small_disk(folder: Path, size: str):
 
 @pytest.mark.parametrize("save_output", [True, False])
 def test_full_disk_gives_one_line_keeps_complete_cases_and_resumes(tmp_path, save_output):
-    job = JOB.replace("grid = [16, 16]", "grid = [32, 32]").replace("scale = [0.1, 0.2, 0.3, 0.4]",
-                                                                   f"scale = {[i / 10 for i in range(1, 13)]}")
-    if not save_output:
-        job = job.replace("save_output = true", "save_output = false").replace("repeats = 1", "repeats = 40")
+    spec = OWN_JOB.but(case={"grid": [32, 32], "sweep": {"scale": [i / 10 for i in range(1, 13)]}})
+    job = (spec if save_output else spec.but(save_output=False, repeats=40)).text()
     with small_disk(tmp_path / "disk", "600k" if save_output else "64k") as disk:
         if disk is None:
             pytest.skip("no tmpfs here; test_injected_enospc covers the same path")
@@ -436,7 +423,7 @@ def test_missing_job_file_gives_one_line(tmp_path):
 
 @pytest.mark.parametrize("backend", ["cupy", "cuda-fp32"])
 def test_gpu_backend_without_a_usable_gpu_is_refused_before_any_work(tmp_path, job, backend):
-    (tmp_path / "job.toml").write_text(JOB.replace('dtype = "float64"', f'dtype = "float32"\nbackend = "{backend}"'))
+    (tmp_path / "job.toml").write_text(OWN_JOB.but(defaults={"dtype": "float32", "backend": backend}).text())
     res = run(["run", "job.toml", "-o", "r.h5"], tmp_path, CUDA_VISIBLE_DEVICES="")
     if res.returncode == 2 and "is not available here" in res.stderr:
         one_error_line(res, f"backend {backend!r} is not available here")     # no CuPy at all
@@ -489,7 +476,7 @@ def test_a_non_finite_output_row_that_is_not_sampled_fails_the_tolerance(tmp_pat
         return out
 
     monkeypatch.setattr(numpy_backend, "serialized_attention", poisoned)
-    (tmp_path / "job.toml").write_text(JOB.replace("accuracy_rows = 4", "accuracy_rows = 1"))
+    (tmp_path / "job.toml").write_text(OWN_JOB.but(accuracy_rows=1).text())
     path = run_job(load_job(tmp_path / "job.toml", world_size=1), str(tmp_path / "r.h5"), comm=SingleProcessComm(),
                    stream=open(os.devnull, "w"))
     with h5py.File(path) as f:
@@ -565,7 +552,7 @@ def test_cuda_env_output_survives_eval_with_spaces(tmp_path, monkeypatch, capsys
 
 
 def test_accuracy_rows_above_n_is_stated(tmp_path):
-    (tmp_path / "job.toml").write_text(JOB.replace("accuracy_rows = 4", "accuracy_rows = 1000"))
+    (tmp_path / "job.toml").write_text(OWN_JOB.but(accuracy_rows=1000).text())
     res = run(["run", "job.toml", "-o", "r.h5"], tmp_path)
     assert res.returncode == 0, res.stderr
     assert "256 tokens, fewer than accuracy_rows = 1000" in res.stderr

@@ -14,38 +14,29 @@ from hilbert_hpc.errors import JobFileError
 from hilbert_hpc.jobfile import load_job
 from hilbert_hpc.precision import PRECISIONS, precision
 
-JOB = """
-[job]
-name = "p16"
-repeats = 1
-warmup = 0
-accuracy_rows = 64
-save_output = true
-[defaults]
-heads = 3
-head_dim = 16
-backend = "torch"
-[[cases]]
-name = "g"
-grid = [16, 32]
-patterns = [[128, 1], [512, 4]]
-ordering = "hilbert"
-[cases.sweep]
-dtype = ["bfloat16", "float16", "float32"]
-causal = [false, true]
-"""
+from jobtext import JobSpec
+
+P16_JOB = JobSpec({"name": "p16", "repeats": 1, "warmup": 0, "accuracy_rows": 64, "save_output": True},
+                  defaults={"heads": 3, "head_dim": 16, "backend": "torch"},
+                  cases=[{"name": "g", "grid": [16, 32], "patterns": [[128, 1], [512, 4]], "ordering": "hilbert",
+                          "sweep": {"dtype": ["bfloat16", "float16", "float32"], "causal": [False, True]}}])
 
 
-def _job(tmp_path: Path, text: str = JOB):
+def _job(tmp_path: Path, text: str = P16_JOB.text()):
     (tmp_path / "job.toml").write_text(text)
     return load_job(tmp_path / "job.toml", world_size=1)
+
+
+def _dtypes(dtypes: list[str], backend: str) -> str:
+    """P16_JOB on ``backend`` sweeping ``dtypes``."""
+    return P16_JOB.but(defaults={"backend": backend},
+                       case={"sweep": {"dtype": dtypes, "causal": [False, True]}}).text()
 
 
 @pytest.mark.parametrize("backend", ["numpy", "cupy", "cuda-fp32"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_backends_without_16_bit_paths_are_refused_naming_both(tmp_path, backend, dtype):
-    text = JOB.replace('backend = "torch"', f'backend = "{backend}"').replace(
-        'dtype = ["bfloat16", "float16", "float32"]', f'dtype = ["{dtype}"]')
+    text = _dtypes([dtype], backend)
     with pytest.raises(JobFileError) as err:
         _job(tmp_path, text)
     assert err.value.param == "cases[0].dtype"
@@ -54,15 +45,14 @@ def test_backends_without_16_bit_paths_are_refused_naming_both(tmp_path, backend
 
 
 def test_float64_on_the_fp32_kernels_is_refused_at_validation(tmp_path):
-    text = JOB.replace('backend = "torch"', 'backend = "cuda-fp32"').replace(
-        'dtype = ["bfloat16", "float16", "float32"]', 'dtype = ["float64"]')
+    text = _dtypes(["float64"], "cuda-fp32")
     with pytest.raises(JobFileError, match="backend 'cuda-fp32' does not compute in float64"):
         _job(tmp_path, text)
 
 
 def test_unknown_dtype_lists_the_choices(tmp_path):
     with pytest.raises(JobFileError, match="expected one of float64, float32, bfloat16, float16"):
-        _job(tmp_path, JOB.replace('"float16", "float32"', '"float16", "float8"'))
+        _job(tmp_path, _dtypes(["bfloat16", "float16", "float8"], "torch"))
 
 
 def test_precision_rounds_to_nearest_even():
@@ -104,7 +94,7 @@ def test_peer_in_16_bits_end_to_end(tmp_path):
 def test_plan_counts_two_bytes_per_element(tmp_path):
     from hilbert_hpc.plan import estimate
 
-    job = _job(tmp_path, JOB.replace('grid = [16, 32]', 'grid = [1024, 1024]'))
+    job = _job(tmp_path, P16_JOB.but(case={"grid": [1024, 1024]}).text())
     by_dtype = {c.dtype: estimate(c).floor_bytes for c in job.cases if not c.causal}
     assert by_dtype["bfloat16"] == by_dtype["float16"] < by_dtype["float32"]
 

@@ -15,6 +15,8 @@ import pytest
 from hilbert_hpc.errors import UserError
 from hilbert_hpc.report import report
 
+from jobtext import job_text
+
 BASE = {"name": "g", "tokens": 4096, "grid": [64, 64], "patterns": [[256, 1], [4096, 16]], "batch": 1, "heads": 4,
         "head_dim": 32, "causal": False, "ordering": "natural", "segment": 0, "dtype": "float32",
         "backend": "numpy", "scale": 0.17677669529663687, "transport": "auto", "input": ""}
@@ -294,23 +296,10 @@ def test_report_on_a_real_job(tmp_path):
     from hilbert_hpc.mpi import SingleProcessComm
     from hilbert_hpc.runner import run_job
 
-    text = """
-[job]
-name = "tiny"
-repeats = 2
-warmup = 0
-accuracy_rows = 4
-[defaults]
-heads = 2
-head_dim = 8
-dtype = "float64"
-[[cases]]
-name = "g"
-grid = [16, 16]
-patterns = [[64, 1], [256, 4]]
-[cases.sweep]
-ordering = ["natural", "hilbert"]
-"""
+    text = job_text(name="tiny", repeats=2, warmup=0, accuracy_rows=4,
+                    defaults={"heads": 2, "head_dim": 8, "dtype": "float64"},
+                    cases=[{"name": "g", "grid": [16, 16], "patterns": [[64, 1], [256, 4]],
+                            "sweep": {"ordering": ["natural", "hilbert"]}}])
     job = load_job(tmp_path / "tiny.toml", text=text)
     path = run_job(job, output=str(tmp_path / "tiny.h5"), stream=io.StringIO(), comm=SingleProcessComm())
     tables, out = run_report([path], csv_path=tmp_path / "tiny.csv")

@@ -11,28 +11,16 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from jobtext import JobSpec
+
 ROOT = Path(__file__).resolve().parents[1]
 
-JOB = """
-[job]
-name = "resume"
-repeats = 2
-warmup = 0
-accuracy_rows = 4
-save_output = true
-[defaults]
-heads = 4
-head_dim = 32
-dtype = "float64"
-[[cases]]
-name = "g"
-grid = [64, 64]
-patterns = [[256, 1], [1024, 4], [4096, 16]]
-[cases.sweep]
-ordering = ["natural", "hilbert"]
-causal = [false, true]
-scale = [0.1, 0.2]
-"""
+SWEEP = {"ordering": ["natural", "hilbert"], "causal": [False, True], "scale": [0.1, 0.2]}
+RESUME_JOB = JobSpec({"name": "resume", "repeats": 2, "warmup": 0, "accuracy_rows": 4, "save_output": True},
+                     defaults={"heads": 4, "head_dim": 32, "dtype": "float64"},
+                     cases=[{"name": "g", "grid": [64, 64], "patterns": [[256, 1], [1024, 4], [4096, 16]],
+                             "sweep": SWEEP}])
+JOB = RESUME_JOB.text()
 
 
 def _env() -> dict:
@@ -75,7 +63,7 @@ def test_kill_then_resume_equals_uninterrupted(tmp_path):
 def test_resume_refuses_other_parameters_and_foreign_files(tmp_path):
     (tmp_path / "job.toml").write_text(JOB)
     assert _run(["run", "job.toml", "-o", "r.h5"], tmp_path).returncode == 0
-    (tmp_path / "other.toml").write_text(JOB.replace("head_dim = 32", "head_dim = 16"))
+    (tmp_path / "other.toml").write_text(RESUME_JOB.but(defaults={"head_dim": 16}).text())
     res = _run(["run", "other.toml", "-o", "r.h5", "--resume"], tmp_path)
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert "another version of job 'resume' (defaults.head_dim is 32 in the file, 16 here)" in res.stderr
@@ -123,7 +111,7 @@ def test_sigusr1_under_mpiexec_stops_every_rank(tmp_path):
         import pytest
 
         pytest.skip("needs mpiexec")
-    (tmp_path / "job.toml").write_text(JOB.replace('[defaults]', '[defaults]\nranks = "pow2"'))
+    (tmp_path / "job.toml").write_text(RESUME_JOB.but(defaults={"ranks": "pow2"}).text())
     env = dict(_env(), OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
     proc = subprocess.Popen(["mpiexec", "-n", "2", "--oversubscribe", sys.executable, "-m", "hilbert_hpc", "run",
                              "job.toml", "-o", "mpi.h5"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
@@ -140,8 +128,8 @@ def test_sigusr1_under_mpiexec_stops_every_rank(tmp_path):
 
 def test_output_of_a_results_file_with_percent_in_its_name(tmp_path):
     """The virtual dataset escapes '%' (HDF5 reads it as a format character in source file names)."""
-    (tmp_path / "job.toml").write_text(JOB.replace("scale = [0.1, 0.2]", "scale = [0.1]").replace(
-        'ordering = ["natural", "hilbert"]', 'ordering = ["hilbert"]'))
+    (tmp_path / "job.toml").write_text(RESUME_JOB.but(
+        case={"sweep": {**SWEEP, "ordering": ["hilbert"], "scale": [0.1]}}).text())
     res = _run(["run", "job.toml", "-o", "run%1.h5"], tmp_path)
     assert res.returncode == 0, res.stderr
     with h5py.File(tmp_path / "run%1.h5") as f:

@@ -11,6 +11,7 @@ from hilbert_hpc.ring import RingStats, ring_dilated_attention
 from hilbert_hpc.sharding import Layout
 
 from conftest import gpu_available  # noqa: E402
+from jobtext import job_text
 
 cupy = pytest.importorskip("cupy")
 HAVE_GPU = gpu_available()
@@ -52,28 +53,14 @@ def test_gpu_ring_equals_cpu_ring(transport_name, causal):
     assert stats.ring_steps > 0
 
 
-RING_JOB = """
-[job]
-name = "ring-fused"
-repeats = 1
-warmup = 0
-accuracy_rows = 64
-save_output = true
-[defaults]
-heads = 6
-head_dim = 64
-backend = "cuda"
-[[cases]]
-name = "g"
-grid = [32, 64]
-ranks = "pow2"
-ordering = "hilbert"
-patterns = [[256, 1], [1024, 2], ["N", "N/512"]]
-[cases.sweep]
-dtype = ["float32", "bfloat16", "float16"]
-causal = [false, true]
-transport = ["staged", "TRANSPORT"]
-"""
+def _ring_job(transports: list[str]) -> str:
+    """The fused ring job on every rank count, each dtype and causality, over ``transports``."""
+    return job_text(name="ring-fused", repeats=1, warmup=0, accuracy_rows=64, save_output=True,
+                    defaults={"heads": 6, "head_dim": 64, "backend": "cuda"},
+                    cases=[{"name": "g", "grid": [32, 64], "ranks": "pow2", "ordering": "hilbert",
+                            "patterns": [[256, 1], [1024, 2], ["N", "N/512"]],
+                            "sweep": {"dtype": ["float32", "bfloat16", "float16"], "causal": [False, True],
+                                      "transport": ["staged", *transports]}}])
 
 
 def _sm80() -> bool:
@@ -107,7 +94,7 @@ def test_fused_ring_in_every_dtype_agrees_with_one_gpu(tmp_path_factory, monkeyp
     comm = MPI.COMM_WORLD
     tmp = Path(comm.bcast(str(tmp_path_factory.mktemp("ring16")) if comm.Get_rank() == 0 else None))
     second = "cuda-aware" if cuda_aware_support()[0] else "staged"
-    text = RING_JOB.replace('"staged", "TRANSPORT"', '"staged"' if second == "staged" else '"staged", "cuda-aware"')
+    text = _ring_job([] if second == "staged" else ["cuda-aware"])
     job = load_job(tmp / "ring.toml", text=text, world_size=comm.Get_size())
     out = run_job(job, output=str(tmp / "r.h5"), stream=io.StringIO(), comm=comm, progress=io.StringIO())
     comm.Barrier()

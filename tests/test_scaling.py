@@ -15,29 +15,15 @@ from hilbert_hpc.errors import ConfigError, JobFileError
 from hilbert_hpc.jobfile import load_job
 from hilbert_hpc.patterns import Pattern
 
-STUDY = """
-[job]
-name = "scaling"
-repeats = 1
-warmup = 0
-accuracy_rows = 4
-save_output = true
-[defaults]
-heads = 3
-head_dim = 16
-dtype = "float64"
-[[cases]]
-name = "strong"
-grid = [32, 32]
-ranks = "pow2"
-patterns = [[64, 1], [256, 4], ["N", "N/64"]]
-[[cases]]
-name = "weak"
-grid = [16, 32]
-scaling = "weak"
-ranks = "pow2"
-patterns = [[64, 2], ["N", "N/32"]]
-"""
+from jobtext import DROP, QUICK, JobSpec
+
+SCALING = JobSpec({"name": "scaling", **QUICK, "save_output": True},
+                  defaults={"heads": 3, "head_dim": 16, "dtype": "float64"},
+                  cases=[{"name": "strong", "grid": [32, 32], "ranks": "pow2",
+                          "patterns": [[64, 1], [256, 4], ["N", "N/64"]]},
+                         {"name": "weak", "grid": [16, 32], "scaling": "weak", "ranks": "pow2",
+                          "patterns": [[64, 2], ["N", "N/32"]]}])
+STUDY = SCALING.text()
 
 
 def _job(tmp_path: Path, text: str, world_size: int | None):
@@ -60,21 +46,21 @@ def test_pow2_ranks_and_weak_scaling_expand_per_rank_count(tmp_path):
 
 
 def test_ranks_default_to_the_whole_run(tmp_path):
-    text = STUDY.replace('ranks = "pow2"\n', "")
+    text = SCALING.but(case={"ranks": DROP}).text()
     assert {c.ranks for c in _job(tmp_path, text, 2).cases} == {2}
     assert {c.ranks for c in _job(tmp_path, text, None).cases} == {1}
 
 
 @pytest.mark.parametrize("edit, where, words", [
-    (('ranks = "pow2"', "ranks = 8"), "cases[0].ranks", "needs 8 ranks, this run has 4"),
-    (('ranks = "pow2"', 'ranks = "some"'), "cases[0].ranks", "expected an integer"),
-    (('["N", "N/64"]', '["N", "N/0"]'), "cases[0].patterns[2]", "\"N/k\""),
-    (('["N", "N/64"]', '["N", "N/3"]'), "cases[0].patterns[2]", "divisible by 3"),
-    (('scaling = "weak"', 'scaling = "sideways"'), "cases[1].scaling", "strong, weak"),
+    ((0, {"ranks": 8}), "cases[0].ranks", "needs 8 ranks, this run has 4"),
+    ((0, {"ranks": "some"}), "cases[0].ranks", "expected an integer"),
+    ((0, {"patterns": [[64, 1], [256, 4], ["N", "N/0"]]}), "cases[0].patterns[2]", "\"N/k\""),
+    ((0, {"patterns": [[64, 1], [256, 4], ["N", "N/3"]]}), "cases[0].patterns[2]", "divisible by 3"),
+    ((1, {"scaling": "sideways"}), "cases[1].scaling", "strong, weak"),
 ])
 def test_bad_scaling_keys_name_the_problem(tmp_path, edit, where, words):
     with pytest.raises(JobFileError) as info:
-        _job(tmp_path, STUDY.replace(*edit, 1), 4)
+        _job(tmp_path, SCALING.but_case(*edit).text(), 4)
     assert where in str(info.value) and words in str(info.value)
 
 
@@ -161,7 +147,7 @@ def test_a_wrong_result_is_flagged_before_timing(tmp_path, monkeypatch, capsys):
 
     right = numpy_backend.serialized_attention
     monkeypatch.setattr(numpy_backend, "serialized_attention", lambda *a, **k: right(*a, **k) * 1.01)
-    job = _job(tmp_path, STUDY.replace("save_output = true", "save_output = false"), 1)
+    job = _job(tmp_path, SCALING.but(save_output=False).text(), 1)
     out = run_job(job, output=str(tmp_path / "bad.h5"), stream=io.StringIO(), progress=io.StringIO())
     assert "exceeds the float64 tolerance" in capsys.readouterr().err
     with h5py.File(out) as f:

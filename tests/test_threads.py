@@ -17,26 +17,15 @@ from hilbert_hpc.errors import ConfigError
 from hilbert_hpc.threads import (LOCAL_SIZE_VARIABLES, THREAD_VARIABLES, ThreadPlan, apply, core_share,
                                  cpu_threads, decide, user_setting)
 
+from jobtext import QUICK, job_text
+
 ROOT = Path(__file__).resolve().parents[1]
 MPIEXEC = shutil.which("mpiexec")
 needs_mpiexec = pytest.mark.skipif(MPIEXEC is None, reason="needs mpiexec on PATH")
 CORES = len(os.sched_getaffinity(0))
 
-JOB = """
-[job]
-name = "threads"
-repeats = 1
-warmup = 0
-accuracy_rows = 4
-[defaults]
-heads = 2
-head_dim = 8
-dtype = "float32"
-[[cases]]
-name = "grid"
-grid = [16, 16]
-patterns = [[64, 1], [256, 4]]
-"""
+JOB = job_text(name="threads", **QUICK, defaults={"heads": 2, "head_dim": 8, "dtype": "float32"},
+               cases=[{"name": "grid", "grid": [16, 16], "patterns": [[64, 1], [256, 4]]}])
 
 
 def clean_env(**extra: str) -> dict[str, str]:
