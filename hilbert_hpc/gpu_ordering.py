@@ -6,24 +6,22 @@ every grid point has a distinct key, so the sort order is unique).
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Any, Sequence
 
 import numpy as np
 
 from .hilbert import MAX_KEY_BITS, bits_for
-from .kernels import KERNEL_DIR
+from .kernels import Program, load
 
 MAX_DIMS = 16
 THREADS = 256
+#: the key kernel (``extern "C" hilbert_keys``), compiled for the device's sm_XY
+KEYS_PROGRAM = Program("hilbert_keys.cu")
 
 
-@lru_cache(maxsize=None)
 def _kernel() -> Any:
-    import cupy
-
-    code = (KERNEL_DIR / "hilbert_keys.cu").read_text()
-    return cupy.RawModule(code=code, options=("-std=c++14",)).get_function("hilbert_keys")
+    """The key kernel on the current device (compiled and loaded once per device)."""
+    return load(KEYS_PROGRAM).function("hilbert_keys")
 
 
 def gpu_hilbert_keys(grid: Sequence[int]) -> Any:

@@ -5,7 +5,7 @@ log-sum-exp merge. Tensor cores, Hopper (compute capability 9.0 exactly, code fo
 
 * ``wgmma`` (``dilated_fwd_wgmma_tf32.cu``): one or two warpgroups x 64 queries, warpgroup MMA
   (wgmma) on split TF32 operands that are split once per tile in shared memory (Q, K, and V
-  transposed), P from registers; compiled by NVRTC straight to an sm_90a cubin (``compiled``).
+  transposed), P from registers; compiled for sm_90a (``compiled``).
 
 Tensor cores, compute capability 8.0 and newer:
 
@@ -25,6 +25,11 @@ Plain FP32 FMA with sm_60 features only (Pascal and newer):
 device; ``HILBERT_HPC_FP32_KERNEL`` forces one (for benchmarks and tests).
 CUDA 13 cannot target compute capability < 7.5: on Pascal install the
 ``cuda12`` extra (``cupy-cuda12x``).
+
+Every kernel (these, the 16-bit ones of ``half``, the conversions, the Hilbert keys) is a ``Program``
+compiled by the one NVRTC entry, :func:`hilbert_hpc.kernels.compile.nvrtc_compile`, to a cubin for its
+own target (``sm_90a``) or the device's ``sm_XY``, with an on-disk cache shared by the ranks of a node
+(``docs/kernels.md``), and loaded as a module (``load``, ``LoadedKernel``).
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+from .compile import Compiled, device_target, nvrtc_compile
 
 KERNEL_DIR = Path(__file__).resolve().parent
 FP32_SOURCE = "dilated_fwd_fp32.cu"
@@ -86,7 +93,7 @@ class Variant:
     min_cc: int = 60
     #: newest compute capability it runs on (architecture-specific code, e.g. sm_90a: 90)
     max_cc: int = 1000
-    #: NVRTC target of an architecture-specific variant (compiled to a cubin); None: CuPy's RawModule
+    #: NVRTC target of an architecture-specific variant; None: the device's own sm_XY (``target_of``)
     arch: str | None = None
     #: the variant's configuration (its template arguments after the type and head dim), for its launcher
     config: tuple = ()
@@ -233,65 +240,105 @@ def compiled(v: Variant) -> Any:
 
 @lru_cache(maxsize=None)
 def _compiled_on(v: Variant, device: int) -> Any:
-    import cupy
-
     check_device()
-    if v.arch is not None:
-        return ArchKernel(v)
-    module = cupy.RawModule(code=source(v.source), options=OPTIONS, name_expressions=[v.name])
-    fn = module.get_function(v.name)
-    if v.shared_bytes > PASCAL_SHARED:
-        fn.max_dynamic_shared_size_bytes = v.shared_bytes
-    return fn
+    return LoadedKernel(v)
 
 
+#: NVRTC options of the kernels compiled for the device's own sm_XY: the ones CuPy's RawModule gave them
+#: (-ftz=true, --device-as-default-execution-space; its -I folders name no header these sources include), so
+#: the cubins are byte for byte what RawModule built (tests/scripts/cubin_digests.py)
+DEVICE_OPTIONS = (*OPTIONS, "-ftz=true", "--device-as-default-execution-space")
 #: NVRTC options of architecture-specific variants (what CuPy adds for its own compiles: -ftz=true)
 ARCH_OPTIONS = (*OPTIONS, "-ftz=true")
 
 
-def compile_cubin(v: Variant) -> tuple[bytes, str, str]:
-    """(cubin, lowered kernel name, NVRTC log) of an architecture-specific variant (``v.arch``, e.g. sm_90a).
+@dataclass(frozen=True)
+class Program:
+    """One NVRTC program: a source of this folder, the name expressions of the template instantiations to
+    compile (none for ``extern "C"`` kernels), and the NVRTC options (``-arch`` comes from the target)."""
 
-    CuPy's RawModule picks ``-arch`` from the device (sm_90 on an H100/H200) and cannot target sm_90a,
-    which wgmma needs, so such variants are compiled here with NVRTC and loaded as a module."""
-    from cupy.cuda import nvrtc
-
-    prog = nvrtc.createProgram(source(v.source), v.source, [], [])
-    try:
-        nvrtc.addNameExpression(prog, v.name)
-        try:
-            nvrtc.compileProgram(prog, [*ARCH_OPTIONS, f"-arch={v.arch}"])
-        except nvrtc.NVRTCError as exc:
-            raise RuntimeError(f"{v.source} ({v.name}) for {v.arch}: {exc}\n{nvrtc.getProgramLog(prog)}") from None
-        log = nvrtc.getProgramLog(prog)
-        return nvrtc.getCUBIN(prog), nvrtc.getLoweredName(prog, v.name), log
-    finally:
-        nvrtc.destroyProgram(prog)
+    source: str
+    names: tuple[str, ...] = ()
+    options: tuple[str, ...] = DEVICE_OPTIONS
 
 
-class ArchKernel:
-    """An architecture-specific variant loaded from its NVRTC cubin on the current device."""
+def program(v: Variant) -> Program:
+    """The program of variant ``v``: its instantiation, with ARCH_OPTIONS where it has its own target."""
+    return Program(v.source, (v.name,), ARCH_OPTIONS if v.arch else DEVICE_OPTIONS)
+
+
+def build(p: Program, target: str, output: str = "cubin") -> Compiled:
+    """``p`` compiled for ``target`` (``sm_90a``, ``sm_86``, ``compute_61`` ...) through the one NVRTC entry
+    with its disk cache (:mod:`hilbert_hpc.kernels.compile`)."""
+    return nvrtc_compile(source(p.source), p.source, p.names, p.options, target, output)
+
+
+def target_of(v: Variant, cc: int) -> str:
+    """The cubin target of ``v`` on a GPU of compute capability ``cc``: its own (``v.arch``) or the GPU's."""
+    return v.arch or device_target(cc)
+
+
+def compile_cubin(v: Variant, cc: int | None = None) -> tuple[bytes, str, str]:
+    """(cubin, lowered kernel name, NVRTC log) of variant ``v`` for its own target (``v.arch``, e.g. sm_90a)
+    or, for the others, for compute capability ``cc``.
+
+    CuPy's RawModule picks ``-arch`` from the device (sm_90 on an H100/H200) and cannot target sm_90a, which
+    wgmma needs; every variant is therefore compiled here with NVRTC and loaded as a module."""
+    if v.arch is None and cc is None:
+        raise ValueError(f"{v.name} has no architecture of its own: give the compute capability cc")
+    c = build(program(v), target_of(v, cc or 0))
+    return c.binary, c.lowered[v.name], c.log
+
+
+class LoadedProgram:
+    """A program's cubin loaded as a module on one device; :meth:`function` by name expression."""
+
+    def __init__(self, p: Program, target: str, device: int):
+        import cupy
+
+        built = build(p, target)
+        self.program, self.target, self.lowered, self.log = p, target, built.lowered, built.log
+        with cupy.cuda.Device(device):
+            self.module = cupy.cuda.function.Module()
+            self.module.load(built.binary)
+        self._functions: dict[str, Any] = {}
+
+    def function(self, name: str) -> Any:
+        """The kernel of name expression ``name`` (or of an ``extern "C"`` kernel's own name)."""
+        if name not in self._functions:
+            self._functions[name] = self.module.get_function(self.lowered.get(name, name))
+        return self._functions[name]
+
+
+def load(p: Program, target: str | None = None) -> LoadedProgram:
+    """``p`` loaded on the current device, for ``target`` (default: the device's own sm_XY); cached per
+    program, target and device."""
+    import cupy
+
+    return _loaded(p, target or device_target(_compute_capability()), cupy.cuda.Device().id)
+
+
+@lru_cache(maxsize=None)
+def _loaded(p: Program, target: str, device: int) -> LoadedProgram:
+    return LoadedProgram(p, target, device)
+
+
+class LoadedKernel:
+    """Variant ``v`` loaded on the current device from its cubin: for its own target (``v.arch``) or the
+    device's sm_XY; launched like a ``cupy.RawKernel``."""
 
     def __init__(self, v: Variant):
-        import cupy
         from cupy.cuda import driver
 
         cc = _compute_capability()
-        if not v.runs_on(cc):
+        if v.arch is not None and not v.runs_on(cc):
             raise RuntimeError(f"{v.variant} ({v.arch}) cannot run on compute capability {cc / 10:.1f}")
-        cubin, self.lowered, self.log = compile_cubin(v)
-        self.variant = v
-        self.module = cupy.cuda.function.Module()
-        self.module.load(cubin)
-        self.function = self.module.get_function(self.lowered)
+        loaded = load(program(v), target_of(v, cc))
+        self.variant, self.lowered, self.log = v, loaded.lowered[v.name], loaded.log
+        self.function = loaded.function(v.name)
         if v.shared_bytes > PASCAL_SHARED:
             driver.funcSetAttribute(self.function.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                     v.shared_bytes)
 
     def __call__(self, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0, stream: Any = None) -> None:
         self.function(tuple(grid), tuple(block), tuple(args), shared_mem=shared_mem, stream=stream)
-
-
-def fp32_kernel(head_dim: int) -> Any:
-    """The compiled warp-variant FP32 kernel for ``head_dim`` (kept for callers that launch it directly)."""
-    return compiled(variant("warp", head_dim))

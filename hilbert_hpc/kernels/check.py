@@ -11,8 +11,8 @@ from __future__ import annotations
 import sys
 from typing import Sequence
 
-from . import (CHECK_ARCHS, FP32_SOURCE, OPTIONS, SOURCE_ARCHS, SOURCE_MIN_ARCH, TF32X3_SOURCE, TILED_SOURCE,
-               WGMMA_SOURCE, all_variants, source)
+from . import (ARCH_OPTIONS, CHECK_ARCHS, FP32_SOURCE, OPTIONS, SOURCE_ARCHS, SOURCE_MIN_ARCH, TF32X3_SOURCE,
+               TILED_SOURCE, WGMMA_SOURCE, Program, all_variants, build)
 
 TEMPLATE_SOURCES = (FP32_SOURCE, TILED_SOURCE, TF32X3_SOURCE, WGMMA_SOURCE)
 
@@ -35,37 +35,15 @@ def compile_templates(arch: str, name: str, names: Sequence[str] | None = None,
                       options: Sequence[str] = OPTIONS) -> tuple[dict[str, str], str]:
     """Lowered name of every instantiation ``names`` of source ``name`` for ``arch`` (default: the FP32
     variants of that source), and the PTX text."""
-    from cupy.cuda import nvrtc
-
-    prog = nvrtc.createProgram(source(name), name, [], [])
-    try:
-        if names is None:
-            names = [v.name for v in all_variants() if v.source == name]
-        for n in names:
-            nvrtc.addNameExpression(prog, n)
-        try:
-            nvrtc.compileProgram(prog, [*options, f"-arch={arch}"])
-        except nvrtc.NVRTCError as exc:
-            raise RuntimeError(f"{name} for {arch}: {exc}\n{nvrtc.getProgramLog(prog)}") from None
-        ptx = nvrtc.getPTX(prog)
-        return {n: nvrtc.getLoweredName(prog, n) for n in names}, ptx.decode() if isinstance(ptx, bytes) else ptx
-    finally:
-        nvrtc.destroyProgram(prog)
+    if names is None:
+        names = [v.name for v in all_variants() if v.source == name]
+    built = build(Program(name, tuple(names), tuple(options)), arch, "ptx")
+    return {n: built.lowered[n] for n in names}, built.binary.decode()
 
 
 def compile_plain(arch: str, name: str) -> int:
     """Compile a source without templates for ``arch``; returns the PTX size."""
-    from cupy.cuda import nvrtc
-
-    prog = nvrtc.createProgram(source(name), name, [], [])
-    try:
-        try:
-            nvrtc.compileProgram(prog, [*OPTIONS, f"-arch={arch}"])
-        except nvrtc.NVRTCError as exc:
-            raise RuntimeError(f"{name} for {arch}: {exc}\n{nvrtc.getProgramLog(prog)}") from None
-        return len(nvrtc.getPTX(prog))
-    finally:
-        nvrtc.destroyProgram(prog)
+    return len(build(Program(name, (), OPTIONS), arch, "ptx").binary)
 
 
 PLAIN_SOURCES = ("hilbert_keys.cu",)
@@ -76,21 +54,8 @@ def arch_ptxas_report(v) -> dict[str, object]:
     kernel for sm_90a), compiled by NVRTC to a cubin with ``ptxas -v``; no GPU needed."""
     import re
 
-    from cupy.cuda import nvrtc
-
-    from . import ARCH_OPTIONS
-
-    prog = nvrtc.createProgram(source(v.source), v.source, [], [])
-    try:
-        nvrtc.addNameExpression(prog, v.name)
-        try:
-            nvrtc.compileProgram(prog, [*ARCH_OPTIONS, f"-arch={v.arch}", "--ptxas-options=-v"])
-        except nvrtc.NVRTCError as exc:
-            raise RuntimeError(f"{v.source} ({v.name}) for {v.arch}: {exc}\n{nvrtc.getProgramLog(prog)}") from None
-        log = nvrtc.getProgramLog(prog)
-        cubin = nvrtc.getCUBIN(prog)
-    finally:
-        nvrtc.destroyProgram(prog)
+    built = build(Program(v.source, (v.name,), (*ARCH_OPTIONS, "--ptxas-options=-v")), v.arch)
+    log, cubin = built.log, built.binary
     regs = re.search(r"Used (\d+) registers", log)
     spill = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
     return {"registers": int(regs.group(1)) if regs else -1,

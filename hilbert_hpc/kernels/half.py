@@ -29,12 +29,11 @@ from __future__ import annotations
 import math
 import os
 import sys
-from functools import lru_cache
 from typing import Any, Sequence
 
 import numpy as np
 
-from . import ArchKernel, Variant, compile_cubin, source  # noqa: F401 - compile_cubin, source re-exported
+from . import Program, Variant, compile_cubin, source  # noqa: F401 - compile_cubin, source re-exported
 from .. import kernels as _kernels
 
 HALF_SOURCE = "dilated_fwd_wgmma_16.cu"
@@ -248,16 +247,9 @@ def select_half(head_dim: int, dtype: Any) -> Variant:
 
 
 def compiled_half(v: Variant) -> Any:
-    """The compiled kernel of ``v`` on the current device (wgmma16: an NVRTC sm_90a cubin; mma16: CuPy's
-    RawModule for the device), cached per variant and device; called as ``fn(grid, block, args, shared_mem=bytes)``."""
-    import cupy
-
-    return _compiled_on(v, cupy.cuda.Device().id)
-
-
-@lru_cache(maxsize=None)
-def _compiled_on(v: Variant, device: int) -> Any:
-    return ArchKernel(v) if v.arch else _kernels.compiled(v)
+    """The compiled kernel of ``v`` on the current device (wgmma16, tma16: an sm_90a cubin; mma16: a cubin for
+    the device's sm_XY), cached per variant and device; called as ``fn(grid, block, args, shared_mem=bytes)``."""
+    return _kernels.compiled(v)
 
 
 def device_pointer(x: Any) -> int:
@@ -471,12 +463,8 @@ def convert_names() -> list[str]:
     return [f"{kind}<{t}>" for kind in ("widen_16", "narrow_16") for t in HALF_TYPES.values()]
 
 
-@lru_cache(maxsize=None)
-def _convert_module(device: int) -> Any:
-    import cupy
-
-    with cupy.cuda.Device(device):
-        return cupy.RawModule(code=source(CONVERT_SOURCE), options=_kernels.OPTIONS, name_expressions=convert_names())
+#: the conversion kernels' program (both directions, both 16-bit types), compiled for the device's sm_XY
+CONVERT_PROGRAM = Program(CONVERT_SOURCE, tuple(convert_names()))
 
 
 def _convert(kind: str, dtype: str, src: int, dst: int, lse: int, *, rows: int, width: int, head_dim: int,
@@ -485,9 +473,7 @@ def _convert(kind: str, dtype: str, src: int, dst: int, lse: int, *, rows: int, 
     elements between device addresses ``src`` and ``dst`` (row strides in elements), for the (row, head)
     pairs whose log-sum-exp (float32 at ``lse``, row stride ``l_stride``, the group's first head ``l_first``)
     is not -inf."""
-    import cupy
-
-    fn = _convert_module(cupy.cuda.Device().id).get_function(f"{kind}<{HALF_TYPES[dtype]}>")
+    fn = _kernels.load(CONVERT_PROGRAM).function(f"{kind}<{HALF_TYPES[dtype]}>")
     steps = rows * (width // 8)
     blocks = max(1, min(-(-steps // CONVERT_THREADS), 1 << 16))
     fn((blocks,), (CONVERT_THREADS,), (np.uint64(src), np.uint64(dst), np.uint64(lse), np.int64(rows),
