@@ -205,7 +205,7 @@ def gpu_memory(model: str) -> int:
 
 
 def check_plannable(case: Case) -> bool:
-    """The checks of ``runner.check_case`` this machine can make before planning ``case``; False if some were left.
+    """The checks of ``measure.check_case`` this machine can make before planning ``case``; False if some were left.
 
     All of them for a CPU case, or where a GPU is usable. A GPU case on a
     machine without one (a login node) gets those that need no GPU (the
@@ -213,7 +213,7 @@ def check_plannable(case: Case) -> bool:
     are checked by ``run`` on the GPU nodes.
     """
     from .backends import gpu_unusable
-    from .runner import case_layout, check_case
+    from .measure import case_layout, check_case
 
     if case.backend in GPU_BACKENDS and gpu_unusable() is not None:
         case_layout(case, case.ranks)

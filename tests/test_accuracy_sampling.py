@@ -105,7 +105,7 @@ def test_the_same_rows_and_figures_on_1_2_and_4_ranks(ordering):
     from hilbert_hpc.backends import numpy_backend
     from hilbert_hpc.inputs import random_rows
     from hilbert_hpc.jobfile import Case
-    from hilbert_hpc.runner import case_layout, combine_accuracy, local_accuracy
+    from hilbert_hpc.measure import case_layout, combine_accuracy, local_accuracy
 
     case = Case(case_id="0000-c", name="c", grid=(32, 32), patterns=(Pattern(64, 1), Pattern(1024, 16)),
                 heads=4, head_dim=8, dtype="float64", ordering=ordering)

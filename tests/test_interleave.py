@@ -30,7 +30,7 @@ def _job(tmp: Path, interleave: bool, world_size: int | None = None):
 
 def _record_calls(monkeypatch) -> list[tuple[str, int]]:
     """Every CaseRun.step of this process, as (case id, call index), in the order they ran."""
-    from hilbert_hpc.runner import CaseRun
+    from hilbert_hpc.measure import CaseRun
 
     calls: list[tuple[str, int]] = []
     step = CaseRun.step
@@ -82,7 +82,8 @@ def test_calls_alternate_and_results_equal_those_run_in_turn(tmp_path, monkeypat
 
 
 def test_a_stop_between_interleaved_repeats_keeps_complete_cases_only_and_resumes(tmp_path, monkeypatch):
-    from hilbert_hpc.runner import CaseRun, run_job
+    from hilbert_hpc.measure import CaseRun
+    from hilbert_hpc.runner import run_job
     from hilbert_hpc.signals import StoppedForRequeue
 
     reference = run_job(_job(tmp_path, True), output=str(tmp_path / "ref.h5"), stream=io.StringIO(),
@@ -162,6 +163,7 @@ def test_stops_on_one_rank_end_every_rank_at_a_group_or_repeat_boundary(tmp_path
     from mpi4py import MPI
 
     from hilbert_hpc import runner
+    from hilbert_hpc.measure import CaseRun
     from hilbert_hpc.signals import StoppedForRequeue
 
     comm = MPI.COMM_WORLD
@@ -172,7 +174,7 @@ def test_stops_on_one_rank_end_every_rank_at_a_group_or_repeat_boundary(tmp_path
     reference = runner.run_job(job, output=str(tmp / "ref.h5"), stream=io.StringIO(), comm=comm,
                                progress=io.StringIO())
     out = str(tmp / "r.h5")
-    write, step = runner.run_case, runner.CaseRun.step
+    write, step = runner.run_case, CaseRun.step
 
     def stop_in_write(case, *args, **kwargs):
         if rank0 and case.case_id == "0000-c":
@@ -190,11 +192,11 @@ def test_stops_on_one_rank_end_every_rank_at_a_group_or_repeat_boundary(tmp_path
         if rank0 and self.case.ranks == 2 and self.rep == 1:
             os.kill(os.getpid(), signal.SIGUSR1)
 
-    monkeypatch.setattr(runner.CaseRun, "step", stop_in_repeats)
+    monkeypatch.setattr(CaseRun, "step", stop_in_repeats)
     with pytest.raises(StoppedForRequeue) as info:
         runner.run_job(job, output=out, stream=io.StringIO(), comm=comm, progress=io.StringIO(), resume=True)
     assert f"between interleaved repeats: 2 of {total} cases are complete" in info.value.message
-    monkeypatch.setattr(runner.CaseRun, "step", step)
+    monkeypatch.setattr(CaseRun, "step", step)
     runner.run_job(job, output=out, stream=io.StringIO(), comm=comm, progress=io.StringIO(), resume=True)
     comm.Barrier()
     if rank0:
@@ -208,19 +210,19 @@ def test_an_accuracy_read_failing_on_one_rank_ends_every_rank(tmp_path_factory, 
     is one error on every rank, not a rank waiting in the next collective while the others wait in another."""
     from mpi4py import MPI
 
-    from hilbert_hpc import runner
+    from hilbert_hpc import measure, runner
     from hilbert_hpc.errors import ConfigError
 
     comm = MPI.COMM_WORLD
     tmp = Path(comm.bcast(str(tmp_path_factory.mktemp("accuracy-error")) if comm.Get_rank() == 0 else None))
-    checked = runner.local_accuracy
+    checked = measure.local_accuracy
 
     def failing_on_rank_1(case, seed, rows, output, layout, rank):
         if comm.Get_rank() == 1:
             raise ConfigError("cannot read 'in.h5': it changed during the run", "input")
         return checked(case, seed, rows, output, layout, rank)
 
-    monkeypatch.setattr(runner, "local_accuracy", failing_on_rank_1)
+    monkeypatch.setattr(measure, "local_accuracy", failing_on_rank_1)  # where CaseRun looks it up
     with pytest.raises(UserError, match="changed during the run"):
         runner.run_job(_job(tmp, interleave, comm.Get_size()), output=str(tmp / f"r{interleave}.h5"),
                        stream=io.StringIO(), comm=comm, progress=io.StringIO())
