@@ -144,7 +144,7 @@ def trial(search: Search, backend: str, tokens: int, check_rows: int = 0) -> dic
     from .backends import get_backend
     from .jobfile import Case
     from .arrays import RowReader
-    from .runner import backend_inputs, case_layout, local_accuracy
+    from .measure import backend_inputs, case_layout, local_accuracy
 
     be = get_backend(backend)
     case = Case(case_id=f"{backend}-{tokens}", name=search.name, grid=(tokens,), patterns=search.patterns(tokens),
@@ -264,10 +264,10 @@ def _write_trials(h5: Any, search: Search, path: str | Path, rows: list[dict]) -
 
     from .mpi import SingleProcessComm
     from .provenance import provenance
-    from .results import _attr
+    from .results import hdf5_attr
 
     for key, value in provenance(SingleProcessComm()).items():
-        h5.attrs[key] = _attr(value)
+        h5.attrs[key] = hdf5_attr(value)
     h5.attrs["job_text"] = search.text
     h5.attrs["job_path"] = str(path)
     h5.attrs["study"] = "max-length"

@@ -51,6 +51,9 @@ def _attr(value: Any) -> Any:
     return value
 
 
+hdf5_attr = _attr  # public name, for the other HDF5 writers (max-length and bandwidth files)
+
+
 def params_json(case: Case) -> str:
     """Canonical text of a case's parameters: what resuming matches on."""
     return json.dumps(case.params(), sort_keys=True)
