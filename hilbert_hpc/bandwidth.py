@@ -79,10 +79,10 @@ def run_bandwidth(comm: Any, transport_name: str, device: str, max_bytes: int, i
 def _write(f: Any, rows: list[tuple[int, float, dict]], origin: dict[str, Any],
            settings: dict[str, Any]) -> None:
     """The sweep into the open HDF5 file ``f``, with the provenance a results file has at its root."""
-    from .results import _attr
+    from .results import hdf5_attr
 
     for key, value in origin.items():
-        f.attrs[key] = _attr(value)
+        f.attrs[key] = hdf5_attr(value)
     f.attrs["program"] = "hilbert-hpc"
     f.attrs["study"] = "bandwidth"
     f.attrs.update(settings)

@@ -38,7 +38,7 @@ from .output_files import (IO_ERRORS, OutputError, OutputLock, existing_output, 
 from .provenance import utc_now
 
 
-def _attr(value: Any) -> Any:
+def hdf5_attr(value: Any) -> Any:
     """Convert a Python value to something h5py stores as an attribute."""
     if isinstance(value, (dict, list, tuple)) and not (
         isinstance(value, (list, tuple)) and value and all(isinstance(v, (int, float)) for v in value)
@@ -51,7 +51,6 @@ def _attr(value: Any) -> Any:
     return value
 
 
-hdf5_attr = _attr  # public name, for the other HDF5 writers (max-length and bandwidth files)
 
 
 def params_json(case: Case) -> str:
@@ -517,7 +516,7 @@ class ResultsFile:
 def _write_header(h5: h5py.File, job: Job, provenance: dict[str, Any], results_id: str) -> None:
     """The root of a new results file: provenance, the job, its identity, an empty /cases."""
     for key, value in provenance.items():
-        h5.attrs[key] = _attr(value)
+        h5.attrs[key] = hdf5_attr(value)
     h5.attrs["results_id"] = results_id
     h5.attrs["job_name"] = job.name
     h5.attrs["job_path"] = job.path
@@ -535,11 +534,11 @@ def _write_case(h5: h5py.File, case: Case, record: dict[str, Any], output_parts:
     group = h5["cases"].create_group(case.case_id)
     group.attrs["params_json"] = params_json(case)
     for key, value in case.params().items():
-        group.attrs[key] = _attr(value)
+        group.attrs[key] = hdf5_attr(value)
     for key, value in (extra or {}).items():
         group.attrs[key] = value
     for key, value in record.get("attrs", {}).items():
-        group.attrs[key] = _attr(value)
+        group.attrs[key] = hdf5_attr(value)
     timings = group.create_group("timings")
     for phase, values in record["timings"].items():
         ds = timings.create_dataset(phase, data=np.asarray(values, dtype=np.float64))
