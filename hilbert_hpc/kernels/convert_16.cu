@@ -11,7 +11,7 @@
 // attention kernels (Half16 in half16.cuh), so the result is what those kernels would have written.
 
 #include "common.cuh"
-#include "half16.cuh"
+#include "convert.cuh"
 
 #define CONVERT16_PARAMS(SRC, DST)                                                                         \
     const SRC* __restrict__ src, DST* __restrict__ dst, const float* __restrict__ lse, long long rows,    \

@@ -19,6 +19,8 @@
 // with shuffles, and each lane accumulates D/32 output columns.
 
 #include "common.cuh"
+#include "convert.cuh"
+#include "attention.cuh"
 
 #define WARPS 4
 #define KTILE 32

@@ -16,11 +16,11 @@
 // Every row offset must be a multiple of 4 elements (float4 loads).
 
 #include "common.cuh"
+#include "convert.cuh"
+#include "attention.cuh"
 
 #define TILED_THREADS 256
 #define BK 64
-#define LOG2E 1.4426950408889634f
-#define LN2 0.6931471805599453f
 
 template <int N>
 __device__ __forceinline__ void load_row(float (&dst)[N], const float* src) {

@@ -26,46 +26,17 @@
 // Every row offset must be a multiple of 4 elements (float4 loads, 16-byte cp.async).
 
 #include "common.cuh"
+#include "convert.cuh"
+#include "cp_async.cuh"
+#include "mma_sync.cuh"
+#include "attention.cuh"
 
 #define MMA_WARPS 4
 #define MMA_BQ (16 * MMA_WARPS)
 #define MMA_BK 32
-#define LOG2E 1.4426950408889634f
-#define LN2 0.6931471805599453f
 #ifndef TF32X3_GROUP
 #define TF32X3_GROUP 2
 #endif
-
-__device__ __forceinline__ unsigned tf32_bits(float x) {
-    unsigned r;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-    return r;
-}
-
-// x = hi + lo, both representable in TF32
-__device__ __forceinline__ void split_tf32(float x, unsigned& hi, unsigned& lo) {
-    hi = tf32_bits(x);
-    lo = tf32_bits(x - __uint_as_float(hi));
-}
-
-__device__ __forceinline__ void mma_tf32(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// c += a * b with split operands: three TF32 products, small terms first
-__device__ __forceinline__ void mma_3xtf32(float (&c)[4], const unsigned (&ahi)[4], const unsigned (&alo)[4],
-                                           float b0, float b1) {
-    unsigned b0hi, b0lo, b1hi, b1lo;
-    split_tf32(b0, b0hi, b0lo);
-    split_tf32(b1, b1hi, b1lo);
-    mma_tf32(c, alo, b0hi, b1hi);
-    mma_tf32(c, ahi, b0lo, b1lo);
-    mma_tf32(c, ahi, b0hi, b1hi);
-}
 
 // rows [0, rows) x D floats from global (row stride `stride`, offset `off`) into shared [row][D + 4]
 template <int D>
@@ -95,11 +66,6 @@ __device__ __forceinline__ void load_tile_async(float* dst, const float* __restr
                      "r"(j < limit ? 16 : 0));
     }
     asm volatile("cp.async.commit_group;\n" ::);
-}
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
 // blocks per SM the register budget is cut for: four (16 warps) where shared memory allows

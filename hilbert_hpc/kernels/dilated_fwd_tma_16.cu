@@ -40,51 +40,10 @@
 //     LBO = bytes between 64-column regions (BK * 128; only D = 128 has two); k-step kk (16 keys): + 2048 kk.
 
 #include "common.cuh"
+#include "convert.cuh"
 #include "wgmma.cuh"
-#include "half16.cuh"
-#include "wgmma16_ops.cuh"
-
-// A CUtensorMap (opaque, 128 bytes, 64-byte aligned) in global memory: maps[0] = Q, [1] = K, [2] = V.
-struct __align__(64) TensorMap {
-    unsigned long long words[16];
-};
-
-__device__ __forceinline__ desc_t smem_desc_sw128(unsigned addr, unsigned lbo) {
-    return smem_desc(addr, lbo, 1024) | (1ull << 62);
-}
-
-__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-
-__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void mbar_arrive(unsigned bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-
-// until the phase of parity `parity` of the barrier has completed
-__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
-    unsigned done;
-    do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-    } while (!done);
-}
-
-// one box of a 4-D tensor map (coordinates innermost first) into shared memory; completes on `bar`
-__device__ __forceinline__ void tma_load_4d(unsigned dst, const TensorMap* map, int c0, int c1, int c2, int c3,
-                                            unsigned bar) {
-    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
-                 ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar) : "memory");
-}
-
-template <int REGS>
-__device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS)); }
-template <int REGS>
-__device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS)); }
+#include "tma.cuh"
+#include "attention.cuh"
 
 // Shared memory of one block in bytes (from a 1024-byte-aligned base): Q of NC warpgroups, STAGES x (K, V)
 // tiles, then the barriers; `bytes` adds the slack that aligns the dynamic shared window's base.

@@ -50,10 +50,11 @@
 // fragment of k-step kk in place, register j = pack(s[8kk + 2j], s[8kk + 2j + 1]); no permutation.
 
 #include "common.cuh"
+#include "convert.cuh"
+#include "cp_async.cuh"
+#include "mma_sync.cuh"
 #include "wgmma.cuh"
-#include "half16.cuh"
-#include "wgmma16_ops.cuh"
-
+#include "attention.cuh"
 
 // rows [r0, r0 + ROWS) of a D-wide 16-bit matrix (row j at src + off + j * row_stride elements; rows at or
 // past rend are zero-filled) into shared memory at byte address dst in core-matrix order
