@@ -122,7 +122,7 @@ __device__ __forceinline__ void merge_rows32(float* __restrict__ out, float* __r
     for (int h = 0; h < 2; ++h) {
         const int i = row0 + 8 * h;
         if (i >= mq || l[h] <= 0.0f) continue;   // no visible key: nothing to merge
-        const float mine = (m[h] + log2f(l[h])) * 0.6931471805599453f;
+        const float mine = (m[h] + log2f(l[h])) * LN2;
         const MergeWeights w = merge_weights(old[h], mine);
         const float inv_l = 1.0f / l[h];
         float2* orow = reinterpret_cast<float2*>(out + qoff + i * q_row + 2 * t);

@@ -10,3 +10,8 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
+
+// 16 bytes global -> shared (byte address `to`), `bytes` of them read (16, or 0: zero-filled), in the open group
+__device__ __forceinline__ void cp_async_16(unsigned to, const void* from, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(from), "r"(bytes) : "memory");
+}

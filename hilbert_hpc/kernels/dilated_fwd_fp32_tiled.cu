@@ -81,8 +81,7 @@ dilated_fwd_fp32_tiled(DILATED_FWD_PARAMS)
         for (int c = 0; c < C; ++c) acc[a][c] = 0.0f;
     }
 
-    int kend = mk;
-    if (causal) kend = min(kend, max(0, qblock + BQ + causal_shift));
+    const int kend = visible_key_end(mk, causal, qblock + BQ, causal_shift);
 
     for (int kt = 0; kt < kend; kt += BK) {
         __syncthreads();                                 // previous P and V fully used

@@ -42,9 +42,7 @@ __device__ __forceinline__ void load_rows_padded(unsigned dst, const T* __restri
     for (int p = threadIdx.x; p < ROWS * KC; p += MMA16_THREADS) {
         const int r = p / KC, c = p % KC, j = r0 + r;
         const T* from = src + off + (long long)max(0, min(j, rend - 1)) * row_stride + 8 * c;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + r * S + 16 * c), "l"(from),
-                     "r"(j < rend ? 16 : 0)
-                     : "memory");
+        cp_async_16(dst + r * S + 16 * c, from, j < rend ? 16 : 0);
     }
 }
 
@@ -79,10 +77,9 @@ dilated_fwd_mma_16(DILATED_FWD16_PARAMS(T))
     const int qblock = blockIdx.y * MMA16_BQ;
     DILATED_FWD_PROBLEM_OFFSETS;
 
-    int kend = mk;
-    if (causal) kend = min(kend, max(0, qblock + MMA16_BQ + causal_shift));
+    const int kend = visible_key_end(mk, causal, qblock + MMA16_BQ, causal_shift);
     if (kend <= 0) return;                   // no key visible to this block (uniform)
-    const int open_end = causal ? min(kend, max(0, qblock + causal_shift + 1)) : kend;
+    const int open_end = unmasked_key_end(kend, causal, qblock, causal_shift);
 
     load_rows_padded<T, D, MMA16_BQ>(sQ, q, qoff, q_row, qblock, mq);
     load_rows_padded<T, D, BK>(sKV, k, koff, k_row, 0, kend);

@@ -91,8 +91,7 @@ dilated_fwd_tf32x3(DILATED_FWD_PARAMS)
     const int qblock = blockIdx.y * MMA_BQ;
     DILATED_FWD_PROBLEM_OFFSETS;
 
-    int kend = mk;
-    if (causal) kend = min(kend, max(0, qblock + MMA_BQ + causal_shift));
+    const int kend = visible_key_end(mk, causal, qblock + MMA_BQ, causal_shift);
     if (kend > 0) {                                      // first K/V tile in flight while Q is stored
         load_tile_async<D>(sKV, k, koff, k_row, 0, MMA_BK, kend);
         load_tile_async<D>(sKV + MMA_BK * S, v, voff, v_row, 0, MMA_BK, kend);
@@ -106,7 +105,7 @@ dilated_fwd_tf32x3(DILATED_FWD_PARAMS)
     for (int n = 0; n < ND; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     const float* qw = sQ + (16 * warp + g) * S + t;
     // queries of this block see every key of a tile below this bound without a mask
-    const int open_end = causal ? min(kend, max(0, qblock + causal_shift + 1)) : kend;
+    const int open_end = unmasked_key_end(kend, causal, qblock, causal_shift);
 
     for (int kt = 0, stage = 0; kt < kend; kt += MMA_BK, stage ^= 1) {
         const float* sK = sKV + stage * 2 * MMA_BK * S;

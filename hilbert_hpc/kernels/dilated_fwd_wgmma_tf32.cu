@@ -88,7 +88,7 @@ __device__ __forceinline__ void load_kv_async(float* sKst, float* sVst, const fl
         const unsigned to = (unsigned)__cvta_generic_to_shared(sVst + r * (D + 4) + 4 * c);
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(from), "r"(j < kend ? 16 : 0));
     }
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    cp_async_commit();
 }
 
 // the staged tile, split once: K -> sKhi/sKlo (same order), V -> V^T hi/lo with the key permutation
@@ -186,8 +186,7 @@ dilated_fwd_wgmma_tf32(DILATED_FWD_PARAMS)
     const int qblock = blockIdx.y * BQ;
     DILATED_FWD_PROBLEM_OFFSETS;
 
-    int kend = mk;
-    if (causal) kend = min(kend, max(0, qblock + BQ + causal_shift));
+    const int kend = visible_key_end(mk, causal, qblock + BQ, causal_shift);
     if (kend <= 0) return;                   // no key visible to this block (uniform)
 
     load_kv_async<D, BK, THREADS>(sKst, sVst, k, v, koff, k_row, voff, v_row, 0, kend);
@@ -218,10 +217,10 @@ dilated_fwd_wgmma_tf32(DILATED_FWD_PARAMS)
 #pragma unroll
     for (int i = 0; i < NO; ++i) o[i] = 0.0f;
     // queries of this block see every key of a tile below this bound without a mask
-    const int open_end = causal ? min(kend, max(0, qblock + causal_shift + 1)) : kend;
+    const int open_end = unmasked_key_end(kend, causal, qblock, causal_shift);
 
     for (int kt = 0; kt < kend; kt += BK) {
-        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+        cp_async_wait_all();
         __syncthreads();                     // tile kt staged; every warpgroup is done with the last tile
         split_tile<D, BK, WG>(sKhi, sKlo, sVhi, sVlo, sKst, sVst);
         fence_async_shared();

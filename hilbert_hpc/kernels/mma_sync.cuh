@@ -61,3 +61,10 @@ __device__ __forceinline__ void ldsm_x4_trans(unsigned addr, unsigned& r0, unsig
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr) : "memory");
 }
+
+// four 8 x 8 16-bit matrices into shared memory, each transposed (element (r, c) of matrix i to row c, column
+// r); lanes 8i..8i+7 give the row addresses of matrix i
+__device__ __forceinline__ void stsm_x4_trans(unsigned addr, unsigned r0, unsigned r1, unsigned r2, unsigned r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n"
+                 ::"r"(addr), "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
+}
