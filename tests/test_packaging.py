@@ -45,7 +45,7 @@ def test_wheel_ships_every_file_of_the_package(wheel):
     shipped = set(zipfile.ZipFile(wheel).namelist())
     wanted = [n for n in tracked_files() if n.startswith("hilbert_hpc/")]
     assert [n for n in wanted if n not in shipped] == []
-    assert {"hilbert_hpc/kernels/common.cuh", "hilbert_hpc/kernels/half16.cuh"} <= shipped
+    assert {"hilbert_hpc/kernels/common.cuh", "hilbert_hpc/kernels/attention.cuh"} <= shipped
 
 
 def test_installed_kernel_sources_read_from_the_installed_package(wheel, tmp_path):

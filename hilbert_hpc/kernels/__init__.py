@@ -71,7 +71,8 @@ SOURCE_MIN_ARCH = {TF32X3_SOURCE: 80, WGMMA_SOURCE: 90}
 SOURCE_ARCHS = {WGMMA_SOURCE: ("compute_90a",)}
 OPTIONS = ("-std=c++14",)
 #: headers the sources include, inlined by ``source`` (so compile caches see their text)
-HEADERS = ("common.cuh", "half16.cuh", "wgmma.cuh", "wgmma16_ops.cuh")
+HEADERS = ("common.cuh", "convert.cuh", "cp_async.cuh", "mma_sync.cuh", "wgmma.cuh", "tma.cuh",
+           "attention.cuh")
 VARIANT_ENV = "HILBERT_HPC_FP32_KERNEL"
 PASCAL_SHARED = 48 * 1024
 

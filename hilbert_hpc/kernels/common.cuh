@@ -1,5 +1,7 @@
-// Pieces shared by the forward kernels: -inf, lane reductions, the log-sum-exp merge weights, the argument
-// list of the FP32 kernels, and for the tensor-core kernels the online softmax of a tile and the FP32 merge.
+// Pieces of every forward kernel: -inf, the argument lists of the FP32 and 16-bit kernels, the offsets of a
+// block's problem, and lane reductions (warp shuffles). Headers of this folder do not include each other:
+// a kernel includes those it needs in this order: common.cuh, convert.cuh, cp_async.cuh, mma_sync.cuh,
+// wgmma.cuh, tma.cuh, attention.cuh (kernels.source inlines them).
 #pragma once
 
 #define NEG_INF (-__int_as_float(0x7f800000))
@@ -24,6 +26,16 @@
     const long long voff = v_base + problem_seg * v_seg + problem_head * v_head;                          \
     const long long loff = l_base + problem_seg * l_seg + problem_head * l_head
 
+// The arguments of the 16-bit kernels: DILATED_FWD_PARAMS with 16-bit q, k, v, out (float lse)
+#define DILATED_FWD16_PARAMS(T)                                                                           \
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,                            \
+    T* __restrict__ out, float* __restrict__ lse,                                                         \
+    long long q_base, long long q_seg, long long q_head, long long q_row,                                 \
+    long long k_base, long long k_seg, long long k_head, long long k_row,                                 \
+    long long v_base, long long v_seg, long long v_head, long long v_row,                                 \
+    long long l_base, long long l_seg, long long l_head, long long l_row,                                 \
+    int heads, int mq, int mk, int causal, int causal_shift, float scale
+
 // max / sum over groups of WIDTH consecutive lanes (WIDTH a power of two <= 32)
 template <int WIDTH>
 __device__ __forceinline__ float lanes_max(float x) {
@@ -35,135 +47,4 @@ template <int WIDTH>
 __device__ __forceinline__ float lanes_sum(float x) {
     for (int o = WIDTH / 2; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
     return x;
-}
-
-// Merging a new partial result (log-sum-exp `mine`) into a running one (`old`, -inf for none):
-// out = (old_out * wa + new_out * wb) / den and lse = mx + log(den).
-struct MergeWeights {
-    float mx, wa, wb, den;
-};
-
-__device__ __forceinline__ MergeWeights merge_weights(float old, float mine) {
-    MergeWeights w;
-    w.mx = fmaxf(old, mine);
-    w.wa = (old == NEG_INF) ? 0.0f : expf(old - w.mx);
-    w.wb = expf(mine - w.mx);
-    w.den = w.wa + w.wb;
-    return w;
-}
-
-// Merge this thread's two rows (row0, row0 + 8) of an unnormalized FP32 result into the running FP32
-// output and log-sum-exp (natural-log units), in place: out = (old * wa + o / l * wb) / den (rows at even
-// element offsets: read and written as float2). Accumulator
-// layout of mma.sync m16n8 and wgmma m64nN (lane = 4 g + t): o[4 n + 2 h + e] = (row g + 8 h, column
-// 8 n + 2 t + e); m: running max (log2 units), l: this lane's partial row sums (summed over the row's 4
-// lanes here). Rows past mq or with no visible key are left untouched. Every lane of the warp must call it.
-template <int D>
-__device__ __forceinline__ void merge_rows32(float* __restrict__ out, float* __restrict__ lse, long long qoff,
-                                             long long q_row, long long loff, long long l_row, int row0, int mq,
-                                             int t, const float (&m)[2], float (&l)[2], const float (&o)[D / 2]) {
-    float old[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        l[h] = lanes_sum<4>(l[h]);
-        const int i = row0 + 8 * h;
-        old[h] = (i < mq && l[h] > 0.0f) ? lse[loff + i * l_row] : NEG_INF;
-    }
-    __syncwarp();                            // every lane has read L before lane t == 0 writes it
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int i = row0 + 8 * h;
-        if (i >= mq || l[h] <= 0.0f) continue;   // no visible key: nothing to merge
-        const float mine = (m[h] + log2f(l[h])) * 0.6931471805599453f;
-        const MergeWeights w = merge_weights(old[h], mine);
-        const float inv_l = 1.0f / l[h];
-        float2* orow = reinterpret_cast<float2*>(out + qoff + i * q_row + 2 * t);
-        // every old value of the row is read before any is combined: one round trip to memory, not D / 4 (the
-        // division's branches would otherwise keep each read behind the previous element's store)
-        float2 prev[D / 8];
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n) prev[n] = make_float2(0.0f, 0.0f);
-        if (w.wa != 0.0f)
-#pragma unroll
-            for (int n = 0; n < D / 8; ++n) prev[n] = orow[4 * n];
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-            float2 r;
-            r.x = (prev[n].x * w.wa + o[4 * n + 2 * h] * inv_l * w.wb) / w.den;
-            r.y = (prev[n].y * w.wa + o[4 * n + 2 * h + 1] * inv_l * w.wb) / w.den;
-            orow[4 * n] = r;
-        }
-        if (t == 0) lse[loff + i * l_row] = w.mx + logf(w.den);
-    }
-}
-
-// Online softmax of one key tile for this thread's two query rows (row0, row0 + 8), in log2 units, on the
-// accumulator layout of mma.sync m16n8 and wgmma m64nN (lane = 4 g + t): s[4 b + 2 h + e] = score of
-// (row g + 8 h, key kt + 8 b + 2 t + e), o[4 n + 2 h + e] = running output (row g + 8 h, column 8 n + 2 t + e).
-// Scores become mul * score (mul = scale * log2 e, or 1 when Q was pre-scaled); masked (only boundary tiles
-// need it): keys at or past kend, and past i + causal_shift when causal. On return s holds the FP32
-// probabilities exp2(mul s - m), m the running max, l this lane's partial row sum, alpha[h] the factor of the
-// running output of row h, and, when RESCALE, o is rescaled by it.
-template <int NB, int NO, bool RESCALE>
-__device__ __forceinline__ void softmax_tile(float (&s)[4 * NB], float (&o)[NO], float (&m)[2], float (&l)[2],
-                                             float (&alpha)[2], bool masked, int kt, int kend, int causal,
-                                             int causal_shift, int row0, int t, float mul) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int i = row0 + 8 * h;
-        float mx = NEG_INF;
-#pragma unroll
-        for (int b = 0; b < NB; ++b)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                float& x = s[4 * b + 2 * h + e];
-                if (masked) {
-                    const int j = kt + 8 * b + 2 * t + e;
-                    x = (j < kend && (!causal || j <= i + causal_shift)) ? x : NEG_INF;
-                }
-                mx = fmaxf(mx, x);
-            }
-        const float m_new = fmaxf(m[h], lanes_max<4>(mx) * mul);
-        const float m_use = (m_new == NEG_INF) ? 0.0f : m_new;
-        const float a = exp2f(m[h] - m_use);
-        alpha[h] = a;
-        float sum = 0.0f;
-#pragma unroll
-        for (int b = 0; b < NB; ++b)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                float& x = s[4 * b + 2 * h + e];
-                x = exp2f(fmaf(x, mul, -m_use));
-                sum += x;
-            }
-        l[h] = l[h] * a + sum;               // this lane's partial row sum (FP32 probabilities)
-        m[h] = m_new;
-        if (RESCALE)
-#pragma unroll
-            for (int n = 0; n < NO / 4; ++n) {
-                o[4 * n + 2 * h] *= a;
-                o[4 * n + 2 * h + 1] *= a;
-            }
-    }
-}
-
-// softmax_tile with the running output o rescaled in place.
-template <int NB, int NO>
-__device__ __forceinline__ void online_softmax_tile(float (&s)[4 * NB], float (&o)[NO], float (&m)[2], float (&l)[2],
-                                                    bool masked, int kt, int kend, int causal, int causal_shift,
-                                                    int row0, int t, float mul) {
-    float alpha[2];
-    softmax_tile<NB, NO, true>(s, o, m, l, alpha, masked, kt, kend, causal, causal_shift, row0, t, mul);
-}
-
-// Running output rows (row g + 8 h: o[4 n + 2 h + e]) multiplied by alpha[h] (after softmax_tile<..., false>).
-template <int NO>
-__device__ __forceinline__ void rescale_rows(float (&o)[NO], const float (&alpha)[2]) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int n = 0; n < NO / 4; ++n) {
-            o[4 * n + 2 * h] *= alpha[h];
-            o[4 * n + 2 * h + 1] *= alpha[h];
-        }
 }

@@ -8,10 +8,10 @@
 //   narrow_16: only pairs with a log-sum-exp are written: what no launch merged stays untouched, as the
 //     kernels leave it.
 // The 16-bit values are widened exactly and rounded to nearest even by the same PTX conversions as the
-// attention kernels (Half16 in half16.cuh), so the result is what those kernels would have written.
+// attention kernels (Half16 in convert.cuh), so the result is what those kernels would have written.
 
 #include "common.cuh"
-#include "half16.cuh"
+#include "convert.cuh"
 
 #define CONVERT16_PARAMS(SRC, DST)                                                                         \
     const SRC* __restrict__ src, DST* __restrict__ dst, const float* __restrict__ lse, long long rows,    \

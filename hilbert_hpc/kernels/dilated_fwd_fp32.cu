@@ -19,6 +19,8 @@
 // with shuffles, and each lane accumulates D/32 output columns.
 
 #include "common.cuh"
+#include "convert.cuh"
+#include "attention.cuh"
 
 #define WARPS 4
 #define KTILE 32
@@ -75,8 +77,7 @@ dilated_fwd_fp32(DILATED_FWD_PARAMS)
         for (int c = 0; c < C; ++c) acc[a][c] = 0.0f;
     }
 
-    int kend = g.mk;
-    if (g.causal) kend = min(kend, max(0, qblock + BQ + g.causal_shift));
+    const int kend = visible_key_end(g.mk, g.causal, qblock + BQ, g.causal_shift);
     const int q0 = qblock + warp * QPW;
 
     for (int kt = 0; kt < kend; kt += KTILE) {

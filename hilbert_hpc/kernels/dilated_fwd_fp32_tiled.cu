@@ -16,11 +16,11 @@
 // Every row offset must be a multiple of 4 elements (float4 loads).
 
 #include "common.cuh"
+#include "convert.cuh"
+#include "attention.cuh"
 
 #define TILED_THREADS 256
 #define BK 64
-#define LOG2E 1.4426950408889634f
-#define LN2 0.6931471805599453f
 
 template <int N>
 __device__ __forceinline__ void load_row(float (&dst)[N], const float* src) {
@@ -81,8 +81,7 @@ dilated_fwd_fp32_tiled(DILATED_FWD_PARAMS)
         for (int c = 0; c < C; ++c) acc[a][c] = 0.0f;
     }
 
-    int kend = mk;
-    if (causal) kend = min(kend, max(0, qblock + BQ + causal_shift));
+    const int kend = visible_key_end(mk, causal, qblock + BQ, causal_shift);
 
     for (int kt = 0; kt < kend; kt += BK) {
         __syncthreads();                                 // previous P and V fully used

@@ -22,51 +22,14 @@
 // Only tiles at the causal or length boundary are masked.
 
 #include "common.cuh"
-#include "half16.cuh"
+#include "convert.cuh"
+#include "cp_async.cuh"
+#include "mma_sync.cuh"
+#include "attention.cuh"
 
 #define MMA16_WARPS 4
 #define MMA16_THREADS (32 * MMA16_WARPS)
 #define MMA16_BQ (16 * MMA16_WARPS)
-
-template <typename T>
-struct Mma16;
-
-template <>
-struct Mma16<bf16_t> {
-    // c += a * b: m16n8k16, A row-major (4 registers), B column-major (2 registers), FP32 accumulators
-    static __device__ __forceinline__ void mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-            "{%0,%1,%2,%3};\n"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-};
-
-template <>
-struct Mma16<f16_t> {
-    static __device__ __forceinline__ void mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-            "{%0,%1,%2,%3};\n"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-};
-
-// four 8 x 8 16-bit matrices from shared memory; lanes 8i..8i+7 give the row addresses of matrix i
-__device__ __forceinline__ void ldsm_x4(unsigned addr, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr) : "memory");
-}
-
-// the same, each matrix transposed (lane 4 g + t gets elements (2t, g) and (2t + 1, g))
-__device__ __forceinline__ void ldsm_x4_trans(unsigned addr, unsigned& r0, unsigned& r1, unsigned& r2,
-                                              unsigned& r3) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr) : "memory");
-}
-
 
 // rows [r0, r0 + ROWS) of a D-wide 16-bit matrix (row j at src + off + j * row_stride elements; rows at or
 // past rend are zero-filled) into shared rows of D + 8 elements at byte address dst; one 16-byte cp.async
@@ -79,9 +42,7 @@ __device__ __forceinline__ void load_rows_padded(unsigned dst, const T* __restri
     for (int p = threadIdx.x; p < ROWS * KC; p += MMA16_THREADS) {
         const int r = p / KC, c = p % KC, j = r0 + r;
         const T* from = src + off + (long long)max(0, min(j, rend - 1)) * row_stride + 8 * c;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + r * S + 16 * c), "l"(from),
-                     "r"(j < rend ? 16 : 0)
-                     : "memory");
+        cp_async_16(dst + r * S + 16 * c, from, j < rend ? 16 : 0);
     }
 }
 
@@ -116,10 +77,9 @@ dilated_fwd_mma_16(DILATED_FWD16_PARAMS(T))
     const int qblock = blockIdx.y * MMA16_BQ;
     DILATED_FWD_PROBLEM_OFFSETS;
 
-    int kend = mk;
-    if (causal) kend = min(kend, max(0, qblock + MMA16_BQ + causal_shift));
+    const int kend = visible_key_end(mk, causal, qblock + MMA16_BQ, causal_shift);
     if (kend <= 0) return;                   // no key visible to this block (uniform)
-    const int open_end = causal ? min(kend, max(0, qblock + causal_shift + 1)) : kend;
+    const int open_end = unmasked_key_end(kend, causal, qblock, causal_shift);
 
     load_rows_padded<T, D, MMA16_BQ>(sQ, q, qoff, q_row, qblock, mq);
     load_rows_padded<T, D, BK>(sKV, k, koff, k_row, 0, kend);

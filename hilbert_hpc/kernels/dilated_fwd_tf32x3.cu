@@ -26,46 +26,17 @@
 // Every row offset must be a multiple of 4 elements (float4 loads, 16-byte cp.async).
 
 #include "common.cuh"
+#include "convert.cuh"
+#include "cp_async.cuh"
+#include "mma_sync.cuh"
+#include "attention.cuh"
 
 #define MMA_WARPS 4
 #define MMA_BQ (16 * MMA_WARPS)
 #define MMA_BK 32
-#define LOG2E 1.4426950408889634f
-#define LN2 0.6931471805599453f
 #ifndef TF32X3_GROUP
 #define TF32X3_GROUP 2
 #endif
-
-__device__ __forceinline__ unsigned tf32_bits(float x) {
-    unsigned r;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-    return r;
-}
-
-// x = hi + lo, both representable in TF32
-__device__ __forceinline__ void split_tf32(float x, unsigned& hi, unsigned& lo) {
-    hi = tf32_bits(x);
-    lo = tf32_bits(x - __uint_as_float(hi));
-}
-
-__device__ __forceinline__ void mma_tf32(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// c += a * b with split operands: three TF32 products, small terms first
-__device__ __forceinline__ void mma_3xtf32(float (&c)[4], const unsigned (&ahi)[4], const unsigned (&alo)[4],
-                                           float b0, float b1) {
-    unsigned b0hi, b0lo, b1hi, b1lo;
-    split_tf32(b0, b0hi, b0lo);
-    split_tf32(b1, b1hi, b1lo);
-    mma_tf32(c, alo, b0hi, b1hi);
-    mma_tf32(c, ahi, b0lo, b1lo);
-    mma_tf32(c, ahi, b0hi, b1hi);
-}
 
 // rows [0, rows) x D floats from global (row stride `stride`, offset `off`) into shared [row][D + 4]
 template <int D>
@@ -97,11 +68,6 @@ __device__ __forceinline__ void load_tile_async(float* dst, const float* __restr
     asm volatile("cp.async.commit_group;\n" ::);
 }
 
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
 // blocks per SM the register budget is cut for: four (16 warps) where shared memory allows
 template <int D>
 struct MinBlocks {
@@ -125,8 +91,7 @@ dilated_fwd_tf32x3(DILATED_FWD_PARAMS)
     const int qblock = blockIdx.y * MMA_BQ;
     DILATED_FWD_PROBLEM_OFFSETS;
 
-    int kend = mk;
-    if (causal) kend = min(kend, max(0, qblock + MMA_BQ + causal_shift));
+    const int kend = visible_key_end(mk, causal, qblock + MMA_BQ, causal_shift);
     if (kend > 0) {                                      // first K/V tile in flight while Q is stored
         load_tile_async<D>(sKV, k, koff, k_row, 0, MMA_BK, kend);
         load_tile_async<D>(sKV + MMA_BK * S, v, voff, v_row, 0, MMA_BK, kend);
@@ -140,7 +105,7 @@ dilated_fwd_tf32x3(DILATED_FWD_PARAMS)
     for (int n = 0; n < ND; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     const float* qw = sQ + (16 * warp + g) * S + t;
     // queries of this block see every key of a tile below this bound without a mask
-    const int open_end = causal ? min(kend, max(0, qblock + causal_shift + 1)) : kend;
+    const int open_end = unmasked_key_end(kend, causal, qblock, causal_shift);
 
     for (int kt = 0, stage = 0; kt < kend; kt += MMA_BK, stage ^= 1) {
         const float* sK = sKV + stage * 2 * MMA_BK * S;

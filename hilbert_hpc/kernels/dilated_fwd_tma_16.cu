@@ -40,51 +40,10 @@
 //     LBO = bytes between 64-column regions (BK * 128; only D = 128 has two); k-step kk (16 keys): + 2048 kk.
 
 #include "common.cuh"
+#include "convert.cuh"
 #include "wgmma.cuh"
-#include "half16.cuh"
-#include "wgmma16_ops.cuh"
-
-// A CUtensorMap (opaque, 128 bytes, 64-byte aligned) in global memory: maps[0] = Q, [1] = K, [2] = V.
-struct __align__(64) TensorMap {
-    unsigned long long words[16];
-};
-
-__device__ __forceinline__ desc_t smem_desc_sw128(unsigned addr, unsigned lbo) {
-    return smem_desc(addr, lbo, 1024) | (1ull << 62);
-}
-
-__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-
-__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void mbar_arrive(unsigned bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-
-// until the phase of parity `parity` of the barrier has completed
-__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
-    unsigned done;
-    do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-    } while (!done);
-}
-
-// one box of a 4-D tensor map (coordinates innermost first) into shared memory; completes on `bar`
-__device__ __forceinline__ void tma_load_4d(unsigned dst, const TensorMap* map, int c0, int c1, int c2, int c3,
-                                            unsigned bar) {
-    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
-                 ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar) : "memory");
-}
-
-template <int REGS>
-__device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS)); }
-template <int REGS>
-__device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS)); }
+#include "tma.cuh"
+#include "attention.cuh"
 
 // Shared memory of one block in bytes (from a 1024-byte-aligned base): Q of NC warpgroups, STAGES x (K, V)
 // tiles, then the barriers; `bytes` adds the slack that aligns the dynamic shared window's base.
@@ -162,8 +121,7 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, O* __restrict__ out, floa
 
     // keys seen by the block: those of its last warpgroup with queries (the causal end grows with the row)
     const int last_wg = min(NC - 1, (mq - 1 - qblock) / WG_QUERIES);
-    int kend = mk;
-    if (causal) kend = min(kend, max(0, qblock + WG_QUERIES * (last_wg + 1) + causal_shift));
+    const int kend = visible_key_end(mk, causal, qblock + WG_QUERIES * (last_wg + 1), causal_shift);
     if (kend <= 0) return;                   // uniform: no key visible to this block
     const int ntiles = (kend + BK - 1) / BK;
 
@@ -174,7 +132,7 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, O* __restrict__ out, floa
             mbar_init(V_FULL(s), 1);
             mbar_init(EMPTY(s), WG_THREADS * NC);
         }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        mbar_fence_init();
     }
     __syncthreads();
 
@@ -188,7 +146,7 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, O* __restrict__ out, floa
                     tma_load_4d(sQ + (w * NR + r) * (WG_QUERIES * 128), maps, 64 * r, problem_head,
                                 qblock + WG_QUERIES * w, seg, q_full);
             for (int it = 0; it < ntiles; ++it) {
-                const int s = it % STAGES;
+                const int s = stage_of<STAGES>(it);
                 if (it >= STAGES) mbar_wait(EMPTY(s), ((it / STAGES) + 1) & 1);
                 const unsigned st = sK + 2 * s * L::TILE;
                 mbar_expect_tx(K_FULL(s), L::TILE);
@@ -203,6 +161,7 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, O* __restrict__ out, floa
         setmaxnreg_inc<R::CREG>();
         const int w = wg - 1, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
         const int qwg = qblock + WG_QUERIES * w;
+        // visible_key_end / unmasked_key_end of attention.cuh, spelled out: through the helpers the cubin differs
         int kend_wg = (qwg < mq) ? kend : 0;
         if (causal) kend_wg = min(kend_wg, max(0, qwg + WG_QUERIES + causal_shift));
         const int open_end = causal ? min(kend, max(0, qwg + causal_shift + 1)) : kend;
@@ -222,7 +181,7 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, O* __restrict__ out, floa
 
         // S = Q K^T of tile it into s (issued and committed, not waited for)
         auto issue_qk = [&](int it) {
-            const unsigned st = sK + 2 * (it % STAGES) * L::TILE;
+            const unsigned st = sK + 2 * stage_of<STAGES>(it) * L::TILE;
             pin(s);
             wgmma_fence();
     #pragma unroll
@@ -238,7 +197,7 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, O* __restrict__ out, floa
         };
         // O += P V of tile it (issued and committed)
         auto issue_pv = [&](int it) {
-            const unsigned sv = sK + 2 * (it % STAGES) * L::TILE + L::TILE;
+            const unsigned sv = sK + 2 * stage_of<STAGES>(it) * L::TILE + L::TILE;
             pin(o);
             pin_u(p);
             wgmma_fence();
@@ -268,29 +227,29 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, O* __restrict__ out, floa
                 softmax(0);                      // o is zero: nothing to rescale
                 pack_p();
                 for (int it = 1; it < nt; ++it) {
-                    mbar_wait(K_FULL(it % STAGES), (it / STAGES) & 1);
+                    mbar_wait(K_FULL(stage_of<STAGES>(it)), phase_of<STAGES>(it));
                     issue_qk(it);
-                    mbar_wait(V_FULL((it - 1) % STAGES), ((it - 1) / STAGES) & 1);
+                    mbar_wait(V_FULL(stage_of<STAGES>(it - 1)), phase_of<STAGES>(it - 1));
                     issue_pv(it - 1);
                     wgmma_wait<1>();             // S(it) landed; P(it-1) V(it-1) may still run
                     pin(s);
                     softmax(it);
                     wgmma_wait<0>();
                     pin(o);
-                    mbar_arrive(EMPTY((it - 1) % STAGES));
+                    mbar_arrive(EMPTY(stage_of<STAGES>(it - 1)));
                     rescale_rows<NO>(o, alpha);
                     pack_p();
                 }
-                mbar_wait(V_FULL((nt - 1) % STAGES), ((nt - 1) / STAGES) & 1);
+                mbar_wait(V_FULL(stage_of<STAGES>(nt - 1)), phase_of<STAGES>(nt - 1));
                 issue_pv(nt - 1);
                 wgmma_wait<0>();
                 pin(o);
-                mbar_arrive(EMPTY((nt - 1) % STAGES));
+                mbar_arrive(EMPTY(stage_of<STAGES>(nt - 1)));
             }
         } else {
             for (int it = 0; it < nt; ++it) {
-                const int st = it % STAGES;
-                const unsigned ph = (it / STAGES) & 1;
+                const int st = stage_of<STAGES>(it);
+                const unsigned ph = phase_of<STAGES>(it);
                 mbar_wait(K_FULL(st), ph);
                 issue_qk(it);
                 wgmma_wait<0>();
@@ -307,8 +266,8 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, O* __restrict__ out, floa
         }
         // tiles only later warpgroups see: let the producer reuse their stages
         for (int it = nt; it < ntiles; ++it) {
-            const int st = it % STAGES;
-            const unsigned ph = (it / STAGES) & 1;
+            const int st = stage_of<STAGES>(it);
+            const unsigned ph = phase_of<STAGES>(it);
             mbar_wait(K_FULL(st), ph);
             mbar_wait(V_FULL(st), ph);
             mbar_arrive(EMPTY(st));

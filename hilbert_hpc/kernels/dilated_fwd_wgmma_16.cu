@@ -8,7 +8,7 @@
 // 16-bit values T (bf16_t or f16_t below: raw 16-bit storage, the bits of torch.bfloat16 / float16;
 // rows aligned to 8 elements = 16 bytes). lse stays float32 in natural-log units. Scores, softmax,
 // the running output and the log-sum-exp are FP32; the merge reads the old 16-bit output, combines in
-// FP32 and rounds once to T (round to nearest even; half16.cuh, shared with the mma16 kernel).
+// FP32 and rounds once to T (round to nearest even; merge_rows16 in attention.cuh, shared with the mma16 kernel).
 //
 // Block: WG warpgroups of 128 threads; warpgroup w owns queries 64w..64w+63 of the block's 64*WG.
 // Key tiles of BK keys, double-buffered: all threads cp.async the next tile's K and V rows (16 bytes
@@ -50,10 +50,11 @@
 // fragment of k-step kk in place, register j = pack(s[8kk + 2j], s[8kk + 2j + 1]); no permutation.
 
 #include "common.cuh"
+#include "convert.cuh"
+#include "cp_async.cuh"
+#include "mma_sync.cuh"
 #include "wgmma.cuh"
-#include "half16.cuh"
-#include "wgmma16_ops.cuh"
-
+#include "attention.cuh"
 
 // rows [r0, r0 + ROWS) of a D-wide 16-bit matrix (row j at src + off + j * row_stride elements; rows at or
 // past rend are zero-filled) into shared memory at byte address dst in core-matrix order
@@ -67,9 +68,7 @@ __device__ __forceinline__ void load_rows_async(unsigned dst, const T* __restric
     for (int p = threadIdx.x; p < ROWS * KC; p += THREADS) {
         const int r = (p / (8 * KC)) * 8 + (p & 7), c = (p >> 3) % KC, j = r0 + r;
         const T* from = src + off + (long long)max(0, min(j, rend - 1)) * row_stride + 8 * c;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + 16 * p), "l"(from),
-                     "r"(j < rend ? 16 : 0)
-                     : "memory");
+        cp_async_16(dst + 16 * p, from, j < rend ? 16 : 0);
     }
 }
 
@@ -87,10 +86,10 @@ __device__ __forceinline__ void transpose_v_tile(unsigned vt, unsigned vs) {
         const unsigned from = vs + 128 * (a * KC + c) + 16 * row;
         const unsigned to = vt + 128 * (c * KB + a) + 16 * row;
         unsigned r0, r1, r2, r3;
+        // ldsm_x4 of mma_sync.cuh, spelled out: through the helper the cubin differs
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                      : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(from) : "memory");
-        asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n"
-                     ::"r"(to), "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
+        stsm_x4_trans(to, r0, r1, r2, r3);
     }
 }
 
@@ -130,12 +129,12 @@ dilated_fwd_wgmma_16(DILATED_FWD16_PARAMS(T))
     const int qblock = blockIdx.y * BQ;
     DILATED_FWD_PROBLEM_OFFSETS;
 
-    int kend = mk;
-    if (causal) kend = min(kend, max(0, qblock + BQ + causal_shift));
+    const int kend = visible_key_end(mk, causal, qblock + BQ, causal_shift);
     if (kend <= 0) return;                   // no key visible to this block (uniform)
 
     // this warpgroup's queries and keys: tiles at or past kend_wg are skipped, those below open_end unmasked
     const int qwg = qblock + WG_QUERIES * wg;
+    // visible_key_end / unmasked_key_end of attention.cuh, spelled out: through the helpers the cubin differs
     int kend_wg = (qwg < mq) ? kend : 0;
     if (causal) kend_wg = min(kend_wg, max(0, qwg + WG_QUERIES + causal_shift));
     const int open_end = causal ? min(kend, max(0, qwg + causal_shift + 1)) : kend;

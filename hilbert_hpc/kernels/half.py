@@ -75,7 +75,7 @@ TMA_SOURCE = "dilated_fwd_tma_16.cu"
 TMA_VARIANT = "tma16"
 #: head dims of tma16 (rows of one or two 128-byte swizzle spans)
 TMA_HEAD_DIMS = (64, 128)
-#: key tiles of tma16 (the wgmma m64nNk16 widths of wgmma16_ops.cuh)
+#: key tiles of tma16 (the wgmma m64nNk16 widths of Wgmma16 in wgmma.cuh)
 TMA_KEY_TILES = (32, 64, 96, 128, 192)
 #: per head dim: (key tile BK, consumer warpgroups NC, stages, PIPE), template arguments of
 #: dilated_fwd_tma_16<T, D, BK, NC, STAGES, PIPE>; PIPE = 1 overlaps the next tile's Q K^T with the softmax.
@@ -142,7 +142,7 @@ def tma_variant(head_dim: int, dtype: Any, cfg: tuple | None = None, accumulate:
         raise ValueError(f"{TMA_VARIANT} supports head_dim in {list(TMA_HEAD_DIMS)}, got {head_dim}")
     name = dtype_name(dtype)
     keys, nc, stages, pipe = (int(x) for x in (TMA_CONFIG[head_dim] if cfg is None else cfg))
-    # key tiles: the wgmma widths of wgmma16_ops.cuh; NC >= 2: with one consumer the launch bound already gives
+    # key tiles: the wgmma widths of Wgmma16 in wgmma.cuh; NC >= 2: with one consumer the launch bound already gives
     # it more registers than setmaxnreg may raise it to
     if keys not in TMA_KEY_TILES or nc not in (2, 3, 4) or not 2 <= stages <= 8 or pipe not in (0, 1):
         raise ValueError(f"{TMA_VARIANT} configuration (BK, NC, STAGES, PIPE) = {(keys, nc, stages, pipe)} "

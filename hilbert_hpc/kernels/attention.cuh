@@ -1,0 +1,185 @@
+// The pieces of the attention computation shared by the tensor-core kernels: the causal range of visible
+// keys, the online softmax of a key tile, and the one log-sum-exp merge of a partial result into the running
+// output and log-sum-exp (FP32 or 16-bit running output). Include after common.cuh and convert.cuh.
+#pragma once
+
+// Keys [0, visible_key_end) hold every key visible to queries below query_end: query i sees key j when
+// j < kend and, if causal, j <= i + causal_shift (a uniform bound for a block or warpgroup).
+__device__ __forceinline__ int visible_key_end(int kend, int causal, int query_end, int causal_shift) {
+    return causal ? min(kend, max(0, query_end + causal_shift)) : kend;
+}
+
+// Keys [0, unmasked_key_end) are visible to every query from first_query on: tiles below it need no mask.
+__device__ __forceinline__ int unmasked_key_end(int kend, int causal, int first_query, int causal_shift) {
+    return causal ? min(kend, max(0, first_query + causal_shift + 1)) : kend;
+}
+
+// Online softmax of one key tile for this thread's two query rows (row0, row0 + 8), in log2 units, on the
+// accumulator layout of mma.sync m16n8 and wgmma m64nN (lane = 4 g + t): s[4 b + 2 h + e] = score of
+// (row g + 8 h, key kt + 8 b + 2 t + e), o[4 n + 2 h + e] = running output (row g + 8 h, column 8 n + 2 t + e).
+// Scores become mul * score (mul = scale * log2 e, or 1 when Q was pre-scaled); masked (only boundary tiles
+// need it): keys at or past kend, and past i + causal_shift when causal. On return s holds the FP32
+// probabilities exp2(mul s - m), m the running max, l this lane's partial row sum, alpha[h] the factor of the
+// running output of row h, and, when RESCALE, o is rescaled by it.
+template <int NB, int NO, bool RESCALE>
+__device__ __forceinline__ void softmax_tile(float (&s)[4 * NB], float (&o)[NO], float (&m)[2], float (&l)[2],
+                                             float (&alpha)[2], bool masked, int kt, int kend, int causal,
+                                             int causal_shift, int row0, int t, float mul) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int i = row0 + 8 * h;
+        float mx = NEG_INF;
+#pragma unroll
+        for (int b = 0; b < NB; ++b)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                float& x = s[4 * b + 2 * h + e];
+                if (masked) {
+                    const int j = kt + 8 * b + 2 * t + e;
+                    x = (j < kend && (!causal || j <= i + causal_shift)) ? x : NEG_INF;
+                }
+                mx = fmaxf(mx, x);
+            }
+        const float m_new = fmaxf(m[h], lanes_max<4>(mx) * mul);
+        const float m_use = (m_new == NEG_INF) ? 0.0f : m_new;
+        const float a = exp2f(m[h] - m_use);
+        alpha[h] = a;
+        float sum = 0.0f;
+#pragma unroll
+        for (int b = 0; b < NB; ++b)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                float& x = s[4 * b + 2 * h + e];
+                x = exp2f(fmaf(x, mul, -m_use));
+                sum += x;
+            }
+        l[h] = l[h] * a + sum;               // this lane's partial row sum (FP32 probabilities)
+        m[h] = m_new;
+        if (RESCALE)
+#pragma unroll
+            for (int n = 0; n < NO / 4; ++n) {
+                o[4 * n + 2 * h] *= a;
+                o[4 * n + 2 * h + 1] *= a;
+            }
+    }
+}
+
+// softmax_tile with the running output o rescaled in place.
+template <int NB, int NO>
+__device__ __forceinline__ void online_softmax_tile(float (&s)[4 * NB], float (&o)[NO], float (&m)[2], float (&l)[2],
+                                                    bool masked, int kt, int kend, int causal, int causal_shift,
+                                                    int row0, int t, float mul) {
+    float alpha[2];
+    softmax_tile<NB, NO, true>(s, o, m, l, alpha, masked, kt, kend, causal, causal_shift, row0, t, mul);
+}
+
+// Running output rows (row g + 8 h: o[4 n + 2 h + e]) multiplied by alpha[h] (after softmax_tile<..., false>).
+template <int NO>
+__device__ __forceinline__ void rescale_rows(float (&o)[NO], const float (&alpha)[2]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int n = 0; n < NO / 4; ++n) {
+            o[4 * n + 2 * h] *= alpha[h];
+            o[4 * n + 2 * h + 1] *= alpha[h];
+        }
+}
+
+// Merging a new partial result (log-sum-exp `mine`) into a running one (`old`, -inf for none):
+// out = (old_out * wa + new_out * wb) / den and lse = mx + log(den).
+struct MergeWeights {
+    float mx, wa, wb, den;
+};
+
+__device__ __forceinline__ MergeWeights merge_weights(float old, float mine) {
+    MergeWeights w;
+    w.mx = fmaxf(old, mine);
+    w.wa = (old == NEG_INF) ? 0.0f : expf(old - w.mx);
+    w.wb = expf(mine - w.mx);
+    w.den = w.wa + w.wb;
+    return w;
+}
+
+// Merge this thread's two rows (row0, row0 + 8) of an unnormalized FP32 result into the running FP32
+// output and log-sum-exp (natural-log units), in place: out = (old * wa + o / l * wb) / den (rows at even
+// element offsets: read and written as float2). Accumulator
+// layout of mma.sync m16n8 and wgmma m64nN (lane = 4 g + t): o[4 n + 2 h + e] = (row g + 8 h, column
+// 8 n + 2 t + e); m: running max (log2 units), l: this lane's partial row sums (summed over the row's 4
+// lanes here). Rows past mq or with no visible key are left untouched. Every lane of the warp must call it.
+template <int D>
+__device__ __forceinline__ void merge_rows32(float* __restrict__ out, float* __restrict__ lse, long long qoff,
+                                             long long q_row, long long loff, long long l_row, int row0, int mq,
+                                             int t, const float (&m)[2], float (&l)[2], const float (&o)[D / 2]) {
+    float old[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        l[h] = lanes_sum<4>(l[h]);
+        const int i = row0 + 8 * h;
+        old[h] = (i < mq && l[h] > 0.0f) ? lse[loff + i * l_row] : NEG_INF;
+    }
+    __syncwarp();                            // every lane has read L before lane t == 0 writes it
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int i = row0 + 8 * h;
+        if (i >= mq || l[h] <= 0.0f) continue;   // no visible key: nothing to merge
+        const float mine = (m[h] + log2f(l[h])) * LN2;
+        const MergeWeights w = merge_weights(old[h], mine);
+        const float inv_l = 1.0f / l[h];
+        float2* orow = reinterpret_cast<float2*>(out + qoff + i * q_row + 2 * t);
+        // every old value of the row is read before any is combined: one round trip to memory, not D / 4 (the
+        // division's branches would otherwise keep each read behind the previous element's store)
+        float2 prev[D / 8];
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) prev[n] = make_float2(0.0f, 0.0f);
+        if (w.wa != 0.0f)
+#pragma unroll
+            for (int n = 0; n < D / 8; ++n) prev[n] = orow[4 * n];
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+            float2 r;
+            r.x = (prev[n].x * w.wa + o[4 * n + 2 * h] * inv_l * w.wb) / w.den;
+            r.y = (prev[n].y * w.wa + o[4 * n + 2 * h + 1] * inv_l * w.wb) / w.den;
+            orow[4 * n] = r;
+        }
+        if (t == 0) lse[loff + i * l_row] = w.mx + logf(w.den);
+    }
+}
+
+// Merge this thread's two rows (row0, row0 + 8) of an unnormalized FP32 result into the running 16-bit
+// output and the float32 log-sum-exp (natural-log units), in place. Accumulator layout of both MMA kinds
+// (mma.sync m16n8 and wgmma m64nN, per warp of 16 rows, lane = 4 g + t): o[4 n + 2 h + e] = (row g + 8 h,
+// column 8 n + 2 t + e). m: running max (log2 units), l: this lane's partial row sums (summed over the 4
+// lanes of a row here). The old output is read, combined in FP32 and rounded once to T. Rows past mq or
+// with no visible key are left untouched. Every lane of the warp must call it.
+template <typename T, int D>
+__device__ __forceinline__ void merge_rows16(T* __restrict__ out, float* __restrict__ lse, long long qoff,
+                                             long long q_row, long long loff, long long l_row, int row0, int mq,
+                                             int t, const float (&m)[2], float (&l)[2], const float (&o)[D / 2]) {
+    using H = Half16<T>;
+    float old[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        l[h] = lanes_sum<4>(l[h]);
+        const int i = row0 + 8 * h;
+        old[h] = (i < mq && l[h] > 0.0f) ? lse[loff + i * l_row] : NEG_INF;
+    }
+    __syncwarp();                            // every lane has read L before lane t == 0 writes it
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int i = row0 + 8 * h;
+        if (i >= mq || l[h] <= 0.0f) continue;   // no visible key: nothing to merge
+        const float mine = (m[h] + log2f(l[h])) * LN2;
+        const MergeWeights w = merge_weights(old[h], mine);
+        const float inv_l = 1.0f / l[h];
+        const float wb = inv_l * w.wb, inv_den = 1.0f / w.den;
+        unsigned* orow = reinterpret_cast<unsigned*>(out + qoff + i * q_row + 2 * t);
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+            const float2 prev = (w.wa == 0.0f) ? make_float2(0.0f, 0.0f) : H::unpack(orow[4 * n]);
+            const float lo = (prev.x * w.wa + o[4 * n + 2 * h] * wb) * inv_den;
+            const float hi = (prev.y * w.wa + o[4 * n + 2 * h + 1] * wb) * inv_den;
+            orow[4 * n] = H::pack(lo, hi);
+        }
+        if (t == 0) lse[loff + i * l_row] = w.mx + logf(w.den);
+    }
+}

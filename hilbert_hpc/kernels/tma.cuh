@@ -1,0 +1,51 @@
+// The bulk tensor copy engine (TMA, sm_90a) and what feeds a pipeline with it: tensor maps, mbarriers
+// (init, expected transaction bytes, arrive, wait on a phase), 4-D tensor loads, the per-warpgroup register
+// budget (setmaxnreg), and the stage and phase of iteration it in a ring of STAGES stages.
+#pragma once
+
+// A CUtensorMap (opaque, 128 bytes, 64-byte aligned) in global memory: maps[0] = Q, [1] = K, [2] = V.
+struct __align__(64) TensorMap {
+    unsigned long long words[16];
+};
+
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+// until the phase of parity `parity` of the barrier has completed
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+    unsigned done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    } while (!done);
+}
+
+// one box of a 4-D tensor map (coordinates innermost first) into shared memory; completes on `bar`
+__device__ __forceinline__ void tma_load_4d(unsigned dst, const TensorMap* map, int c0, int c1, int c2, int c3,
+                                            unsigned bar) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
+                 ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar) : "memory");
+}
+
+template <int REGS>
+__device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS)); }
+template <int REGS>
+__device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS)); }
+
+// the mbarrier inits of this thread are visible to the other threads and the copy engine
+__device__ __forceinline__ void mbar_fence_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+
+// ring of STAGES stages: iteration it uses stage it % STAGES in phase (it / STAGES) & 1 of its barriers
+template <int STAGES>
+__device__ __forceinline__ int stage_of(int it) { return it % STAGES; }
+template <int STAGES>
+__device__ __forceinline__ unsigned phase_of(int it) { return (it / STAGES) & 1; }
