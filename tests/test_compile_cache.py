@@ -17,16 +17,7 @@ import pytest
 from hilbert_hpc import kernels
 from hilbert_hpc.kernels import compile as kc
 
-try:
-    from cupy.cuda import nvrtc
-
-    nvrtc.getVersion()
-    HAVE_NVRTC = True
-except Exception:  # noqa: BLE001 - CuPy or libnvrtc missing
-    HAVE_NVRTC = False
-
-REQUIRED = os.environ.get("HILBERT_HPC_REQUIRE_NVRTC") == "1"
-needs_nvrtc = pytest.mark.skipif(not HAVE_NVRTC, reason="needs cupy-cuda12x and nvidia-cuda-nvrtc-cu12")
+from nvrtc_probe import HAVE_NVRTC, REQUIRED, needs_nvrtc
 
 PACKAGE = Path(kernels.__file__).resolve().parent.parent
 #: a small program with a template, compiled in well under a second

@@ -9,7 +9,6 @@ compute capability. The shared-memory layouts are checked against the PTX ISA ca
 
 from __future__ import annotations
 
-import os
 import re
 
 import pytest
@@ -17,16 +16,7 @@ import pytest
 from hilbert_hpc import kernels
 from hilbert_hpc.kernels import half
 
-try:
-    from cupy.cuda import nvrtc
-
-    nvrtc.getVersion()
-    HAVE_NVRTC = True
-except Exception:  # noqa: BLE001 - CuPy or libnvrtc missing
-    HAVE_NVRTC = False
-
-REQUIRED = os.environ.get("HILBERT_HPC_REQUIRE_NVRTC") == "1"
-needs_nvrtc = pytest.mark.skipif(not HAVE_NVRTC, reason="needs CuPy with NVRTC")
+from nvrtc_probe import HAVE_NVRTC, REQUIRED, needs_nvrtc
 
 
 def test_nvrtc_present_where_required():

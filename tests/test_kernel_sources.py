@@ -3,22 +3,14 @@ kernel for compute_90a only, and to an sm_90a cubin without spills."""
 
 from __future__ import annotations
 
-import os
 
 import pytest
 
 from hilbert_hpc import kernels
 from hilbert_hpc.kernels.check import archs_for
+from hilbert_hpc.kernels.compile import nvrtc_compile
 
-try:
-    from cupy.cuda import nvrtc
-
-    nvrtc.getVersion()
-    HAVE_NVRTC = True
-except Exception:  # noqa: BLE001 - CuPy or libnvrtc missing
-    HAVE_NVRTC = False
-
-REQUIRED = os.environ.get("HILBERT_HPC_REQUIRE_NVRTC") == "1"
+from nvrtc_probe import HAVE_NVRTC, REQUIRED, needs_nvrtc
 
 
 def test_nvrtc_present_where_required():
@@ -31,7 +23,7 @@ FP32_TARGETS = [(name, arch) for name in (kernels.FP32_SOURCE, kernels.TILED_SOU
                 for arch in archs_for(name)]
 
 
-@pytest.mark.skipif(not HAVE_NVRTC, reason="needs cupy-cuda12x and nvidia-cuda-nvrtc-cu12")
+@needs_nvrtc
 @pytest.mark.parametrize("name, arch", FP32_TARGETS)
 def test_fp32_kernels_compile(arch, name):
     from hilbert_hpc.kernels.check import compile_ptx
@@ -46,7 +38,7 @@ def test_fp32_kernels_compile(arch, name):
         assert "mma.sync.aligned.m16n8k8" in compile_templates(arch, name)[1]
 
 
-@pytest.mark.skipif(not HAVE_NVRTC, reason="needs cupy-cuda12x and nvidia-cuda-nvrtc-cu12")
+@needs_nvrtc
 def test_wgmma_kernel_uses_warpgroup_mma():
     """The PTX for compute_90a really uses wgmma (TF32, m64nNk8), shared-memory fences and no mma.sync."""
     from hilbert_hpc.kernels.check import compile_templates
@@ -58,7 +50,7 @@ def test_wgmma_kernel_uses_warpgroup_mma():
     assert "mma.sync" not in ptx
 
 
-@pytest.mark.skipif(not HAVE_NVRTC, reason="needs cupy-cuda12x and nvidia-cuda-nvrtc-cu12")
+@needs_nvrtc
 @pytest.mark.parametrize("head_dim", kernels.HEAD_DIMS)
 def test_wgmma_kernel_has_no_spills_for_sm_90a(head_dim):
     """ptxas (through NVRTC) for sm_90a: no local memory, at most 255 registers, wgmma not serialized."""
@@ -71,7 +63,7 @@ def test_wgmma_kernel_has_no_spills_for_sm_90a(head_dim):
     assert r["cubin_bytes"] > 1000
 
 
-@pytest.mark.skipif(not HAVE_NVRTC, reason="needs cupy-cuda12x and nvidia-cuda-nvrtc-cu12")
+@needs_nvrtc
 def test_wgmma_shared_bytes_match_the_source():
     """kernels.wgmma_shared_bytes follows WgmmaSmem<D, BK, WG>::floats of the .cu (read back from the PTX)."""
     import re
@@ -79,12 +71,7 @@ def test_wgmma_shared_bytes_match_the_source():
     configs = sorted({kernels.WGMMA_CONFIG[d][:2] + (d,) for d in kernels.HEAD_DIMS} | {(64, 2, 64), (32, 1, 128)})
     text = kernels.source(kernels.WGMMA_SOURCE) + "\n__device__ int wgmma_smem_floats[] = {" + ", ".join(
         f"WgmmaSmem<{d}, {bk}, {wg}>::floats" for bk, wg, d in configs) + "};\n"
-    prog = nvrtc.createProgram(text, "smem_check.cu", [], [])
-    try:
-        nvrtc.compileProgram(prog, [*kernels.OPTIONS, "-arch=compute_90a"])
-        ptx = nvrtc.getPTX(prog)
-    finally:
-        nvrtc.destroyProgram(prog)
+    ptx = nvrtc_compile(text, "smem_check.cu", options=kernels.OPTIONS, target="compute_90a", output="ptx").binary
     ptx = ptx.decode() if isinstance(ptx, bytes) else ptx
     raw = [int(x) for x in re.search(r"wgmma_smem_floats\[\d+\] = \{([^}]*)\}", ptx).group(1).split(",")]
     if ".b8 wgmma_smem_floats" in ptx:               # a byte array: little-endian words, trailing zeros left out
@@ -100,7 +87,7 @@ def test_tensor_core_source_is_checked_only_where_it_can_run():
     assert archs_for(kernels.TILED_SOURCE) == kernels.CHECK_ARCHS
 
 
-@pytest.mark.skipif(not HAVE_NVRTC, reason="needs cupy-cuda12x and nvidia-cuda-nvrtc-cu12")
+@needs_nvrtc
 @pytest.mark.parametrize("arch", kernels.CHECK_ARCHS)
 def test_hilbert_key_kernel_compiles(arch):
     from hilbert_hpc.kernels.check import PLAIN_SOURCES, compile_plain

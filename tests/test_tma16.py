@@ -18,15 +18,7 @@ from hilbert_hpc import kernels
 from hilbert_hpc.fused import FusedKernels
 from hilbert_hpc.kernels import half, tma
 
-try:
-    from cupy.cuda import nvrtc
-
-    nvrtc.getVersion()
-    HAVE_NVRTC = True
-except Exception:  # noqa: BLE001 - CuPy or libnvrtc missing
-    HAVE_NVRTC = False
-
-needs_nvrtc = pytest.mark.skipif(not HAVE_NVRTC, reason="needs CuPy with NVRTC")
+from nvrtc_probe import HAVE_NVRTC, needs_nvrtc
 VARIANTS = half.all_tma_variants()
 
 
