@@ -4,10 +4,10 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from .attention import dilated_attention
-from .errors import ConfigError, JobFileError, UserError
-from .ordering import ORDERINGS, inverse_order, serialization_order
-from .patterns import Pattern, useful_flops
+from hilbert_hpc.attention import dilated_attention
+from hilbert_hpc.errors import ConfigError, JobFileError, UserError
+from hilbert_hpc.core.ordering import ORDERINGS, inverse_order, serialization_order
+from hilbert_hpc.core.patterns import Pattern, useful_flops
 
 __all__ = [
     "__version__",

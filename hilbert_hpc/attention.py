@@ -8,28 +8,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .arrays import tensor_to_numpy
-from .backends import get_backend
-from .errors import ConfigError
-from .ordering import ORDERINGS, inverse_order, serialization_order
-from .patterns import Pattern, check_problem, parse_grid, parse_patterns
-
-
-def resolve_ordering(ordering: str, patterns: Sequence[Pattern], segment: int | None = None) -> tuple[str, int | None]:
-    """Validate ``ordering``; the per-segment order folds the shortest pattern segment unless told otherwise."""
-    if ordering not in ORDERINGS:
-        raise ConfigError(f"unknown ordering {ordering!r}; choose one of {', '.join(ORDERINGS)}", "ordering")
-    if ordering == "hilbert-segment":
-        return ordering, segment or min(p.segment for p in patterns)
-    return ordering, None
-
-
-def problem_order(grid: Sequence[int], ordering: str, segment: int | None) -> np.ndarray:
-    """The serialization permutation, with parameter errors turned into ConfigErrors."""
-    try:
-        return serialization_order(tuple(grid), ordering, segment=segment)
-    except ValueError as exc:
-        raise ConfigError(str(exc), "ordering") from None
+from hilbert_hpc.core.arrays import tensor_to_numpy
+from hilbert_hpc.backends import get_backend
+from hilbert_hpc.errors import ConfigError
+from hilbert_hpc.core.ordering import inverse_order, problem_order, resolve_ordering
+from hilbert_hpc.core.patterns import Pattern, check_problem, parse_grid, parse_patterns
 
 
 #: dtype kinds that are not real numbers: booleans, complex numbers, objects, strings, dates
@@ -43,7 +26,7 @@ def check_arguments(q: Any, k: Any, v: Any, causal: Any, scale: Any) -> None:
     q, k, v must be all torch tensors or all arrays (NumPy or array-like) of real
     numbers; ``causal`` a bool; ``scale`` None or a finite number > 0.
     """
-    from .arrays import is_tensor
+    from hilbert_hpc.core.arrays import is_tensor
 
     tensors = [name for name, x in zip("qkv", (q, k, v)) if is_tensor(x)]
     if tensors and len(tensors) < 3:
@@ -68,7 +51,7 @@ def check_arguments(q: Any, k: Any, v: Any, causal: Any, scale: Any) -> None:
 
 def _dtype_kind(x: Any) -> str:
     """NumPy's dtype kind of an array, tensor or array-like (``'b'`` for a torch bool, ``'c'`` for complex)."""
-    from .arrays import is_tensor
+    from hilbert_hpc.core.arrays import is_tensor
 
     if is_tensor(x):
         return "c" if x.dtype.is_complex else "b" if x.dtype == sys.modules["torch"].bool else "f"

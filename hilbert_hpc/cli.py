@@ -6,13 +6,13 @@ import argparse
 import sys
 from typing import Any, Sequence
 
-from . import __version__
-from .errors import UserError
+from hilbert_hpc import __version__
+from hilbert_hpc.errors import UserError
 
 
 def _world() -> Any:
     """Initialize MPI (or the single-process stand-in) and make any rank's crash abort all ranks."""
-    from .mpi import abort_on_exception, world
+    from hilbert_hpc.distributed.mpi import abort_on_exception, world
 
     comm = world()
     abort_on_exception(comm)
@@ -21,7 +21,7 @@ def _world() -> Any:
 
 def _collectively(comm: Any, fn, *args):
     """Run ``fn`` on every rank; if it raised a UserError on any rank, raise it on all of them."""
-    from .mpi import agree
+    from hilbert_hpc.distributed.mpi import agree
 
     error, value = None, None
     try:
@@ -35,8 +35,8 @@ def _collectively(comm: Any, fn, *args):
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from .jobfile import load_job
-    from .runner import check_case, run_job
+    from hilbert_hpc.study.jobfile import load_job
+    from hilbert_hpc.study.runner import check_case, run_job
 
     comm = _world()
     job = _collectively(comm, load_job, args.job, None, comm.Get_size())
@@ -61,14 +61,14 @@ def _at_least(value: int, lowest: int, flag: str, what: str = "an integer") -> i
 
 def _bandwidth_arguments(args: argparse.Namespace) -> int:
     """Check the sweep's arguments before MPI work starts; returns the largest message in bytes."""
-    from .bandwidth import MIN_BYTES
-    from .plan import parse_size
+    from hilbert_hpc.study.bandwidth import MIN_BYTES
+    from hilbert_hpc.study.plan import parse_size
 
     _at_least(args.iterations, 1, "--iterations")
     max_bytes = _at_least(parse_size(args.max_bytes, "--max-bytes"), MIN_BYTES, "--max-bytes",
                           "a message size in bytes (the sweep starts at 1 KiB)")
     if args.device == "gpu":
-        from .backends import gpu_unusable
+        from hilbert_hpc.backends import gpu_unusable
 
         reason = gpu_unusable()
         if reason:
@@ -78,7 +78,7 @@ def _bandwidth_arguments(args: argparse.Namespace) -> int:
 
 
 def _cmd_bandwidth(args: argparse.Namespace) -> int:
-    from .bandwidth import run_bandwidth
+    from hilbert_hpc.study.bandwidth import run_bandwidth
 
     comm = _world()
     max_bytes = _collectively(comm, _bandwidth_arguments, args)
@@ -88,8 +88,8 @@ def _cmd_bandwidth(args: argparse.Namespace) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from .jobfile import load_job
-    from .plan import check_plannable, gpu_memory, parse_size, print_plan
+    from hilbert_hpc.study.jobfile import load_job
+    from hilbert_hpc.study.plan import check_plannable, gpu_memory, parse_size, print_plan
 
     ranks = _at_least(args.ranks, 1, "-n/--ranks", "a number of ranks")
     device = (parse_size(args.device_memory) if args.device_memory else
@@ -107,28 +107,28 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from .report import report
+    from hilbert_hpc.study.report import report
 
     report(args.results, csv_path=args.csv, plot_dir=args.plot, overwrite=args.overwrite, wide=args.wide)
     return 0
 
 
 def _cmd_maxlen(args: argparse.Namespace) -> int:
-    from .maxlen import run_search
+    from hilbert_hpc.study.maxlen import run_search
 
     run_search(args.study, args.output, overwrite=args.overwrite)
     return 0
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
-    from .info import print_info
+    from hilbert_hpc.study.info import print_info
 
     print_info()
     return 0
 
 
 def _cmd_cuda_env(args: argparse.Namespace) -> int:
-    from .cuda_aware import recipe_environment
+    from hilbert_hpc.distributed.cuda_aware import recipe_environment
 
     try:
         env = recipe_environment()
@@ -143,8 +143,8 @@ def _cmd_cuda_env(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with one sub-command per action."""
-    from .plan import GPU_MEMORY, SIZE_HELP
-    from .transports import TRANSPORTS
+    from hilbert_hpc.study.plan import GPU_MEMORY, SIZE_HELP
+    from hilbert_hpc.distributed.transports import TRANSPORTS
 
     parser = argparse.ArgumentParser(
         prog="hilbert-hpc",
@@ -210,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _is_rank0() -> bool:
-    from .mpi import env_rank
+    from hilbert_hpc.distributed.mpi import env_rank
 
     return env_rank() in (None, 0)
 
@@ -271,7 +271,7 @@ def _discard_stdout() -> None:
 
 def _stdout_error(exc: OSError, command: str) -> int:
     """Standard output failed: quietly 141 for a reader that left (``| head``), else one line and exit 2."""
-    from .output_files import os_reason
+    from hilbert_hpc.study.output_files import os_reason
 
     _discard_stdout()
     if isinstance(exc, BrokenPipeError):

@@ -9,7 +9,7 @@
 
 # shellcheck shell=bash
 set +o posix                # POSIXLY_CORRECT in the environment must not change `wait` below
-HH_REQUEUE_EXIT=75          # hilbert_hpc.signals.REQUEUE_EXIT: stopped at a case boundary, resume later
+HH_REQUEUE_EXIT=75          # hilbert_hpc.study.signals.REQUEUE_EXIT: stopped at a case boundary, resume later
 HH_PYTHON=${HH_PYTHON:-python3}
 
 hh_log() { echo "== $(date -u +%Y-%m-%dT%H:%M:%SZ) ${SLURM_JOB_ID:+job $SLURM_JOB_ID: }$*"; }
@@ -87,7 +87,7 @@ hh_output_path() {
   done
   "$HH_PYTHON" - "$job" <<'PY'
 import sys
-from hilbert_hpc.jobfile import load_job
+from hilbert_hpc.study.jobfile import load_job
 print(load_job(sys.argv[1]).output)
 PY
 }

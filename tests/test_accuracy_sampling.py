@@ -9,8 +9,8 @@ import h5py
 import numpy as np
 import pytest
 
-from hilbert_hpc.jobfile import load_job
-from hilbert_hpc.patterns import Pattern
+from hilbert_hpc.study.jobfile import load_job
+from hilbert_hpc.core.patterns import Pattern
 
 from jobtext import QUICK, job_text
 
@@ -28,7 +28,7 @@ def test_a_wrong_output_in_the_only_selected_rows_is_caught(tmp_path, monkeypatc
     """Uniform sampling of this job picks only rows no pattern selects (output 0, reference 0): a wrong output
     went unseen with max_rel_err 0.0. The check now samples selected rows, catches it and counts the pairs."""
     from hilbert_hpc.backends import numpy_backend
-    from hilbert_hpc.runner import run_job
+    from hilbert_hpc.study.runner import run_job
 
     assert not np.isin(_uniform_rows(0, 1024, 4) % 64, [0, 1]).any()       # the premise: nothing selected
     right = numpy_backend.serialized_attention
@@ -43,7 +43,7 @@ def test_a_wrong_output_in_the_only_selected_rows_is_caught(tmp_path, monkeypatc
 
 
 def test_the_table_shows_what_the_figure_rests_on(tmp_path):
-    from hilbert_hpc.runner import run_job
+    from hilbert_hpc.study.runner import run_job
 
     (tmp_path / "job.toml").write_text(SPARSE)
     stream = io.StringIO()
@@ -60,7 +60,7 @@ def test_the_table_shows_what_the_figure_rests_on(tmp_path):
     (1 << 26, 1, [(1 << 26, 1 << 26)], 8),            # a single selected row in 64M
 ])
 def test_sampled_rows_are_distinct_selected_and_reproducible(tokens, heads, patterns, rows):
-    from hilbert_hpc.reference import sample_selected_rows, selected_heads
+    from hilbert_hpc.core.reference import sample_selected_rows, selected_heads
 
     pats = [Pattern(*p) for p in patterns]
     t0 = time.perf_counter()
@@ -81,8 +81,8 @@ def test_sampled_rows_are_distinct_selected_and_reproducible(tokens, heads, patt
 
 def test_selection_is_drawn_uniformly_over_the_union():
     """Rows selected by both of two overlapping patterns are not favoured over rows selected by one."""
-    from hilbert_hpc import reference
-    from hilbert_hpc.reference import sample_selected_rows
+    from hilbert_hpc.core import reference
+    from hilbert_hpc.core.reference import sample_selected_rows
 
     pats = [Pattern(64, 4), Pattern(64, 8)]          # heads 2: residues {0,1} mod 4 and {0,1} mod 8
     old = reference.LIST_SELECTED
@@ -103,9 +103,9 @@ def test_selection_is_drawn_uniformly_over_the_union():
 def test_the_same_rows_and_figures_on_1_2_and_4_ranks(ordering):
     """Each rank checks the sampled rows it owns; together they are the rows one rank checks, with equal errors."""
     from hilbert_hpc.backends import numpy_backend
-    from hilbert_hpc.inputs import random_rows
-    from hilbert_hpc.jobfile import Case
-    from hilbert_hpc.measure import case_layout, combine_accuracy, local_accuracy
+    from hilbert_hpc.core.inputs import random_rows
+    from hilbert_hpc.study.jobfile import Case
+    from hilbert_hpc.study.measure import case_layout, combine_accuracy, local_accuracy
 
     case = Case(case_id="0000-c", name="c", grid=(32, 32), patterns=(Pattern(64, 1), Pattern(1024, 16)),
                 heads=4, head_dim=8, dtype="float64", ordering=ordering)

@@ -10,8 +10,8 @@ import pytest
 from conftest import random_config, random_qkv, rel_err
 from dense_reference import dense_dilated_attention
 from hilbert_hpc import ConfigError, dilated_attention, serialization_order
-from hilbert_hpc.inputs import random_qkv as counter_qkv
-from hilbert_hpc.reference import reference_rows
+from hilbert_hpc.core.inputs import random_qkv as counter_qkv
+from hilbert_hpc.core.reference import reference_rows
 
 BACKENDS = ["numpy", "torch"]
 

@@ -38,7 +38,7 @@ def test_run_writes_a_self_describing_results_file(tmp_path):
     assert "GFLOP/s" in res.stdout and len(re.findall(r"^\d{4}-g ", res.stdout, re.M)) == 8
     from dense_reference import dense_dilated_attention
     from hilbert_hpc import serialization_order
-    from hilbert_hpc.inputs import random_rows
+    from hilbert_hpc.core.inputs import random_rows
 
     with h5py.File(tmp_path / "out.h5") as f:
         assert f.attrs["program"] == "hilbert-hpc"

@@ -208,7 +208,7 @@ def test_concurrent_ranks_share_one_entry(tmp_path):
 def test_programs_of_the_package_build_through_the_entry(cache):
     """A variant, the conversions and the key kernel compile for a device target (sm_XY), the sm_90a variants
     for their own; the lowered names are the ones the loader looks up."""
-    from hilbert_hpc import gpu_ordering
+    from hilbert_hpc.tools import gpu_ordering
     from hilbert_hpc.kernels import half
 
     folder, calls = cache

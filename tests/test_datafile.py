@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hilbert_hpc.datafile import describe_input, read_rows, read_shard, write_input
+from hilbert_hpc.distributed.datafile import describe_input, read_rows, read_shard, write_input
 from hilbert_hpc.errors import ConfigError, JobFileError
-from hilbert_hpc.jobfile import load_job
-from hilbert_hpc.mpi import SingleProcessComm
-from hilbert_hpc.sharding import Layout
+from hilbert_hpc.study.jobfile import load_job
+from hilbert_hpc.distributed.mpi import SingleProcessComm
+from hilbert_hpc.distributed.sharding import Layout
 
 from jobtext import QUICK, job_text
 

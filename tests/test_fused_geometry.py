@@ -1,4 +1,4 @@
-"""The geometry of the fused kernels (hilbert_hpc.fused.FusedKernels), on the CPU.
+"""The geometry of the fused kernels (hilbert_hpc.kernels.launch.FusedKernels), on the CPU.
 
 Every fused kernel (FP32 and 16-bit, local patterns and packed ring blocks) takes the same element-offset
 geometry and merges in place. ``numpy_launch`` does what one launch does, in float64 NumPy, straight from
@@ -11,12 +11,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hilbert_hpc.dilated import local_dilated_attention
-from hilbert_hpc.fused import FusedKernels
-from hilbert_hpc.inputs import random_rows
-from hilbert_hpc.patterns import Pattern
-from hilbert_hpc.ring import ring_dilated_attention
-from hilbert_hpc.sharding import Layout, check_distribution
+from hilbert_hpc.core.dilated import local_dilated_attention
+from hilbert_hpc.kernels.launch import FusedKernels
+from hilbert_hpc.core.inputs import random_rows
+from hilbert_hpc.core.patterns import Pattern
+from hilbert_hpc.distributed.ring import ring_dilated_attention
+from hilbert_hpc.distributed.sharding import Layout, check_distribution
 
 
 def numpy_launch(q, k, v, out, lse, *, qg, kg, vg, lg, segments, heads, mq, mk, shift, scale, head_dim, og=None,
@@ -140,7 +140,7 @@ def test_ring_block_geometry_equals_the_unfused_ring(causal, ordering):
 
 def test_query_chunks_cover_every_row_once():
     """Launches past the grid's y limit are split by query rows, with bases and causal shifts moved along."""
-    from hilbert_hpc.fused import query_chunks
+    from hilbert_hpc.kernels.launch import query_chunks
 
     qg, lg = (100, 7, 3, 40), (5, 2, 1, 8)
     chunks = query_chunks(qg, lg, 1000, 2, block_queries=64, max_blocks=5)
@@ -153,7 +153,7 @@ def test_query_chunks_cover_every_row_once():
 @pytest.mark.parametrize("causal", [False, True])
 def test_split_launches_equal_one_launch(causal):
     """The chunks, run through the NumPy launcher, give the result of one launch over all rows."""
-    from hilbert_hpc.fused import query_chunks
+    from hilbert_hpc.kernels.launch import query_chunks
 
     n, heads, d = 96, 2, 8
     qs, ks, vs = _inputs(n, heads, d)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hilbert_hpc import serialization_order
-from hilbert_hpc.hilbert import bits_for, hilbert_encode
+from hilbert_hpc.core.hilbert import bits_for, hilbert_encode
 
 from conftest import gpu_available  # noqa: E402
 
@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAVE_GPU, reason="needs an
 @pytest.mark.parametrize("grid", [(1000,), (64, 64), (200, 120), (16, 16, 16), (45, 37, 23), (3, 5, 2, 4),
                                   (1024, 1024)])
 def test_gpu_order_is_bit_identical(grid):
-    from hilbert_hpc.gpu_ordering import gpu_hilbert_keys, gpu_serialization_order
+    from hilbert_hpc.tools.gpu_ordering import gpu_hilbert_keys, gpu_serialization_order
 
     cpu = serialization_order(grid, "hilbert")
     assert np.array_equal(cupy.asnumpy(gpu_serialization_order(grid)), cpu)

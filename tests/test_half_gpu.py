@@ -44,10 +44,10 @@ def _sm80() -> bool:
 def test_cuda_backend_in_16_bits_matches_the_peer_rule(tmp_path, monkeypatch, variant):
     """Every 16-bit kernel: the default for this GPU (on Hopper tma16 for head dims 64 and 128), wgmma16 and
     mma16 forced (mma16 is the default off Hopper)."""
-    from hilbert_hpc.jobfile import load_job
+    from hilbert_hpc.study.jobfile import load_job
     from hilbert_hpc.kernels import half
-    from hilbert_hpc.mpi import SingleProcessComm
-    from hilbert_hpc.runner import run_job
+    from hilbert_hpc.distributed.mpi import SingleProcessComm
+    from hilbert_hpc.study.runner import run_job
 
     if variant == "wgmma16" and not _hopper():
         pytest.skip("wgmma16 needs compute capability 9.0")
@@ -82,8 +82,8 @@ def test_cuda_backend_in_16_bits_matches_the_peer_rule(tmp_path, monkeypatch, va
 @pytest.mark.skipif(not gpu_available() or _sm80(), reason="needs a GPU older than compute capability 8.0")
 def test_cuda_backend_in_16_bits_elsewhere_is_one_clear_error(tmp_path):
     from hilbert_hpc.errors import ConfigError
-    from hilbert_hpc.jobfile import load_job
-    from hilbert_hpc.runner import check_case
+    from hilbert_hpc.study.jobfile import load_job
+    from hilbert_hpc.study.runner import check_case
 
     (tmp_path / "job.toml").write_text(JOB)
     case = next(c for c in load_job(tmp_path / "job.toml", world_size=1).cases if c.backend == "cuda")

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from hilbert_hpc.errors import ConfigError, JobFileError
-from hilbert_hpc.jobfile import Case, load_job
-from hilbert_hpc.patterns import Pattern, check_serializable, max_array_dims, parse_grid
+from hilbert_hpc.study.jobfile import Case, load_job
+from hilbert_hpc.core.patterns import Pattern, check_serializable, max_array_dims, parse_grid
 
 from jobtext import job_text
 
@@ -51,7 +51,7 @@ def test_hilbert_refuses_more_axes_than_numpy_arrays_hold():
 
 def test_the_limit_is_the_real_one():
     """Right at the limit the hilbert order is computed; one axis more fails in the ordering code itself."""
-    from hilbert_hpc.ordering import hilbert_curve_order
+    from hilbert_hpc.core.ordering import hilbert_curve_order
 
     limit = max_array_dims() - 1
     assert len(hilbert_curve_order((2, 2) + (1,) * (limit - 2))) == 4
@@ -88,7 +88,7 @@ def test_grid_entries_must_be_positive_integers():
 @pytest.mark.parametrize("name, words", [("../../escaped", "contains '/'"), ("a..b", "contains '..'"),
                                          (".x", "starts with '.'"), ("", "the name is empty")])
 def test_maxlen_search_name_is_an_identifier(tmp_path, name, words):
-    from hilbert_hpc.maxlen import load_search
+    from hilbert_hpc.study.maxlen import load_search
 
     text = (ROOT / "jobs" / "max_length.toml").read_text()
     path = tmp_path / "search.toml"
@@ -104,7 +104,7 @@ def test_maxlen_search_name_is_an_identifier(tmp_path, name, words):
 # --- plan: the size flags ---------------------------------------------------------------------------------------------
 
 def test_parse_size_names_the_flag_it_parsed():
-    from hilbert_hpc.plan import parse_size
+    from hilbert_hpc.study.plan import parse_size
 
     assert parse_size("80GiB") == 80 << 30 and parse_size("1.5kB", "--host-memory") == 1500
     for flag in ("--host-memory", "--device-memory"):
@@ -134,7 +134,7 @@ def _record() -> dict:
 
 
 def test_table_rows_of_a_scaling_sweep_differ_in_ranks_and_causal():
-    from hilbert_hpc.table import SummaryTable
+    from hilbert_hpc.study.table import SummaryTable
 
     stream = io.StringIO()
     table = SummaryTable(stream)
@@ -158,7 +158,7 @@ def test_table_rows_of_a_scaling_sweep_differ_in_ranks_and_causal():
                                         ("2Ki", 2048), ("1.5TB", 1_500_000_000_000), ("123B", 123),
                                         (" 8 gib ", 8 << 30)])
 def test_parse_size_takes_the_spellings_people_type(text, size):
-    from hilbert_hpc.plan import parse_size
+    from hilbert_hpc.study.plan import parse_size
 
     assert parse_size(text) == size
 
@@ -169,7 +169,7 @@ def test_parse_size_takes_the_spellings_people_type(text, size):
                                          ("16 XB", "expected a size"), ("", "expected a size"),
                                          ("GiB", "expected a size")])
 def test_parse_size_refuses_what_no_machine_has(text, words):
-    from hilbert_hpc.plan import parse_size
+    from hilbert_hpc.study.plan import parse_size
 
     with pytest.raises(ConfigError, match=words) as info:
         parse_size(text)
@@ -212,7 +212,7 @@ def test_plan_on_a_login_node_without_cupy_or_gpu(tmp_path, capsys, monkeypatch,
 
 def test_plan_for_a_named_gpu_states_its_memory(tmp_path, capsys, monkeypatch):
     from hilbert_hpc.cli import main
-    from hilbert_hpc.plan import GPU_MEMORY
+    from hilbert_hpc.study.plan import GPU_MEMORY
 
     monkeypatch.setitem(sys.modules, "cupy", None)
     (tmp_path / "j.toml").write_text(plan_job("cuda"))

@@ -186,7 +186,7 @@ def test_resume_reruns_a_case_whose_part_is_damaged(tmp_path, done):
 
 
 def test_one_function_checks_the_outputs_for_resume_and_report(done):
-    from hilbert_hpc.results import output_problem
+    from hilbert_hpc.study.results import output_problem
 
     with h5py.File(done, "r") as f:
         rid = f.attrs["results_id"]
@@ -205,7 +205,7 @@ def test_one_function_checks_the_outputs_for_resume_and_report(done):
 
 @pytest.fixture
 def with_input(tmp_path: Path) -> Path:
-    from hilbert_hpc.datafile import write_input
+    from hilbert_hpc.distributed.datafile import write_input
 
     rng = np.random.default_rng(0)
     write_input(tmp_path / "data.h5", *(rng.standard_normal((256, 2, 8)) for _ in range(3)), grid=(16, 16))
@@ -260,10 +260,10 @@ def test_a_stop_before_the_first_commit_of_an_overwrite_says_the_old_file_is_unc
     import io
     import signal
 
-    from hilbert_hpc import runner
-    from hilbert_hpc.jobfile import load_job
-    from hilbert_hpc.signals import StoppedForRequeue
-    from hilbert_hpc.table import SummaryTable
+    from hilbert_hpc.study import runner
+    from hilbert_hpc.study.jobfile import load_job
+    from hilbert_hpc.study.signals import StoppedForRequeue
+    from hilbert_hpc.study.table import SummaryTable
 
     before = digest(done, tmp_path / "r.h5.parts")
     monkeypatch.setattr(SummaryTable, "header", lambda self: os.kill(os.getpid(), signal.SIGUSR1))
@@ -285,7 +285,7 @@ def test_an_output_name_too_long_for_the_file_system_is_one_line(tmp_path, lengt
 
 
 def test_every_derived_name_is_checked():
-    from hilbert_hpc.output_files import OutputError, check_name_length, derived_names, name_max
+    from hilbert_hpc.study.output_files import OutputError, check_name_length, derived_names, name_max
 
     limit = name_max(Path("."))
     for suffix_room in (len(".lock"), len(".parts")):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from hilbert_hpc.errors import UserError
-from hilbert_hpc.jobfile import load_job
+from hilbert_hpc.study.jobfile import load_job
 
 from jobtext import JobSpec
 
@@ -30,7 +30,7 @@ def _job(tmp: Path, interleave: bool, world_size: int | None = None):
 
 def _record_calls(monkeypatch) -> list[tuple[str, int]]:
     """Every CaseRun.step of this process, as (case id, call index), in the order they ran."""
-    from hilbert_hpc.measure import CaseRun
+    from hilbert_hpc.study.measure import CaseRun
 
     calls: list[tuple[str, int]] = []
     step = CaseRun.step
@@ -61,7 +61,7 @@ def _same_results(a: dict, b: dict) -> None:
 
 
 def test_calls_alternate_and_results_equal_those_run_in_turn(tmp_path, monkeypatch, capsys):
-    from hilbert_hpc.runner import run_job
+    from hilbert_hpc.study.runner import run_job
 
     calls = _record_calls(monkeypatch)
     plain = run_job(_job(tmp_path, False), output=str(tmp_path / "plain.h5"), stream=io.StringIO(),
@@ -82,9 +82,9 @@ def test_calls_alternate_and_results_equal_those_run_in_turn(tmp_path, monkeypat
 
 
 def test_a_stop_between_interleaved_repeats_keeps_complete_cases_only_and_resumes(tmp_path, monkeypatch):
-    from hilbert_hpc.measure import CaseRun
-    from hilbert_hpc.runner import run_job
-    from hilbert_hpc.signals import StoppedForRequeue
+    from hilbert_hpc.study.measure import CaseRun
+    from hilbert_hpc.study.runner import run_job
+    from hilbert_hpc.study.signals import StoppedForRequeue
 
     reference = run_job(_job(tmp_path, True), output=str(tmp_path / "ref.h5"), stream=io.StringIO(),
                         progress=io.StringIO())
@@ -109,8 +109,8 @@ def test_a_stop_between_interleaved_repeats_keeps_complete_cases_only_and_resume
 
 
 def test_a_failed_write_ends_the_group_with_the_cases_before_it_complete(tmp_path, monkeypatch):
-    from hilbert_hpc.results import ResultsFile
-    from hilbert_hpc.runner import run_job
+    from hilbert_hpc.study.results import ResultsFile
+    from hilbert_hpc.study.runner import run_job
 
     write = ResultsFile.write_case
 
@@ -133,7 +133,7 @@ def test_groups_by_rank_count_agree_with_cases_run_in_turn(tmp_path_factory, mon
     boundaries; outputs and accuracy equal those of the cases run in turn."""
     from mpi4py import MPI
 
-    from hilbert_hpc.runner import run_job
+    from hilbert_hpc.study.runner import run_job
 
     comm = MPI.COMM_WORLD
     tmp = Path(comm.bcast(str(tmp_path_factory.mktemp("interleave")) if comm.Get_rank() == 0 else None))
@@ -162,9 +162,9 @@ def test_stops_on_one_rank_end_every_rank_at_a_group_or_repeat_boundary(tmp_path
     between repeats drops the group; resuming then gives what an uninterrupted run gives."""
     from mpi4py import MPI
 
-    from hilbert_hpc import runner
-    from hilbert_hpc.measure import CaseRun
-    from hilbert_hpc.signals import StoppedForRequeue
+    from hilbert_hpc.study import runner
+    from hilbert_hpc.study.measure import CaseRun
+    from hilbert_hpc.study.signals import StoppedForRequeue
 
     comm = MPI.COMM_WORLD
     rank0 = comm.Get_rank() == 0
@@ -210,7 +210,7 @@ def test_an_accuracy_read_failing_on_one_rank_ends_every_rank(tmp_path_factory, 
     is one error on every rank, not a rank waiting in the next collective while the others wait in another."""
     from mpi4py import MPI
 
-    from hilbert_hpc import measure, runner
+    from hilbert_hpc.study import measure, runner
     from hilbert_hpc.errors import ConfigError
 
     comm = MPI.COMM_WORLD

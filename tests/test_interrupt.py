@@ -14,7 +14,7 @@ from pathlib import Path
 import h5py
 import pytest
 
-from hilbert_hpc import signals
+from hilbert_hpc.study import signals
 
 from jobtext import job_text
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from hilbert_hpc.errors import JobFileError
-from hilbert_hpc.jobfile import accuracy_rows_notes, check_name, load_job
-from hilbert_hpc.patterns import max_array_dims
+from hilbert_hpc.study.jobfile import accuracy_rows_notes, check_name, load_job
+from hilbert_hpc.core.patterns import max_array_dims
 
 from jobtext import JobSpec, job_text
 
@@ -59,7 +59,7 @@ def test_sweeps_expand_to_the_cartesian_product(tmp_path):
 def test_shipped_job_files_are_valid(name):
     path = ROOT / "jobs" / name
     if "[search]" in path.read_text():          # a max-length study
-        from hilbert_hpc.maxlen import load_search
+        from hilbert_hpc.study.maxlen import load_search
 
         assert load_search(path).backends
         return

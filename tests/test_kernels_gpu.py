@@ -14,8 +14,8 @@ HAVE_GPU = gpu_available()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAVE_GPU, reason="needs an NVIDIA GPU")]
 
 from hilbert_hpc import dilated_attention, serialization_order  # noqa: E402
-from hilbert_hpc.inputs import random_rows  # noqa: E402
-from hilbert_hpc.patterns import Pattern  # noqa: E402
+from hilbert_hpc.core.inputs import random_rows  # noqa: E402
+from hilbert_hpc.core.patterns import Pattern  # noqa: E402
 
 
 def fused_against_reference(cfg: dict, seed: int) -> tuple:
@@ -126,11 +126,11 @@ def test_large_magnitude_inputs_stay_finite(variant, monkeypatch):
 def test_fused_ring_on_gpus_equals_cpu_ring(causal):
     from mpi4py import MPI
 
-    from hilbert_hpc import fused
-    from hilbert_hpc.mpi import bind_gpu
-    from hilbert_hpc.ring import ring_dilated_attention
-    from hilbert_hpc.sharding import Layout
-    from hilbert_hpc.transports import resolve_transport
+    from hilbert_hpc.kernels import launch as fused
+    from hilbert_hpc.distributed.mpi import bind_gpu
+    from hilbert_hpc.distributed.ring import ring_dilated_attention
+    from hilbert_hpc.distributed.sharding import Layout
+    from hilbert_hpc.distributed.transports import resolve_transport
 
     comm = MPI.COMM_WORLD
     bind_gpu(comm)

@@ -6,7 +6,8 @@ import h5py
 import numpy as np
 import pytest
 
-from hilbert_hpc import inputs, maxlen
+from hilbert_hpc.core import inputs
+from hilbert_hpc.study import maxlen
 from hilbert_hpc.cli import main
 from hilbert_hpc.errors import JobFileError
 

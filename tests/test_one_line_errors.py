@@ -38,7 +38,7 @@ def one_error_line(res: subprocess.CompletedProcess, *words: str) -> str:
 # --- job files: what is read is capped --------------------------------------------------------------------------------
 
 def test_a_job_file_larger_than_the_cap_is_refused_before_parsing(tmp_path):
-    from hilbert_hpc.jobfile import MAX_JOB_BYTES, read_toml
+    from hilbert_hpc.study.jobfile import MAX_JOB_BYTES, read_toml
 
     big = tmp_path / "big.toml"
     line = b"# a comment line of a very long TOML file\n"

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from hilbert_hpc import ORDERINGS, inverse_order, serialization_order
-from hilbert_hpc.hilbert import bits_for, hilbert_decode, hilbert_encode
-from hilbert_hpc.locality import surface_per_token
-from hilbert_hpc.ordering import tile_shape
+from hilbert_hpc.core.hilbert import bits_for, hilbert_decode, hilbert_encode
+from hilbert_hpc.tools.locality import surface_per_token
+from hilbert_hpc.core.ordering import tile_shape
 
 GRIDS = [(1,), (17,), (64,), (8, 8), (16, 32), (200, 120), (7, 1), (4, 4, 4), (45, 37, 23), (3, 5, 2, 4)]
 

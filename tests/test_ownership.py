@@ -76,7 +76,7 @@ def digest(*paths: Path) -> dict[str, str]:
 
 def complete_cases(path: Path) -> list[str]:
     """The complete cases, read the way report and resume read them (an unreadable case is not complete)."""
-    from hilbert_hpc.results import case_groups
+    from hilbert_hpc.study.results import case_groups
 
     for _ in range(100):            # a killed run's ranks may still hold HDF5's lock for a moment
         try:
@@ -180,7 +180,7 @@ def test_resume_and_overwrite_together_are_a_usage_error(tmp_path, job):
 ])
 @pytest.mark.parametrize("flag", [[], ["--overwrite"], ["--resume"]])
 def test_outputs_that_are_not_ours_are_refused_with_every_flag(tmp_path, target, needle, flag):
-    from hilbert_hpc.datafile import write_input
+    from hilbert_hpc.distributed.datafile import write_input
 
     rng = np.random.default_rng(0)
     write_input(tmp_path / "data.h5", *(rng.standard_normal((256, 2, 8)) for _ in range(3)), grid=(16, 16))
@@ -207,7 +207,7 @@ def test_overwrite_reuses_an_orphan_parts_folder(tmp_path, job):
 
 def test_a_killed_start_never_leaves_a_half_made_file(tmp_path, job):
     """SIGKILL at any moment: the final name holds nothing or a readable results file."""
-    from hilbert_hpc.results import is_results_file
+    from hilbert_hpc.study.results import is_results_file
 
     for delay in (0.3, 0.6, 0.9, 1.2, 1.5):
         path = tmp_path / f"k{delay}.h5"
@@ -386,7 +386,8 @@ def test_full_disk_gives_one_line_keeps_complete_cases_and_resumes(tmp_path, sav
 
 def test_injected_enospc_gives_one_line_and_a_resumable_file(tmp_path, job, monkeypatch, capsys):
     """The same path without a tmpfs: the third case's write fails with ENOSPC."""
-    from hilbert_hpc import cli, results
+    from hilbert_hpc import cli
+    from hilbert_hpc.study import results
 
     real = results._write_case
     calls = []
@@ -464,9 +465,9 @@ def test_maxlen_and_bandwidth_outputs_follow_the_same_rules(tmp_path, job):
 def test_a_non_finite_output_row_that_is_not_sampled_fails_the_tolerance(tmp_path, job, monkeypatch):
     """Finiteness is checked on the whole output, not only on the sampled accuracy rows."""
     from hilbert_hpc.backends import numpy_backend
-    from hilbert_hpc.jobfile import load_job
-    from hilbert_hpc.mpi import SingleProcessComm
-    from hilbert_hpc.runner import run_job
+    from hilbert_hpc.study.jobfile import load_job
+    from hilbert_hpc.distributed.mpi import SingleProcessComm
+    from hilbert_hpc.study.runner import run_job
 
     real = numpy_backend.serialized_attention
 
@@ -489,7 +490,7 @@ def test_a_non_finite_output_row_that_is_not_sampled_fails_the_tolerance(tmp_pat
 # 6. signals -----------------------------------------------------------------------------------------------------
 
 def test_ctrl_c_stops_at_a_case_boundary_with_75(tmp_path):
-    from hilbert_hpc.signals import REQUEUE_EXIT
+    from hilbert_hpc.study.signals import REQUEUE_EXIT
 
     (tmp_path / "job.toml").write_text(SLOW_JOB)
     proc = start(["run", "job.toml", "-o", "s.h5"], tmp_path)
@@ -507,7 +508,7 @@ def test_ctrl_c_stops_at_a_case_boundary_with_75(tmp_path):
 
 
 def test_a_second_ctrl_c_stops_at_once():
-    from hilbert_hpc.signals import StopRequests
+    from hilbert_hpc.study.signals import StopRequests
 
     with StopRequests() as stops:
         stops._handler(signal.SIGINT, None)
@@ -541,7 +542,8 @@ def test_sigterm_to_mpiexec_keeps_the_complete_cases(tmp_path):
 # 7. smaller items -----------------------------------------------------------------------------------------------
 
 def test_cuda_env_output_survives_eval_with_spaces(tmp_path, monkeypatch, capsys):
-    from hilbert_hpc import cli, cuda_aware
+    from hilbert_hpc import cli
+    from hilbert_hpc.distributed import cuda_aware
 
     odd = str(tmp_path / "a path with spaces" / "lib") + ":$HOME;`x`"
     monkeypatch.setattr(cuda_aware, "recipe_environment", lambda: {"LD_PRELOAD": odd, "UCX_MODULE_DIR": odd})
@@ -562,7 +564,7 @@ def test_accuracy_rows_above_n_is_stated(tmp_path):
 
 def _break_case_list(path: Path) -> None:
     """Corrupt the signature of the symbol-table node that lists /cases (the root still opens)."""
-    from hilbert_hpc.results import is_results_file
+    from hilbert_hpc.study.results import is_results_file
 
     data = path.read_bytes()
     at = data.find(b"SNOD")

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from hilbert_hpc.errors import JobFileError
-from hilbert_hpc.jobfile import load_job
-from hilbert_hpc.precision import PRECISIONS, precision
+from hilbert_hpc.study.jobfile import load_job
+from hilbert_hpc.core.precision import PRECISIONS, precision
 
 from jobtext import JobSpec
 
@@ -67,8 +67,8 @@ def test_precision_rounds_to_nearest_even():
 def test_peer_in_16_bits_end_to_end(tmp_path):
     """bf16/fp16 cases of the peer: outputs in the dtype (bf16 saved exactly as float32), accuracy against
     float64 from the same rounded inputs, within tolerance and at the level the dtype predicts."""
-    from hilbert_hpc.mpi import SingleProcessComm
-    from hilbert_hpc.runner import run_job
+    from hilbert_hpc.distributed.mpi import SingleProcessComm
+    from hilbert_hpc.study.runner import run_job
 
     path = run_job(_job(tmp_path), str(tmp_path / "r.h5"), comm=SingleProcessComm(),
                    stream=open(os.devnull, "w"), progress=open(os.devnull, "w"))
@@ -92,7 +92,7 @@ def test_peer_in_16_bits_end_to_end(tmp_path):
 
 
 def test_plan_counts_two_bytes_per_element(tmp_path):
-    from hilbert_hpc.plan import estimate
+    from hilbert_hpc.study.plan import estimate
 
     job = _job(tmp_path, P16_JOB.but(case={"grid": [1024, 1024]}).text())
     by_dtype = {c.dtype: estimate(c).floor_bytes for c in job.cases if not c.causal}
@@ -105,7 +105,7 @@ def test_redistribute_moves_16bit_rows_by_their_bits(dtype):
     """Neither bfloat16 nor float16 has an MPI datatype: their rows travel as 16-bit integers."""
     from mpi4py import MPI
 
-    from hilbert_hpc.datafile import redistribute
+    from hilbert_hpc.distributed.datafile import redistribute
 
     comm = MPI.COMM_WORLD
     rank, ranks, shard = comm.Get_rank(), comm.Get_size(), 8
@@ -125,7 +125,7 @@ def test_redistribute_moves_16bit_rows_by_their_bits(dtype):
 def test_nonfinite_count_is_exact_in_chunks(monkeypatch, chunk):
     """Every NaN/Inf is counted, whatever the chunking, for NumPy arrays and torch tensors (bf16 included)."""
     torch = pytest.importorskip("torch")
-    from hilbert_hpc import arrays
+    from hilbert_hpc.core import arrays
 
     monkeypatch.setattr(arrays, "NONFINITE_CHUNK", chunk)
     x = np.arange(120, dtype=np.float32).reshape(4, 5, 6)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from hilbert_hpc.errors import UserError
-from hilbert_hpc.report import report
+from hilbert_hpc.study.report import report
 
 from jobtext import job_text
 
@@ -292,9 +292,9 @@ def test_bad_inputs_give_one_user_error_naming_the_file(tmp_path):
 
 
 def test_report_on_a_real_job(tmp_path):
-    from hilbert_hpc.jobfile import load_job
-    from hilbert_hpc.mpi import SingleProcessComm
-    from hilbert_hpc.runner import run_job
+    from hilbert_hpc.study.jobfile import load_job
+    from hilbert_hpc.distributed.mpi import SingleProcessComm
+    from hilbert_hpc.study.runner import run_job
 
     text = job_text(name="tiny", repeats=2, warmup=0, accuracy_rows=4,
                     defaults={"heads": 2, "head_dim": 8, "dtype": "float64"},
@@ -393,7 +393,7 @@ def test_labels_and_plot_legend_name_the_transport_used(tmp_path):
     assert " staged " in f" {strong} " and "auto" not in strong
     assert " cuda-aware " in f" {weak} " and "auto" not in weak
     assert [r["transport"] for r in tables["cases"]] == ["none", "staged", "staged", "none", "cuda-aware"]
-    from hilbert_hpc.report import scaling_figure
+    from hilbert_hpc.study.report import scaling_figure
 
     fig = scaling_figure(tables["strong_scaling"], "strong", "efficiency", True)
     legend = [t.get_text() for ax in fig.axes for t in (ax.get_legend().get_texts() if ax.get_legend() else [])]

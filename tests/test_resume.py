@@ -79,7 +79,7 @@ def _complete_cases(path: Path) -> list[str]:
 
 
 def test_sigusr1_stops_at_a_case_boundary_with_the_requeue_code(tmp_path):
-    from hilbert_hpc.signals import REQUEUE_EXIT
+    from hilbert_hpc.study.signals import REQUEUE_EXIT
 
     (tmp_path / "job.toml").write_text(JOB)
     proc = subprocess.Popen([sys.executable, "-m", "hilbert_hpc", "run", "job.toml", "-o", "sig.h5"], cwd=tmp_path,
@@ -105,7 +105,7 @@ def test_sigusr1_stops_at_a_case_boundary_with_the_requeue_code(tmp_path):
 def test_sigusr1_under_mpiexec_stops_every_rank(tmp_path):
     import shutil
 
-    from hilbert_hpc.signals import REQUEUE_EXIT
+    from hilbert_hpc.study.signals import REQUEUE_EXIT
 
     if shutil.which("mpiexec") is None:
         import pytest

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from hilbert_hpc import dilated_attention
-from hilbert_hpc.inputs import random_rows
-from hilbert_hpc.patterns import Pattern
-from hilbert_hpc.ring import RingStats, ring_dilated_attention, ring_schedule
-from hilbert_hpc.sharding import Layout, check_distribution
+from hilbert_hpc.core.inputs import random_rows
+from hilbert_hpc.core.patterns import Pattern
+from hilbert_hpc.distributed.ring import RingStats, ring_dilated_attention, ring_schedule
+from hilbert_hpc.distributed.sharding import Layout, check_distribution
 
 pytestmark = pytest.mark.mpi(min_size=2)
 

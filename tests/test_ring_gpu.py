@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hilbert_hpc.inputs import random_rows
-from hilbert_hpc.patterns import Pattern
-from hilbert_hpc.ring import RingStats, ring_dilated_attention
-from hilbert_hpc.sharding import Layout
+from hilbert_hpc.core.inputs import random_rows
+from hilbert_hpc.core.patterns import Pattern
+from hilbert_hpc.distributed.ring import RingStats, ring_dilated_attention
+from hilbert_hpc.distributed.sharding import Layout
 
 from conftest import gpu_available  # noqa: E402
 from jobtext import job_text
@@ -25,9 +25,9 @@ pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.gpu,
 def test_gpu_ring_equals_cpu_ring(transport_name, causal):
     from mpi4py import MPI
 
-    from hilbert_hpc.cuda_aware import cuda_aware_support
-    from hilbert_hpc.mpi import bind_gpu
-    from hilbert_hpc.transports import resolve_transport
+    from hilbert_hpc.distributed.cuda_aware import cuda_aware_support
+    from hilbert_hpc.distributed.mpi import bind_gpu
+    from hilbert_hpc.distributed.transports import resolve_transport
 
     if transport_name == "cuda-aware" and not cuda_aware_support()[0]:
         pytest.skip("the MPI library is not known to be CUDA-aware (see hilbert-hpc cuda-env)")
@@ -80,10 +80,10 @@ def test_fused_ring_in_every_dtype_agrees_with_one_gpu(tmp_path_factory, monkeyp
     import h5py
     from mpi4py import MPI
 
-    from hilbert_hpc.cuda_aware import cuda_aware_support
-    from hilbert_hpc.jobfile import load_job
-    from hilbert_hpc.precision import precision
-    from hilbert_hpc.runner import run_job
+    from hilbert_hpc.distributed.cuda_aware import cuda_aware_support
+    from hilbert_hpc.study.jobfile import load_job
+    from hilbert_hpc.core.precision import precision
+    from hilbert_hpc.study.runner import run_job
 
     from hilbert_hpc.kernels import half
 

@@ -7,14 +7,16 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "hilbert_hpc"
+STUDY = Path(__file__).resolve().parent.parent / "hilbert_hpc" / "study"
 
 
 def _imports(module: str) -> set[tuple[str, str]]:
-    """Every (module, name) that ``hilbert_hpc/<module>.py`` imports from the package, function-local ones too."""
-    tree = ast.parse((PACKAGE / f"{module}.py").read_text())
-    return {(node.module or "", alias.name) for node in ast.walk(tree)
-            if isinstance(node, ast.ImportFrom) and node.level == 1 for alias in node.names}
+    """Every (module, name) that ``hilbert_hpc/study/<module>.py`` imports from the package, function-local ones
+    too; the module named by its last component (``hilbert_hpc.study.runner`` -> ``runner``)."""
+    tree = ast.parse((STUDY / f"{module}.py").read_text())
+    return {((node.module or "").rpartition(".")[2], alias.name) for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("hilbert_hpc")
+            for alias in node.names}
 
 
 @pytest.mark.parametrize("module", ["maxlen", "plan", "measure", "case_outputs"])
@@ -28,7 +30,7 @@ def test_maxlen_uses_only_public_names_of_other_modules():
 
 
 def test_runner_keeps_its_documented_entry_points():
-    from hilbert_hpc import measure, runner
+    from hilbert_hpc.study import measure, runner
 
     assert runner.check_case is measure.check_case
     assert callable(runner.run_case) and callable(runner.run_job)

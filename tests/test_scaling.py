@@ -12,8 +12,8 @@ import pytest
 
 from hilbert_hpc.cli import main
 from hilbert_hpc.errors import ConfigError, JobFileError
-from hilbert_hpc.jobfile import load_job
-from hilbert_hpc.patterns import Pattern
+from hilbert_hpc.study.jobfile import load_job
+from hilbert_hpc.core.patterns import Pattern
 
 from jobtext import DROP, QUICK, JobSpec
 
@@ -65,8 +65,8 @@ def test_bad_scaling_keys_name_the_problem(tmp_path, edit, where, words):
 
 
 def test_plan_counts_memory_traffic_and_flops(tmp_path):
-    from hilbert_hpc.patterns import useful_flops
-    from hilbert_hpc.plan import estimate
+    from hilbert_hpc.core.patterns import useful_flops
+    from hilbert_hpc.study.plan import estimate
 
     job = _job(tmp_path, STUDY, 4)
     est = {(c.name, c.ranks): (c, estimate(c)) for c in job.cases}
@@ -90,8 +90,8 @@ def test_plan_command_flags_cases_that_do_not_fit(tmp_path, capsys):
 
 
 def test_run_refuses_a_case_that_cannot_fit_before_any_work(tmp_path, monkeypatch):
-    from hilbert_hpc import plan
-    from hilbert_hpc.runner import run_job
+    from hilbert_hpc.study import plan
+    from hilbert_hpc.study.runner import run_job
 
     job = _job(tmp_path, STUDY, 1)
     monkeypatch.setattr(plan, "available_bytes", lambda on_gpu, per_node=1: 1000)
@@ -101,7 +101,7 @@ def test_run_refuses_a_case_that_cannot_fit_before_any_work(tmp_path, monkeypatc
 
 
 def test_progress_lines_weigh_cases_by_work():
-    from hilbert_hpc.progress import Progress
+    from hilbert_hpc.study.progress import Progress
 
     stream = io.StringIO()
     p = Progress([1e9, 3e9], stream)
@@ -115,7 +115,7 @@ def test_one_run_covers_every_rank_count_with_identical_results(tmp_path_factory
     """Cases on 1, 2, 4 ... ranks in one run (sub-communicators) agree with each other and with float64 truth."""
     from mpi4py import MPI
 
-    from hilbert_hpc.runner import run_job
+    from hilbert_hpc.study.runner import run_job
 
     comm = MPI.COMM_WORLD
     tmp = Path(comm.bcast(str(tmp_path_factory.mktemp("scaling")) if comm.Get_rank() == 0 else None))
@@ -143,7 +143,7 @@ def test_one_run_covers_every_rank_count_with_identical_results(tmp_path_factory
 
 def test_a_wrong_result_is_flagged_before_timing(tmp_path, monkeypatch, capsys):
     from hilbert_hpc.backends import numpy_backend
-    from hilbert_hpc.runner import run_job
+    from hilbert_hpc.study.runner import run_job
 
     right = numpy_backend.serialized_attention
     monkeypatch.setattr(numpy_backend, "serialized_attention", lambda *a, **k: right(*a, **k) * 1.01)
@@ -161,7 +161,7 @@ def test_output_layouts_agree_parallel_hdf5_when_h5py_has_mpi(tmp_path_factory, 
     either way the natural-order output equals the per-rank layout's bit for bit."""
     from mpi4py import MPI
 
-    from hilbert_hpc.runner import run_job
+    from hilbert_hpc.study.runner import run_job
 
     comm = MPI.COMM_WORLD
     tmp = Path(comm.bcast(str(tmp_path_factory.mktemp("layouts")) if comm.Get_rank() == 0 else None))

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from hilbert_hpc.errors import JobFileError
-from hilbert_hpc.inputs import MAX_SEED, random_rows
-from hilbert_hpc.jobfile import load_job
+from hilbert_hpc.core.inputs import MAX_SEED, random_rows
+from hilbert_hpc.study.jobfile import load_job
 
 from jobtext import job_text
 

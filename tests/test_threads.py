@@ -14,7 +14,7 @@ import h5py
 import pytest
 
 from hilbert_hpc.errors import ConfigError
-from hilbert_hpc.threads import (LOCAL_SIZE_VARIABLES, THREAD_VARIABLES, ThreadPlan, apply, core_share,
+from hilbert_hpc.core.threads import (LOCAL_SIZE_VARIABLES, THREAD_VARIABLES, ThreadPlan, apply, core_share,
                                  cpu_threads, decide, user_setting)
 
 from jobtext import QUICK, job_text
@@ -76,7 +76,7 @@ def test_a_bad_hilbert_hpc_threads_is_refused_naming_it(value):
 
 
 def test_apply_sets_the_variables_for_libraries_loaded_later_only_when_it_limits(monkeypatch, no_plan):
-    import hilbert_hpc.threads as threads
+    import hilbert_hpc.core.threads as threads
 
     monkeypatch.setattr(threads, "threadpool_limits", lambda limits: None)
     environ: dict[str, str] = {}
@@ -91,7 +91,7 @@ def test_apply_sets_the_variables_for_libraries_loaded_later_only_when_it_limits
 @pytest.fixture
 def no_plan(monkeypatch):
     """No plan applied yet in this process (a test before may have started MPI through world())."""
-    import hilbert_hpc.threads as threads
+    import hilbert_hpc.core.threads as threads
 
     monkeypatch.setattr(threads, "_applied", None)
 
@@ -111,7 +111,7 @@ def test_unbound_ranks_share_the_cores(monkeypatch, no_plan):
     assert cpu_threads() == expected
 
 
-PROBE = ("from threadpoolctl import threadpool_info; from hilbert_hpc.mpi import world; world(); "
+PROBE = ("from threadpoolctl import threadpool_info; from hilbert_hpc.distributed.mpi import world; world(); "
          "print(max(p['num_threads'] for p in threadpool_info() if p['user_api'] == 'blas'))")
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from hilbert_hpc import kernels
-from hilbert_hpc.fused import FusedKernels
+from hilbert_hpc.kernels.launch import FusedKernels
 from hilbert_hpc.kernels import half, tma
 
 from nvrtc_probe import HAVE_NVRTC, needs_nvrtc

@@ -35,7 +35,7 @@ def test_split_calls_merge_in_float32_and_leave_unselected_rows_alone(monkeypatc
 
     from hilbert_hpc.backends.torch_peer import serialized_attention
     from hilbert_hpc.kernels import half
-    from hilbert_hpc.patterns import Pattern
+    from hilbert_hpc.core.patterns import Pattern
 
     monkeypatch.delenv(half.HALF_ENV, raising=False)
     n, heads = 4096, 7

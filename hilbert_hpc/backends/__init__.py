@@ -9,8 +9,8 @@ from __future__ import annotations
 import importlib
 from typing import Any, Protocol, Sequence
 
-from ..errors import ConfigError
-from ..patterns import Pattern
+from hilbert_hpc.errors import ConfigError
+from hilbert_hpc.core.patterns import Pattern
 
 BACKENDS = {
     "numpy": "hilbert_hpc.backends.numpy_backend",

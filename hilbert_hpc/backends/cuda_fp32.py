@@ -7,11 +7,11 @@ from typing import Any, Sequence
 import cupy
 import numpy as np
 
-from .. import fused
-from ..blockwise import attend
-from ..dilated import empty_accumulators
-from ..patterns import Pattern
-from .cupy_backend import synchronize, to_numpy  # noqa: F401  (same array handling as the cupy backend)
+from hilbert_hpc.kernels import launch as fused
+from hilbert_hpc.core.blockwise import attend
+from hilbert_hpc.core.dilated import empty_accumulators
+from hilbert_hpc.core.patterns import Pattern
+from hilbert_hpc.backends.cupy_backend import synchronize, to_numpy  # noqa: F401  (same array handling as the cupy backend)
 
 name = "cuda-fp32"
 attend_fn = attend
@@ -22,7 +22,7 @@ kernels = fused
 
 def kernel_variant(head_dim: int, dtype: str = "float32") -> str:
     """The FP32 kernel variant this GPU runs for ``head_dim`` (rows aligned to 4 elements), for the results."""
-    from .. import kernels as provider
+    from hilbert_hpc import kernels as provider
 
     return provider.select_fp32(head_dim).variant
 

@@ -20,10 +20,10 @@ from typing import Any, Sequence
 import cupy
 import numpy as np
 
-from ..arrays import is_tensor, tensor_to_numpy
-from ..patterns import Pattern
-from ..precision import precision
-from . import cuda_fp32
+from hilbert_hpc.core.arrays import is_tensor, tensor_to_numpy
+from hilbert_hpc.core.patterns import Pattern
+from hilbert_hpc.core.precision import precision
+from hilbert_hpc.backends import cuda_fp32
 
 name = "cuda"
 on_gpu = True
@@ -41,11 +41,11 @@ def check_case(head_dim: int, dtype: str, ranks: int) -> None:
 
     Every dtype runs on any number of ranks (``ranks`` is part of the backends' common signature)."""
     if not precision(dtype).sixteen_bit:
-        from ..kernels import _check_head_dim
+        from hilbert_hpc.kernels import _check_head_dim
 
         _check_head_dim(head_dim)
         return
-    from ..kernels import half
+    from hilbert_hpc.kernels import half
 
     half.select_half(head_dim, dtype)
 
@@ -53,7 +53,7 @@ def check_case(head_dim: int, dtype: str, ranks: int) -> None:
 def kernel_variant(head_dim: int, dtype: str = "float32") -> str:
     """The kernel this GPU runs for ``head_dim`` and ``dtype``, for the results file."""
     if precision(dtype).sixteen_bit:
-        from ..kernels import half
+        from hilbert_hpc.kernels import half
 
         return half.select_half(head_dim, dtype).variant
     return cuda_fp32.kernel_variant(head_dim)
@@ -62,7 +62,7 @@ def kernel_variant(head_dim: int, dtype: str = "float32") -> str:
 def to_device(x: Any, dtype: Any) -> Any:
     """float32: a contiguous CuPy array; 16 bits: a torch tensor on this GPU, rounded to nearest even."""
     if _sixteen_bit(dtype):
-        from . import torch_peer
+        from hilbert_hpc.backends import torch_peer
 
         return torch_peer.to_device(x, dtype)
     return cuda_fp32.to_device(x, dtype)
@@ -84,7 +84,7 @@ def ring_kernels(dtype: str) -> Any:
     """The fused-kernel provider the ring uses for ``dtype`` (16 bits: on int16 views, 16-bit output)."""
     if not precision(dtype).sixteen_bit:
         return kernels
-    from ..kernels import half
+    from hilbert_hpc.kernels import half
 
     return half.half_kernels(dtype)
 
@@ -104,7 +104,7 @@ def ring_output(out: Any, dtype: str) -> Any:
         return out
     import torch
 
-    from . import torch_peer
+    from hilbert_hpc.backends import torch_peer
 
     return torch.as_tensor(out, device=torch_peer.device()).view(torch_peer.torch_dtype(dtype))
 
@@ -116,7 +116,7 @@ def serialized_attention(qs: Any, ks: Any, vs: Any, patterns: Sequence[Pattern],
         return cuda_fp32.serialized_attention(qs, ks, vs, patterns, causal, scale)
     import torch
 
-    from ..kernels import half
+    from hilbert_hpc.kernels import half
 
     n, heads, _ = qs.shape
     out = torch.zeros((n, heads, vs.shape[-1]), dtype=qs.dtype, device=qs.device)

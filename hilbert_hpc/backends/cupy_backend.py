@@ -11,9 +11,9 @@ from typing import Any, Sequence
 import cupy
 import numpy as np
 
-from ..blockwise import attend
-from ..dilated import local_dilated_attention
-from ..patterns import Pattern
+from hilbert_hpc.core.blockwise import attend
+from hilbert_hpc.core.dilated import local_dilated_attention
+from hilbert_hpc.core.patterns import Pattern
 
 name = "cupy"
 attend_fn = attend

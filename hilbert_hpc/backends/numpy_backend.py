@@ -6,9 +6,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..blockwise import attend
-from ..dilated import local_dilated_attention
-from ..patterns import Pattern
+from hilbert_hpc.core.blockwise import attend
+from hilbert_hpc.core.dilated import local_dilated_attention
+from hilbert_hpc.core.patterns import Pattern
 
 name = "numpy"
 attend_fn = attend

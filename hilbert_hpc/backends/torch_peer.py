@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ..patterns import Pattern
+from hilbert_hpc.core.patterns import Pattern
 
 name = "torch"
 #: the peer runs on one process: it is the single-device baseline
@@ -49,7 +49,7 @@ def to_device(x: Any, dtype: Any) -> torch.Tensor:
 
 def to_numpy(x: torch.Tensor) -> np.ndarray:
     """Copy a tensor back to host memory as a NumPy array (bfloat16 as float32, exactly)."""
-    from ..arrays import tensor_to_numpy
+    from hilbert_hpc.core.arrays import tensor_to_numpy
 
     return tensor_to_numpy(x)
 

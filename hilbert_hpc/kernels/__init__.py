@@ -40,7 +40,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from .compile import Compiled, device_target, nvrtc_compile
+from hilbert_hpc.kernels.compile import Compiled, device_target, nvrtc_compile
 
 KERNEL_DIR = Path(__file__).resolve().parent
 FP32_SOURCE = "dilated_fwd_fp32.cu"

@@ -11,8 +11,7 @@ from __future__ import annotations
 import sys
 from typing import Sequence
 
-from . import (ARCH_OPTIONS, CHECK_ARCHS, FP32_SOURCE, OPTIONS, SOURCE_ARCHS, SOURCE_MIN_ARCH, TF32X3_SOURCE,
-               TILED_SOURCE, WGMMA_SOURCE, Program, all_variants, build)
+from hilbert_hpc.kernels import ARCH_OPTIONS, CHECK_ARCHS, FP32_SOURCE, OPTIONS, SOURCE_ARCHS, SOURCE_MIN_ARCH, TF32X3_SOURCE, TILED_SOURCE, WGMMA_SOURCE, Program, all_variants, build
 
 TEMPLATE_SOURCES = (FP32_SOURCE, TILED_SOURCE, TF32X3_SOURCE, WGMMA_SOURCE)
 
@@ -78,7 +77,7 @@ def main() -> int:
             print(f"{name} {arch}: ok, {len(info) - 1} instantiations, {info['ptx_bytes']} bytes of PTX")
         for name in (PLAIN_SOURCES if arch in CHECK_ARCHS else ()):
             print(f"{name} {arch}: ok, {compile_plain(arch, name)} bytes of PTX")
-    from .half import all_half_variants, all_tma_variants
+    from hilbert_hpc.kernels.half import all_half_variants, all_tma_variants
 
     for v in [*(v for v in all_variants() if v.arch), *all_half_variants(), *all_tma_variants()]:
         r = arch_ptxas_report(v)

@@ -14,7 +14,7 @@ CuPy has no bfloat16, so the data are held by the caller (torch tensors, or CuPy
 arrays) and passed as raw device pointers: ``launch_local_patterns`` takes ints (or anything with
 ``data_ptr()`` / ``.data.ptr`` / ``__cuda_array_interface__``) plus the (n, H, D) shape and the dtype
 name, and launches one kernel per (pattern, head offset) with the same element-offset geometry as
-``hilbert_hpc.fused.local_patterns``.
+``hilbert_hpc.kernels.launch.local_patterns``.
 
 ``select_half`` picks, on compute capability 9.0, the Hopper variant of ``HOPPER_DEFAULT`` for the head dim
 (``tma16`` or ``wgmma16``), and ``mma16`` on other GPUs from 8.0; older GPUs get a RuntimeError that names the
@@ -33,8 +33,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from . import Program, Variant, compile_cubin, source  # noqa: F401 - compile_cubin, source re-exported
-from .. import kernels as _kernels
+from hilbert_hpc.kernels import Program, Variant, compile_cubin, source  # noqa: F401 - compile_cubin, source re-exported
+from hilbert_hpc import kernels as _kernels
 
 HALF_SOURCE = "dilated_fwd_wgmma_16.cu"
 HALF_ARCH = "sm_90a"
@@ -278,7 +278,7 @@ def launch(q: Any, k: Any, v: Any, out: Any, lse: Any, *, qg: tuple, kg: tuple, 
                          f"q {qg}, k {kg}, v {vg}")
     if not scale > 0:
         raise ValueError(f"the 16-bit kernel needs scale > 0, got {scale}")
-    from ..fused import query_chunks
+    from hilbert_hpc.kernels.launch import query_chunks
 
     chosen = select_half(head_dim, dtype)
     if accumulate:
@@ -309,7 +309,7 @@ def tma_launch_args(chosen: Variant, pointers: tuple, *, qg: tuple, kg: tuple, v
     """(map geometries of Q, K, V; grid; the kernel arguments after the maps pointer) of one tma16 launch
     (pointers: q, k, v, out, lse as ints; the output geometry ``og`` defaults to Q's). Query blocks of one
     problem are adjacent in the 1-D grid."""
-    from . import tma
+    from hilbert_hpc.kernels import tma
 
     keys = chosen.config[0]
     qptr, kptr, vptr, optr, lptr = (int(x) for x in pointers)
@@ -329,7 +329,7 @@ def tma_launch_args(chosen: Variant, pointers: tuple, *, qg: tuple, kg: tuple, v
 def _launch_tma(fn: Any, chosen: Variant, q: Any, k: Any, v: Any, out: Any, lse: Any, **geometry: Any) -> None:
     import cupy
 
-    from . import tma
+    from hilbert_hpc.kernels import tma
 
     pointers = tuple(device_pointer(x) for x in (q, k, v, out, lse))
     maps, grid, args = tma_launch_args(chosen, pointers, **geometry)
@@ -378,7 +378,7 @@ def group_launches(patterns: Sequence, causal: bool, scale: float, n: int, heads
     """The launches (keyword arguments of :func:`launch`) of local ``patterns`` for heads ``h0 .. h1 - 1`` of
     (n, heads, head_dim) arrays into a float32 scratch (n, group, head_dim) that holds those heads
     (``fused.local_launches`` restricted to the group, with the scratch's output geometry ``og``)."""
-    from ..fused import local_launches
+    from hilbert_hpc.kernels.launch import local_launches
 
     return [dict(kw, accumulate=True)
             for kw in local_launches(patterns, causal, scale, n, heads, head_dim, h0, h1, out_heads=group)]
@@ -396,7 +396,7 @@ class HalfKernels:
     def __init__(self, dtype: str) -> None:
         from functools import partial
 
-        from ..fused import FusedKernels
+        from hilbert_hpc.kernels.launch import FusedKernels
 
         self.dtype = dtype
         self.rounding = FusedKernels(partial(launch, dtype=dtype), check_half_arrays, out_dtype=np.int16)
@@ -488,7 +488,7 @@ def launch_local_patterns(q: Any, k: Any, v: Any, patterns: Sequence, causal: bo
 
     q, k, v, out, lse: device pointers (ints) to C-contiguous data, or tensors/arrays (their pointers are
     taken); ``shape`` (n, H, D) and ``dtype`` ('bfloat16' / 'float16', or a torch dtype) are read from
-    ``q`` when it is a tensor and not given. The geometry is ``hilbert_hpc.fused.FusedKernels``'.
+    ``q`` when it is a tensor and not given. The geometry is ``hilbert_hpc.kernels.launch.FusedKernels``'.
     """
     if shape is None:
         if not hasattr(q, "shape"):

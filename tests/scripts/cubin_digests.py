@@ -61,7 +61,8 @@ def programs() -> list[tuple[str, str, tuple[str, ...], tuple[str, ...], str, ob
 
 def via_entry(source: str, names: tuple[str, ...], options: tuple[str, ...], target: str, v: object) -> bytes:
     """The cubin the package loads today: its own Program for the variant, the conversions or the keys."""
-    from hilbert_hpc import gpu_ordering, kernels
+    from hilbert_hpc.tools import gpu_ordering
+    from hilbert_hpc import kernels
     from hilbert_hpc.kernels import half
 
     if v is not None:

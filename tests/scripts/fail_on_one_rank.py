@@ -1,6 +1,6 @@
 """Rank 1 raises while rank 0 waits for it: the abort hook must end every rank."""
 
-from hilbert_hpc.mpi import abort_on_exception, world
+from hilbert_hpc.distributed.mpi import abort_on_exception, world
 
 comm = world()
 abort_on_exception(comm)

@@ -22,8 +22,9 @@ import sys
 import cupy
 import numpy as np
 
-from hilbert_hpc import fused, kernels
-from hilbert_hpc.patterns import Pattern
+from hilbert_hpc.kernels import launch as fused
+from hilbert_hpc import kernels
+from hilbert_hpc.core.patterns import Pattern
 
 
 def main() -> int:

@@ -34,9 +34,9 @@ def child(dtype: str, d: int) -> dict:
     import cupy
     import numpy as np
 
-    from hilbert_hpc import fused
+    from hilbert_hpc.kernels import launch as fused
     from hilbert_hpc.kernels import half
-    from hilbert_hpc.patterns import Pattern
+    from hilbert_hpc.core.patterns import Pattern
 
     h = max(1, 768 // d)
     patterns = [Pattern(w, r) for w, r in PATTERNS]

@@ -42,7 +42,7 @@ import torch  # noqa: E402
 
 from hilbert_hpc.backends.torch_peer import serialized_attention  # noqa: E402
 from hilbert_hpc.kernels import half  # noqa: E402
-from hilbert_hpc.patterns import Pattern  # noqa: E402
+from hilbert_hpc.core.patterns import Pattern  # noqa: E402
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 ANCHOR = [Pattern(2048, 1), Pattern(4096, 2), Pattern(8192, 4)]
@@ -212,9 +212,9 @@ def time_ms(fn, reps: int = 5, warm: int = 2, reset=None) -> float:
 
 
 def useful_tflops(n: int, h: int, d: int, patterns, causal: bool, ms: float) -> float:
-    """Useful TFLOP/s as the results files count them (hilbert_hpc.patterns.useful_flops: 4 D per attended
+    """Useful TFLOP/s as the results files count them (hilbert_hpc.core.patterns.useful_flops: 4 D per attended
     pair; a pattern of dilation r selects 1/r of the queries of each head, each seeing w/r keys)."""
-    from hilbert_hpc.patterns import useful_flops
+    from hilbert_hpc.core.patterns import useful_flops
 
     return useful_flops(n, h, d, patterns, causal) / ms / 1e9
 

@@ -5,7 +5,7 @@
     python3 tests/scripts/wgmma_probe.py --long     # also 4,096-token segments in the accuracy part
 
 1. For every head dimension (32, 64, 96, 128), causal and not: random problems through
-   ``hilbert_hpc.fused.local_patterns`` with ``HILBERT_HPC_FP32_KERNEL=wgmma`` (and tf32x3 for comparison)
+   ``hilbert_hpc.kernels.launch.local_patterns`` with ``HILBERT_HPC_FP32_KERNEL=wgmma`` (and tf32x3 for comparison)
    against the float64 dense reference (tests/dense_reference.py): relative L2 error (the project's measure)
    and the largest element error relative to max |reference|.
 2. Timing (CUDA events, median of 5 after 2 warm-ups) of wgmma and tf32x3 on the anchor
@@ -35,8 +35,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 import cupy  # noqa: E402
 
 from dense_reference import dense_dilated_attention  # noqa: E402
-from hilbert_hpc import fused, kernels  # noqa: E402
-from hilbert_hpc.patterns import Pattern  # noqa: E402
+from hilbert_hpc.kernels import launch as fused
+from hilbert_hpc import kernels  # noqa: E402
+from hilbert_hpc.core.patterns import Pattern  # noqa: E402
 
 TOL = 1e-6
 ANCHOR = [Pattern(2048, 1), Pattern(4096, 2), Pattern(8192, 4)]
@@ -125,9 +126,9 @@ def time_case(variant: str, q, k, v, patterns, causal: bool, reps: int = 5, warm
 
 
 def useful_tflops(n: int, h: int, d: int, patterns, causal: bool, ms: float) -> float:
-    """Useful TFLOP/s as the results files count them (hilbert_hpc.patterns.useful_flops: 4 D per attended
+    """Useful TFLOP/s as the results files count them (hilbert_hpc.core.patterns.useful_flops: 4 D per attended
     pair; a pattern of dilation r selects 1/r of the queries of each head, each seeing w/r keys)."""
-    from hilbert_hpc.patterns import useful_flops
+    from hilbert_hpc.core.patterns import useful_flops
 
     return useful_flops(n, h, d, patterns, causal) / ms / 1e9
 

@@ -1,0 +1,82 @@
+"""The dtypes a case can compute in, and what follows from each: host dtype, bytes, tolerance, backends.
+
+``float64`` and ``float32`` compute in their own precision. ``bfloat16`` and
+``float16`` keep Q, K, V and the output in 16 bits while scores, softmax, the
+running output and the log-sum-exp stay in FP32 (the PyTorch peer: FP32 merge
+around 16-bit SDPA). On the host a bfloat16 array is NumPy's ``ml_dtypes.bfloat16``;
+inputs are made in float32 and rounded to nearest-even where they reach the
+backend, and the float64 accuracy reference starts from the same rounded values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hilbert_hpc.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Precision:
+    """What one ``dtype`` of a job means."""
+
+    name: str
+    #: bytes per element of Q, K, V and the output
+    itemsize: int
+    #: largest max-relative error against float64 that counts as correct
+    tolerance: float
+    #: backends that compute in it
+    backends: tuple[str, ...]
+    #: dtype of saved outputs in HDF5 (which has no bfloat16: stored exactly as float32)
+    file_dtype: str
+
+    @property
+    def sixteen_bit(self) -> bool:
+        """True for bfloat16 and float16 (inputs made in float32, rounded where they reach the backend)."""
+        return self.itemsize == 2
+
+    def host_dtype(self) -> Any:
+        """The NumPy dtype of this precision (``ml_dtypes.bfloat16`` for bfloat16)."""
+        if self.name == "bfloat16":
+            import ml_dtypes
+
+            return np.dtype(ml_dtypes.bfloat16)
+        return np.dtype(self.name)
+
+    def generation_dtype(self) -> Any:
+        """The dtype random inputs are made in (float32 for the 16-bit dtypes)."""
+        return np.dtype(np.float32) if self.sixteen_bit else np.dtype(self.name)
+
+    def round(self, x: np.ndarray) -> np.ndarray:
+        """Host values as this precision holds them (round to nearest even), returned as float64."""
+        with np.errstate(over="ignore"):                 # beyond the range: inf, as the backend sees it
+            return np.asarray(x).astype(self.host_dtype()).astype(np.float64)
+
+
+#: bf16 keeps 8 significant bits (unit roundoff 2^-9), fp16 11 (2^-12): a few roundings of the output
+PRECISIONS = {
+    "float64": Precision("float64", 8, 1e-10, ("numpy", "cupy", "torch"), "float64"),
+    "float32": Precision("float32", 4, 1e-4, ("numpy", "cupy", "torch", "cuda-fp32", "cuda"), "float32"),
+    "bfloat16": Precision("bfloat16", 2, 2e-2, ("torch", "cuda"), "float32"),
+    "float16": Precision("float16", 2, 4e-3, ("torch", "cuda"), "float16"),
+}
+DTYPES = tuple(PRECISIONS)
+
+
+def precision(name: str, param: str = "dtype") -> Precision:
+    """The Precision called ``name``; a clear error for any other."""
+    try:
+        return PRECISIONS[name]
+    except KeyError:
+        raise ConfigError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}", param) from None
+
+
+def check_backend(dtype: str, backend: str, param: str) -> None:
+    """Refuse a (dtype, backend) pair that does not compute: one line naming both and what does."""
+    p = precision(dtype)
+    if backend not in p.backends:
+        others = [d for d, q in PRECISIONS.items() if backend in q.backends]
+        raise ConfigError(f"backend {backend!r} does not compute in {dtype} (it takes {', '.join(others)}); "
+                          f"dtype {dtype} runs on backend {' or '.join(p.backends)}", param)

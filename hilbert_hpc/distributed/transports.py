@@ -1,0 +1,198 @@
+"""How K/V blocks move between ranks: host, cuda-aware and staged transports (docs/distributed.md, "Transports").
+
+A transport starts one non-blocking exchange (send one buffer to a rank, receive
+another from a rank) and later waits for it:
+
+``host``        NumPy arrays straight to mpi4py ``Isend``/``Irecv``.
+``cuda-aware``  CuPy device arrays straight to mpi4py (the stream is synchronized
+                first). Only with an MPI library built with CUDA support: a
+                non-CUDA-aware library given a device pointer crashes.
+``staged``      Device -> pinned host (chunked, on a copy stream) -> MPI -> pinned
+                host -> device, without blocking the caller: each chunk's send
+                starts as soon as its copy has landed and each received chunk is
+                copied up as soon as it has arrived, while the GPU computes.
+``auto``        ``cuda-aware`` when it is known to work (see :mod:`hilbert_hpc.distributed.cuda_aware`),
+                else ``staged``; ``host`` for NumPy arrays.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from hilbert_hpc.errors import ConfigError
+
+TRANSPORTS = ("auto", "cuda-aware", "staged", "host")
+
+#: Bytes per chunk of a staged transfer.
+STAGED_CHUNK_BYTES = 4 << 20
+
+
+class Exchange:
+    """One posted send/receive pair; ``wait()`` completes both."""
+
+    def __init__(self, requests: list) -> None:
+        self.requests = requests
+
+    def test(self) -> bool:
+        """Drive MPI progress without blocking; True once the posted requests have completed."""
+        from mpi4py import MPI
+
+        return bool(MPI.Request.Testall(self.requests)) if self.requests else True
+
+    def wait(self) -> None:
+        """Block until the send has left and the received block is usable."""
+        from mpi4py import MPI
+
+        MPI.Request.Waitall(self.requests)
+
+
+class HostTransport:
+    """Buffers handed to mpi4py as they are (host arrays, or device arrays with a CUDA-aware MPI)."""
+
+    name = "host"
+
+    def __init__(self, comm: Any) -> None:
+        self.comm = comm
+
+    def prepare(self, send: Any) -> None:
+        """Nothing to do before posting host buffers."""
+
+    def start(self, send: Any | None, dest: int, recv: Any | None, source: int, tag: int) -> Exchange:
+        """Post ``Irecv(recv <- source)`` and ``Isend(send -> dest)``; ``None`` skips a side."""
+        self.prepare(send)
+        reqs = []
+        if recv is not None and recv.size:
+            reqs.append(self.comm.Irecv(recv, source=source, tag=tag))
+        if send is not None and send.size:
+            reqs.append(self.comm.Isend(send, dest=dest, tag=tag))
+        return Exchange(reqs)
+
+
+class CudaAwareTransport(HostTransport):
+    """CuPy arrays straight to a CUDA-aware MPI; the compute stream is synchronized before sending."""
+
+    name = "cuda-aware"
+
+    def prepare(self, send: Any) -> None:
+        """Make sure the block to send has been written by the GPU."""
+        import cupy
+
+        cupy.cuda.get_current_stream().synchronize()
+
+
+class StagedTransport:
+    """Device blocks through pinned host buffers, chunked so that copies overlap the MPI transfer and compute.
+
+    ``start`` returns at once: the copy stream waits (on the GPU) for the compute
+    stream's work so far, then copies the block down chunk by chunk. Each chunk's
+    ``Isend`` is posted as soon as its copy has landed and each received chunk is
+    copied up as soon as it has arrived, whenever the exchange is driven
+    (``test`` during compute, then ``wait``). The pinned buffers are allocated
+    once per role and reused (grown only for a larger block).
+    """
+
+    name = "staged"
+
+    def __init__(self, comm: Any, chunk_bytes: int = STAGED_CHUNK_BYTES) -> None:
+        import cupy
+
+        self.comm = comm
+        self.cupy = cupy
+        self.chunk_bytes = chunk_bytes
+        self.copy_stream = cupy.cuda.Stream(non_blocking=True)
+        self._pinned: dict[tuple[str, str], np.ndarray] = {}
+
+    def _host(self, role: str, like: Any) -> np.ndarray:
+        """Pinned host buffer (reused, grown on demand) with the dtype and size of ``like``."""
+        key = (role, like.dtype.str)
+        buf = self._pinned.get(key)
+        if buf is None or buf.size < like.size:
+            mem = self.cupy.cuda.alloc_pinned_memory(like.size * like.dtype.itemsize)
+            buf = np.frombuffer(mem, dtype=like.dtype, count=like.size)
+            self._pinned[key] = buf
+        return buf[: like.size]
+
+    def _chunks(self, n: int, itemsize: int) -> list[slice]:
+        step = max(1, self.chunk_bytes // itemsize)
+        return [slice(i, min(n, i + step)) for i in range(0, n, step)]
+
+    def start(self, send: Any | None, dest: int, recv: Any | None, source: int, tag: int) -> "StagedExchange":
+        """Post the receives and queue the chunked copy of ``send`` to pinned memory; returns at once."""
+        cp = self.cupy
+        exchange = StagedExchange(self)
+        if recv is not None and recv.size:
+            host_in = self._host("recv", recv)
+            flat_in = recv.reshape(-1)
+            for sl in self._chunks(recv.size, recv.dtype.itemsize):
+                exchange.incoming.append((self.comm.Irecv(host_in[sl], source=source, tag=tag), flat_in[sl],
+                                          host_in[sl]))
+        if send is not None and send.size:
+            host_out = self._host("send", send)
+            flat = send.reshape(-1)
+            self.copy_stream.wait_event(cp.cuda.get_current_stream().record())   # the block is written
+            for sl in self._chunks(send.size, send.dtype.itemsize):
+                flat[sl].get(out=host_out[sl], stream=self.copy_stream, blocking=False)
+                exchange.outgoing.append((self.copy_stream.record(), host_out[sl], dest, tag))
+        exchange.test()
+        return exchange
+
+
+class StagedExchange(Exchange):
+    """A staged send/receive pair in flight: chunks move on as their copies or messages complete."""
+
+    def __init__(self, transport: StagedTransport) -> None:
+        super().__init__([])
+        self.transport = transport
+        self.outgoing: list[tuple[Any, np.ndarray, int, int]] = []    # (copy-down event, pinned chunk, dest, tag)
+        self.incoming: list[tuple[Any, Any, np.ndarray]] = []          # (receive request, device chunk, pinned)
+
+    def _advance(self, block: bool) -> None:
+        comm, stream = self.transport.comm, self.transport.copy_stream
+        while self.outgoing and (block or self.outgoing[0][0].done):
+            event, chunk, dest, tag = self.outgoing.pop(0)
+            event.synchronize()
+            self.requests.append(comm.Isend(chunk, dest=dest, tag=tag))
+        while self.incoming and (block or self.incoming[0][0].Test()):
+            req, device_chunk, host_chunk = self.incoming.pop(0)
+            req.Wait()
+            device_chunk.set(host_chunk, stream=stream)
+
+    def test(self) -> bool:
+        """Post the sends of chunks that have landed, copy up chunks that have arrived; True when all is done."""
+        from mpi4py import MPI
+
+        self._advance(block=False)
+        return not self.outgoing and not self.incoming and (
+            bool(MPI.Request.Testall(self.requests)) if self.requests else True)
+
+    def wait(self) -> None:
+        """Finish every chunk; the received block is on the device and the pinned buffers are free again."""
+        from mpi4py import MPI
+
+        self._advance(block=True)
+        self.transport.copy_stream.synchronize()
+        MPI.Request.Waitall(self.requests)
+
+
+def resolve_transport(name: str, on_gpu: bool, comm: Any) -> tuple[Any, str]:
+    """The transport object for ``name`` and a sentence saying why it was chosen."""
+    if name not in TRANSPORTS:
+        raise ConfigError(f"unknown transport {name!r}; choose one of {', '.join(TRANSPORTS)}", "transport")
+    if not on_gpu:
+        if name in ("cuda-aware", "staged"):
+            return HostTransport(comm), f"{name} requested, but the arrays are host (NumPy) arrays: host transport"
+        return HostTransport(comm), "host arrays: plain MPI on host memory"
+    from hilbert_hpc.distributed.cuda_aware import cuda_aware_support
+
+    known, why = cuda_aware_support()
+    if name == "auto":
+        if known:
+            return CudaAwareTransport(comm), f"auto: cuda-aware ({why})"
+        return StagedTransport(comm), f"auto: staged ({why})"
+    if name == "cuda-aware":
+        return CudaAwareTransport(comm), f"cuda-aware requested ({why})"
+    if name == "staged":
+        return StagedTransport(comm), "staged requested"
+    raise ConfigError("transport 'host' cannot move device arrays; use staged or cuda-aware", "transport")

@@ -1,0 +1,157 @@
+"""Fused kernels applied to dilated attention: local patterns and packed ring blocks, merged in place.
+
+Each call launches one fused kernel with element-offset geometry, so Q rows are
+read where they lie in the shard (segment, dilation and offset indexing), K/V
+rows from the shard or from a packed ring block, and the result is merged by
+log-sum-exp into the running output and LSE. :class:`FusedKernels` holds that
+geometry for any launcher with the kernels' common argument list: the FP32
+kernels (the module-level functions here, on float32 CuPy arrays) and the
+16-bit kernels (:mod:`hilbert_hpc.kernels.half`, whose output stays 16-bit).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from hilbert_hpc.core.patterns import Pattern
+
+Array = Any
+#: launch(q, k, v, out, lse, *, qg, kg, vg, lg, segments, heads, mq, mk, shift, scale, head_dim)
+Launcher = Callable[..., None]
+
+
+#: most blocks a launch may have along grid y (the query blocks of one problem)
+MAX_GRID_Y = 65535
+
+
+def query_chunks(qg: tuple, lg: tuple, mq: int, shift: int | None, block_queries: int,
+                 max_blocks: int = MAX_GRID_Y) -> list[tuple[tuple, tuple, int, int | None]]:
+    """``(qg, lg, mq, shift)`` of launches that together cover ``mq`` query rows with at most ``max_blocks``
+    query blocks each: a chunk starting at row ``c`` moves the Q/output and log-sum-exp bases by ``c`` rows
+    and the causal shift by ``c`` (query ``i`` of the chunk is query ``c + i`` of the problem)."""
+    rows = max_blocks * block_queries
+    return [((qg[0] + c * qg[3], *qg[1:]), (lg[0] + c * lg[3], *lg[1:]), min(rows, mq - c),
+             None if shift is None else shift + c) for c in range(0, mq, rows)]
+
+
+def _launch_fp32(q: Array, k: Array, v: Array, out: Array, lse: Array, *, qg: tuple, kg: tuple, vg: tuple,
+                 lg: tuple, segments: int, heads: int, mq: int, mk: int, shift: int | None, scale: float,
+                 head_dim: int) -> None:
+    """One FP32 kernel launch over ``segments x heads`` problems (geometry tuples: base, seg, head, row strides)."""
+    from hilbert_hpc import kernels
+
+    if segments == 0 or heads == 0 or mq == 0 or mk == 0:
+        return
+    align = math.gcd(*qg, *kg, *vg, 16)
+    chosen = kernels.select_fp32(head_dim, align)
+    fn = kernels.compiled(chosen)
+    for qc, lc, mc, sc in query_chunks(qg, lg, mq, shift, chosen.block_queries):
+        grid = (segments * heads, -(-mc // chosen.block_queries))
+        args = (q, k, v, out, lse, *(np.int64(x) for x in (*qc, *kg, *vg, *lc)),
+                np.int32(heads), np.int32(mc), np.int32(mk), np.int32(sc is not None),
+                np.int32(sc or 0), np.float32(scale))
+        fn(grid, (chosen.threads,), args, shared_mem=chosen.shared_bytes)
+
+
+def check_arrays(*arrays: Array) -> None:
+    """The fused FP32 path takes C-contiguous float32 CuPy arrays."""
+    for a in arrays:
+        if a.dtype != np.float32 or not a.flags.c_contiguous:
+            raise ValueError("the fused FP32 kernels need C-contiguous float32 arrays")
+
+
+def local_launches(patterns: Sequence[Any], causal: bool, scale: float, n: int, heads: int, head_dim: int,
+                   first_head: int = 0, end_head: int | None = None, out_heads: int | None = None) -> list[dict]:
+    """The launches (keyword arguments of a launcher) of ``patterns`` (``Pattern`` or ``(segment, dilation)``)
+    whose segments lie inside (n, heads, head_dim) arrays: one per pattern and head offset o (heads o, o + r,
+    ...; row o of each segment), in the given order, offsets ascending. Heads ``first_head .. end_head - 1``
+    only, when given; ``out_heads``: the output is a separate array (n, out_heads, head_dim) holding those
+    heads from its head 0 on, addressed by the output geometry ``og`` (otherwise the output is laid out as Q)."""
+    end_head = heads if end_head is None else end_head
+    d, row, hrow = head_dim, heads * head_dim, heads
+    launches = []
+    for p in patterns:
+        w, r = (int(p.segment), int(p.dilation)) if hasattr(p, "segment") else (int(p[0]), int(p[1]))
+        m = w // r
+        for o in range(min(r, heads)):
+            first = o + r * max(0, -(-(first_head - o) // r))    # the first head >= first_head with offset o
+            if first >= end_head:
+                continue
+            geo = (o * row + first * d, w * row, r * d, r * row)
+            launch = dict(qg=geo, kg=geo, vg=geo, lg=(o * hrow + first, w * hrow, r, r * hrow), segments=n // w,
+                          heads=len(range(first, end_head, r)), mq=m, mk=m, shift=0 if causal else None,
+                          scale=scale, head_dim=d)
+            if out_heads is not None:
+                orow = out_heads * d
+                launch["og"] = (o * orow + (first - first_head) * d, w * orow, r * d, r * orow)
+            launches.append(launch)
+    return launches
+
+
+class FusedKernels:
+    """Local patterns and ring blocks for one kernel launcher (the provider the ring takes as ``kernels``).
+
+    ``out_dtype``: dtype of the running output the ring allocates, with a float32
+    log-sum-exp (the 16-bit kernels); None: both in the accumulator dtype of the
+    inputs (float32 for float32).
+    """
+
+    def __init__(self, launch: Launcher, check: Callable[..., None] | None = None, out_dtype: Any = None) -> None:
+        self.launch = launch
+        self.check = check
+        self.out_dtype = out_dtype
+
+    def accumulators(self, xp: Any, n: int, heads: int, dv: int, dtype: Any) -> tuple[Array, Array]:
+        """Running output zeros (n, H, Dv) and log-sum-exp -inf (n, H) for this launcher."""
+        acc = np.result_type(dtype, np.float32)
+        out_dtype, lse_dtype = (acc, acc) if self.out_dtype is None else (self.out_dtype, np.float32)
+        return xp.zeros((n, heads, dv), dtype=out_dtype), xp.full((n, heads), -np.inf, dtype=lse_dtype)
+
+    def local_patterns(self, qs: Array, ks: Array, vs: Array, patterns: Sequence[Any], causal: bool,
+                       scale: float, out: Array, lse: Array, shape: Sequence[int] | None = None) -> None:
+        """Patterns (``Pattern`` or ``(segment, dilation)``) whose segments lie inside these (n, H, D)
+        arrays, merged into ``out``/``lse``. ``shape`` is read from ``qs`` unless given (raw pointers)."""
+        if self.check is not None:
+            self.check(qs, ks, vs, out, lse)
+        n, heads, d = (int(x) for x in (qs.shape if shape is None else shape))
+        for geometry in local_launches(patterns, causal, scale, n, heads, d):
+            self.launch(qs, ks, vs, out, lse, **geometry)
+
+    def ring_block(self, qs: Array, block: Array, geom: Any, pos: int, src: int, shift: int | None, scale: float,
+                   out: Array, lse: Array) -> None:
+        """Attend this rank's selected queries to a packed ring block from ring position ``src``; merge in place."""
+        n, heads, d = qs.shape
+        row, hrow = heads * d, heads
+        for (o, mk, k0, v0) in geom.layout(src):
+            rows = geom.rows(pos, o)
+            mq = len(range(rows.start, rows.stop, rows.step))
+            nh = geom.nheads(o)
+            r = geom.pattern.dilation
+            qg = (rows.start * row + o * d, 0, r * d, r * row)
+            self.launch(qs, block, block, out, lse, qg=qg, kg=(k0, 0, d, nh * d), vg=(v0, 0, d, nh * d),
+                        lg=(rows.start * hrow + o, 0, r, r * hrow), segments=1, heads=nh, mq=mq, mk=mk,
+                        shift=shift, scale=scale, head_dim=d)
+
+
+#: the FP32 kernels (backend cuda-fp32, and cuda with float32)
+FP32 = FusedKernels(_launch_fp32, check_arrays)
+
+
+def local_patterns(qs: Array, ks: Array, vs: Array, patterns: Sequence[Pattern], causal: bool, scale: float,
+                   out: Array, lse: Array) -> None:
+    """FP32: patterns whose segments lie inside these (n, H, D) arrays, merged into ``out``/``lse``."""
+    FP32.local_patterns(qs, ks, vs, patterns, causal, scale, out, lse)
+
+
+def ring_block(qs: Array, block: Array, geom: Any, pos: int, src: int, shift: int | None, scale: float,
+               out: Array, lse: Array) -> None:
+    """FP32: attend this rank's selected queries to a packed ring block from ``src``; merge in place."""
+    FP32.ring_block(qs, block, geom, pos, src, shift, scale, out, lse)
+
+
+def accumulators(xp: Any, n: int, heads: int, dv: int, dtype: Any) -> tuple[Array, Array]:
+    """FP32: running output and log-sum-exp for the ring."""
+    return FP32.accumulators(xp, n, heads, dv, dtype)

@@ -1,0 +1,129 @@
+"""The output parts of a case: every rank writes its block of the output, in natural order, beside the results file.
+
+``<results>.parts/<case-id>/`` holds one shared file (parallel HDF5) or one file
+per rank; each part records the results file it belongs to, its case and the
+SHA-256 of its block(s). The results file itself is written by ``results.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hilbert_hpc.errors import UserError
+from hilbert_hpc.study.jobfile import Case, Job
+from hilbert_hpc.distributed.mpi import agree
+from hilbert_hpc.study.output_files import IO_ERRORS, io_error
+from hilbert_hpc.core.precision import precision
+from hilbert_hpc.study.results import ResultsFile, block_digest, parts_dir, refuse_foreign_parts
+from hilbert_hpc.distributed.sharding import Layout
+
+
+def parallel_hdf5(comm: Any) -> bool:
+    """True when the case's ranks can write one shared file through parallel HDF5 (h5py built with MPI).
+
+    ``HILBERT_HPC_PARALLEL_HDF5=0`` forces the per-rank files (e.g. on a file
+    system where MPI-IO is slow or broken); a single rank never needs it.
+    """
+    if os.environ.get("HILBERT_HPC_PARALLEL_HDF5", "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    if comm.Get_size() < 2 or type(comm).__module__.split(".")[0] != "mpi4py":
+        return False
+    import h5py
+
+    return bool(h5py.get_config().mpi)
+
+
+def write_output_part(case: Case, comm: Any, layout: Layout, outputs: list[np.ndarray], results_path: Path,
+                      results_id: str) -> tuple[str, str]:
+    """Every rank of the case writes its block of the output, in natural order; no rank holds more than its shard.
+
+    Rank ``r`` receives the natural positions ``[r*L, (r+1)*L)`` by one all-to-all
+    exchange. With parallel HDF5 all ranks write their blocks into one file,
+    ``<results>.parts/<case-id>/output.h5`` (collective MPI-IO); otherwise each
+    rank writes ``<results>.parts/<case-id>/rank<r>.h5``. The parts folder must
+    belong to the results file ``results_id`` (rank 0 made it, holding the file's
+    lock); each part records that identity, the case and the SHA-256 of the
+    block(s) it holds. Returns this rank's file, relative to the results file, and
+    the SHA-256 of its block.
+    """
+    import h5py
+
+    from hilbert_hpc.distributed.datafile import redistribute
+
+    rank = comm.Get_rank()
+    natural = layout.shard_natural(rank)
+    file_dtype = precision(case.dtype).file_dtype       # HDF5 has no bfloat16: stored exactly as float32
+    blocks = np.stack([redistribute(np.asarray(o, dtype=file_dtype), natural, layout.shard, comm) for o in outputs])
+    digest = block_digest(blocks)
+    digests = comm.allgather(digest)
+    shared = parallel_hdf5(comm)
+    parts = parts_dir(results_path)
+    refuse_foreign_parts(parts, results_path, results_id)
+    rel = Path(parts.name) / case.case_id / ("output.h5" if shared else f"rank{rank:05d}.h5")
+    target = results_path.parent / rel
+    target.parent.mkdir(exist_ok=True)
+    if shared:
+        comm.Barrier()                                   # the folder exists before any rank opens the file
+        shape = (blocks.shape[0], layout.shard * comm.Get_size(), *blocks.shape[2:])
+        with h5py.File(target, "w", driver="mpio", comm=comm) as f:
+            ds = f.create_dataset("output", shape=shape, dtype=blocks.dtype)
+            with ds.collective:
+                ds[:, rank * layout.shard:(rank + 1) * layout.shard] = blocks
+            ds.attrs["first_token"] = 0
+            _output_attrs(ds, case, results_id, digests)
+    else:
+        with h5py.File(target, "w") as f:
+            ds = f.create_dataset("output", data=blocks)
+            ds.attrs["first_token"] = rank * layout.shard
+            _output_attrs(ds, case, results_id, [digest])
+    return str(rel), digest
+
+
+def _output_attrs(ds: Any, case: Case, results_id: str, digests: list[str]) -> None:
+    """What a part says about itself: layout, owner (results file and case), SHA-256 of its rank block(s)."""
+    ds.attrs["order"] = "natural"
+    ds.attrs["axes"] = "batch, token, head, dim"
+    ds.attrs["results_id"] = results_id
+    ds.attrs["case_id"] = case.case_id
+    ds.attrs["sha256"] = json.dumps(digests)
+
+
+def write_case_outputs(case: Case, job: Job, comm: Any, layout: Layout, outputs: list[np.ndarray],
+                       results: ResultsFile | None, results_path: Path | None,
+                       results_id: str) -> tuple[list[str] | None, list[str] | None]:
+    """Every rank of the case writes its output part (:func:`write_output_part`), agreed by all of them.
+
+    Rank 0 first begins the results file (a replacing run removes the old one
+    now); every part is on disk before the case can be committed. A failed
+    write on any rank raises a UserError on every rank. Returns (parts, SHA-256
+    digests) on rank 0 and (None, None) on the other ranks.
+    """
+    path = Path(results_path or job.output)
+    error = None
+    if results is not None:
+        try:
+            results.begin()                          # the first case of a replacing run: the old file goes now
+        except UserError as exc:
+            error = exc
+    error = agree(comm, error)                       # the parts folder is ready before any rank writes
+    if error is not None:
+        raise error
+    try:
+        rel, digest = write_output_part(case, comm, layout, outputs, path, results_id)
+    except UserError as exc:
+        error = exc
+    except IO_ERRORS as exc:
+        error = io_error(exc, "write an output part of", path,
+                         "its complete cases are kept; free some space and continue with --resume")
+    error = agree(comm, error)                       # every part is on disk before the case is committed
+    if error is not None:
+        raise error
+    gathered = comm.gather((rel, digest), root=0)
+    if gathered is None:
+        return None, None
+    return [g[0] for g in gathered], [g[1] for g in gathered]

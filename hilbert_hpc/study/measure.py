@@ -1,0 +1,368 @@
+"""Measurement of one case on this rank: validation, inputs, accuracy against float64, timed calls, metrics.
+
+Each rank makes only its own shard of the inputs (counter-based, a function of
+the seed and the natural position), runs the timed calls (:class:`CaseRun`)
+and measures its share of the sampled accuracy rows; :func:`derive_metrics`
+and :func:`judge_accuracy` turn every rank's figures into the case's numbers.
+The runner (``runner.py``) orchestrates the cases; ``maxlen.py`` reuses the
+inputs and the accuracy check for its trials.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from hilbert_hpc.core import device_memory
+from hilbert_hpc.core.ordering import resolve_ordering
+from hilbert_hpc.backends import get_backend
+from hilbert_hpc.distributed.datafile import read_rows, read_shard
+from hilbert_hpc.errors import ConfigError, UserError
+from hilbert_hpc.core.inputs import random_rows
+from hilbert_hpc.study.jobfile import Case, Job
+from hilbert_hpc.core.patterns import useful_flops
+from hilbert_hpc.core.precision import precision
+from hilbert_hpc.core.reference import reference_rows, sample_selected_rows, selected_heads
+from hilbert_hpc.distributed.ring import RingStats, ring_dilated_attention, ring_transfer_only
+from hilbert_hpc.distributed.sharding import IndexView, Layout, check_distribution
+
+PHASES = ("serialize", "attention", "unserialize", "total")
+RING_COUNTERS = ("local_s", "compute_s", "wait_s", "imbalance_s", "pack_s", "transfer_only_s", "bytes_sent")
+#: per-repeat measurements besides times: device memory high-water mark (B)
+MEMORY = ("peak_device_bytes",)
+
+UNITS = {"tokens_per_s": "1/s", "attention_tokens_per_s": "1/s", "useful_tflops": "TFLOP/s",
+         "useful_flops": "FLOP", "median_attention_s": "s", "median_total_s": "s", "ring_gb_per_s": "GB/s",
+         "overlap": "1", "bytes_sent_per_rank": "B", "peak_device_bytes": "B", "memory_ratio": "1"}
+
+
+def case_layout(case: Case, ranks: int) -> Layout:
+    """The serialization of ``case`` split over ``ranks`` shards (validates the distribution)."""
+    check_distribution(case.tokens, ranks, case.patterns)
+    ordering, segment = resolve_ordering(case.ordering, case.patterns, case.segment)
+    return Layout(case.grid, ordering, ranks, segment)
+
+
+def check_case(case: Case, ranks: int | None = None) -> None:
+    """Everything that can be refused before any work, identically on every rank (``ranks``: case.ranks)."""
+    from hilbert_hpc.backends import require_usable
+
+    ranks = case.ranks if ranks is None else ranks
+    case_layout(case, ranks)
+    be = require_usable(case.backend, f"{case.case_id}.backend")
+    if ranks > 1 and be.on_gpu and case.transport == "cuda-aware":
+        from hilbert_hpc.distributed.cuda_aware import cuda_aware_support
+
+        known, why = cuda_aware_support()
+        if not known:
+            raise ConfigError(f"transport 'cuda-aware' requested but the MPI library is not known to be CUDA-aware "
+                              f"({why}); use staged, or see 'hilbert-hpc cuda-env' "
+                              f"(HILBERT_HPC_CUDA_AWARE=1 forces it)", f"{case.case_id}.transport")
+    if hasattr(be, "check_case"):
+        try:
+            be.check_case(case.head_dim, case.dtype, ranks)
+        except (RuntimeError, ValueError) as exc:
+            raise ConfigError(str(exc), f"{case.case_id}.dtype") from None
+    if ranks > 1 and be.attend_fn is None:
+        raise ConfigError(f"backend {case.backend!r} is the single-process baseline; run it with one rank "
+                          f"or choose numpy/cupy", f"{case.case_id}.backend")
+
+
+def generation_module(on_gpu: bool) -> Any:
+    """Where random inputs are made: CuPy on a GPU backend when a GPU is present, else NumPy."""
+    if on_gpu:
+        try:
+            import cupy
+
+            if cupy.cuda.runtime.getDeviceCount() > 0:
+                return cupy
+        except Exception:  # noqa: BLE001 - no CuPy or no usable GPU: make them on the host
+            pass
+    return np
+
+
+def shard_inputs(case: Case, seed: int, layout: Layout, comm: Any, batch_index: int, xp: Any = np) -> list[Any]:
+    """This rank's Q, K, V shard of one batch element, already in serialized order.
+
+    From the case's input file (redistributed in parallel), else counter-based
+    random rows, made directly in ``xp`` (the same values on the host and on a GPU).
+    """
+    prec = precision(case.dtype)
+    if case.input:
+        return [read_shard(case.input, t, batch_index, layout, comm, prec.host_dtype()) for t in ("q", "k", "v")]
+    positions = batch_index * case.tokens + layout.shard_natural(comm.Get_rank())
+    return [random_rows(seed, t, positions, case.heads, case.head_dim, prec.generation_dtype(), xp)
+            for t in ("q", "k", "v")]
+
+
+def backend_inputs(case: Case, seed: int, layout: Layout, comm: Any, batch_index: int, be: Any) -> list[Any]:
+    """This rank's Q, K, V shard as the backend computes with them (its arrays, the case's dtype).
+
+    16-bit random inputs are made a chunk of rows at a time, each chunk rounded as
+    it reaches the backend, so their float32 values never exist whole on the device
+    (a 16-bit sequence can then be twice as long as a float32 one). Other inputs
+    are made as ``shard_inputs`` makes them; the backend's ``to_device`` is then a
+    no-op in the timed calls.
+    """
+    from hilbert_hpc.core.arrays import concatenate
+    from hilbert_hpc.core.inputs import CHUNK_ELEMENTS
+
+    xp = generation_module(be.on_gpu)
+    if case.input or not precision(case.dtype).sixteen_bit:
+        return shard_inputs(case, seed, layout, comm, batch_index, xp)
+    positions = batch_index * case.tokens + layout.shard_natural(comm.Get_rank())
+    step = max(1, CHUNK_ELEMENTS // (case.heads * case.head_dim))
+    return [concatenate([be.to_device(random_rows(seed, t, positions[i:i + step], case.heads, case.head_dim,
+                                                  np.float32, xp), case.dtype)
+                         for i in range(0, len(positions), step)]) for t in ("q", "k", "v")]
+
+
+def local_accuracy(case: Case, seed: int, rows: int, output: Any, layout: Layout, rank: int) -> dict:
+    """Error sums of the sampled rows (batch element 0) that this rank owns, against float64.
+
+    The rows are drawn among those some pattern selects (``sample_selected_rows``,
+    the same rows on any rank count); every head of a sampled row is compared, and
+    ``selected_pairs`` counts the (row, head) pairs of them that a pattern selects
+    (the others must be 0). ``output`` is this rank's serialized output shard, or
+    anything indexed like it that returns host rows (``arrays.RowReader`` over a
+    device array).
+    """
+    serial = sample_selected_rows(case.tokens, case.heads, case.patterns, rows, seed)
+    mine = layout.owner(serial) == rank
+    serial = serial[mine]
+    result = {"rows": int(serial.size), "selected_pairs": int(selected_heads(serial, case.heads, case.patterns).sum()),
+              "max_abs": 0.0, "max_ref": 0.0, "sq_err": 0.0, "sq_ref": 0.0}
+    if not serial.size:
+        return result
+    picked = layout.natural_of(serial)
+
+    prec = precision(case.dtype)
+
+    def source(name: str, idx: np.ndarray) -> np.ndarray:
+        """The rows as the backend sees them: made or read, rounded to the case's dtype, in float64."""
+        if case.input:
+            return prec.round(read_rows(case.input, name, 0, idx, np.float64))
+        return prec.round(random_rows(seed, name, idx, case.heads, case.head_dim, prec.generation_dtype()))
+
+    ref = reference_rows(picked, source=source, perm=IndexView(layout.natural_of),
+                         inverse=IndexView(layout.serialized_of), heads=case.heads, patterns=case.patterns,
+                         causal=case.causal, scale=case.softmax_scale)
+    got = np.asarray(output[serial - rank * layout.shard], dtype=np.float64)
+    diff = got - ref
+    result.update(max_abs=float(np.abs(diff).max()), max_ref=float(np.abs(ref).max()),
+                  sq_err=float((diff ** 2).sum()), sq_ref=float((ref ** 2).sum()))
+    return result
+
+
+def combine_accuracy(parts: list[dict]) -> dict[str, float]:
+    """Global accuracy from every rank's error sums (and counts of NaN/Inf outputs).
+
+    ``rows`` and ``selected_pairs`` say what the error figures rest on: the
+    sampled rows, and their (row, head) pairs that some pattern selects.
+    """
+    rows = sum(p["rows"] for p in parts)
+    pairs = sum(p.get("selected_pairs", 0) for p in parts)
+    nonfinite = sum(p.get("nonfinite", 0) for p in parts)
+    if rows == 0:
+        return {"rows": 0, "selected_pairs": 0, "nonfinite": nonfinite, "max_abs_err": np.nan,
+                "max_rel_err": np.nan, "rel_l2_err": np.nan}
+    tiny = np.finfo(np.float64).tiny
+    max_abs = max(p["max_abs"] for p in parts)
+    max_ref = max(p["max_ref"] for p in parts)
+    l2_ref = np.sqrt(sum(p["sq_ref"] for p in parts))
+    return {"rows": rows, "selected_pairs": pairs, "nonfinite": nonfinite, "max_abs_err": max_abs,
+            "max_rel_err": max_abs / max(max_ref, tiny),
+            "rel_l2_err": float(np.sqrt(sum(p["sq_err"] for p in parts)) / max(l2_ref, tiny))}
+
+def judge_accuracy(case: Case, parts: list[dict]) -> dict:
+    """The case's accuracy from every rank's error sums (:func:`combine_accuracy`), with its dtype's tolerance and
+    whether it is within it; a warning on stderr when the output holds NaN/Inf or the error exceeds the tolerance."""
+    accuracy = combine_accuracy(parts)
+    tol = precision(case.dtype).tolerance
+    accuracy.update(tolerance=tol, within_tolerance=bool(
+        accuracy["nonfinite"] == 0 and (not accuracy["rows"] or accuracy["max_rel_err"] <= tol)))
+    if accuracy["nonfinite"]:
+        print(f"hilbert-hpc: warning: case {case.case_id}: the output holds {accuracy['nonfinite']:,} NaN or "
+              f"infinite value(s)", file=sys.stderr, flush=True)
+    elif not accuracy["within_tolerance"]:
+        print(f"hilbert-hpc: warning: case {case.case_id}: max relative error {accuracy['max_rel_err']:.2e} against "
+              f"float64 exceeds the {case.dtype} tolerance {tol:g}", file=sys.stderr, flush=True)
+    return accuracy
+
+
+class CaseRun:
+    """One case on this rank: the backend, the shard, the transport, and the timed repeats."""
+
+    def __init__(self, case: Case, job: Job, comm: Any) -> None:
+        from hilbert_hpc.distributed.transports import resolve_transport
+
+        self.case, self.job, self.comm = case, job, comm
+        self.rank, self.ranks = comm.Get_rank(), comm.Get_size()
+        self.be = get_backend(case.backend)
+        self.layout = case_layout(case, self.ranks)
+        self.transport, self.transport_reason = (None, "single rank: no communication")
+        if self.ranks > 1:
+            self.transport, self.transport_reason = resolve_transport(case.transport, self.be.on_gpu, comm)
+        #: fused kernels of the ring for this dtype, and the arrays the ring moves (16 bits: int16 views)
+        ring_kernels = getattr(self.be, "ring_kernels", None)
+        self.ring_kernels = ring_kernels(case.dtype) if ring_kernels else getattr(self.be, "kernels", None)
+        self.ring_view = getattr(self.be, "ring_view", lambda x: x)
+        self.ring_output = getattr(self.be, "ring_output", lambda out, dtype: out)
+        #: calls made so far, and the seconds this case's own work took (inputs and calls)
+        self.rep, self.elapsed_s = 0, 0.0
+
+    def attention(self, qs: Any, ks: Any, vs: Any, stats: RingStats) -> Any:
+        """Dilated attention of this rank's shard (the whole sequence on one rank)."""
+        c = self.case
+        if self.ranks == 1:
+            return self.be.serialized_attention(qs, ks, vs, c.patterns, c.causal, c.softmax_scale)
+        out = ring_dilated_attention(qs, ks, vs, patterns=c.patterns, comm=self.comm, causal=c.causal,
+                                     scale=c.softmax_scale, transport=self.transport,
+                                     attend_fn=self.be.attend_fn, stats=stats, sync_rings=True,
+                                     kernels=self.ring_kernels)
+        return self.ring_output(out, c.dtype)
+
+    def run(self) -> tuple[dict, list[np.ndarray], dict]:
+        """Warm-up and timed repeats; returns (per-repeat timings, host outputs, accuracy sums).
+
+        The accuracy check comes first: the output of the first call (a warm-up
+        when there is one) is compared with float64 on the sampled rows, and all
+        of it is checked for NaN/Inf, before the timed repeats run. Outputs stay
+        where the backend made them: only the sampled rows come to the host, and
+        the whole output only when the job saves it (then every repeat copies it,
+        timed as ``unserialize``; the host outputs returned are the last repeat's).
+        """
+        self.start()
+        while not self.done:
+            self.step()
+        return self.results()
+
+    @property
+    def calls(self) -> int:
+        """Warm-up and timed repeats in all."""
+        return self.job.warmup + self.job.repeats
+
+    @property
+    def done(self) -> bool:
+        """True when every warm-up and timed repeat has run."""
+        return self.rep >= self.calls
+
+    def start(self) -> "CaseRun":
+        """Make this rank's inputs (kept until ``results``) and reset the device memory peak; returns itself."""
+        t0 = time.perf_counter()
+        c = self.case
+        self.inputs = [backend_inputs(c, self.job.seed, self.layout, self.comm, b, self.be) for b in range(c.batch)]
+        device_memory.reset_peak()
+        self.timings: dict[str, list[float]] = {name: [] for name in PHASES + RING_COUNTERS + MEMORY}
+        self.outputs: list[np.ndarray] = []
+        self.accuracy: dict = {}
+        self.rep = 0
+        self.elapsed_s = time.perf_counter() - t0
+        return self
+
+    def step(self) -> None:
+        """The next call (warm-up or timed repeat) on every batch element; the first one also checks accuracy."""
+        from hilbert_hpc.core.arrays import RowReader, count_nonfinite
+
+        started = time.perf_counter()
+        c, job, be, rep = self.case, self.job, self.be, self.rep
+        phase_s = dict.fromkeys(PHASES, 0.0)
+        stats = RingStats()
+        transfer_only = 0.0
+        self.outputs = []
+        nonfinite = 0
+        self.comm.Barrier()
+        for b, (q, k, v) in enumerate(self.inputs):
+            t0 = time.perf_counter()
+            qs, ks, vs = (be.to_device(x, c.dtype) for x in (q, k, v))
+            if self.ranks > 1:
+                qs, ks, vs = (self.ring_view(x) for x in (qs, ks, vs))
+            be.synchronize()
+            t1 = time.perf_counter()
+            out_s = self.attention(qs, ks, vs, stats)
+            be.synchronize()
+            t2 = time.perf_counter()
+            if job.save_output:
+                self.outputs.append(be.to_numpy(out_s))
+            t3 = time.perf_counter()
+            phase_s["serialize"] += t1 - t0
+            phase_s["attention"] += t2 - t1
+            phase_s["unserialize"] += t3 - t2
+            phase_s["total"] += t3 - t0
+            if rep == 0:
+                # checked before anything is timed: the first call's output against float64, all of it finite
+                nonfinite += count_nonfinite(out_s)
+                if b == 0:
+                    self.accuracy = self._agreed_accuracy(RowReader(out_s))
+            del out_s                      # before the next call allocates its output
+            if self.ranks > 1:
+                self.comm.Barrier()
+                transfer_only += ring_transfer_only(ks, vs, patterns=c.patterns, comm=self.comm,
+                                                    causal=c.causal, transport=self.transport).wait_s
+        if rep == 0:
+            self.accuracy["nonfinite"] = nonfinite
+        if rep >= job.warmup:
+            for name, value in phase_s.items():
+                self.timings[name].append(value)
+            for name in ("local_s", "compute_s", "wait_s", "imbalance_s", "pack_s", "bytes_sent"):
+                self.timings[name].append(float(getattr(stats, name)))
+            self.timings["transfer_only_s"].append(transfer_only)
+            self.timings["peak_device_bytes"].append(float(device_memory.peak_bytes()))
+        self.rep += 1
+        self.elapsed_s += time.perf_counter() - started
+
+    def _agreed_accuracy(self, output: Any) -> dict:
+        """This rank's :func:`local_accuracy`, agreed by every rank of the case: an input that cannot be read
+        back (changed or damaged during the run) on one rank is raised on all of them, before any rank waits
+        in the next collective."""
+        from hilbert_hpc.distributed.mpi import agree
+
+        accuracy, error = {}, None
+        try:
+            accuracy = local_accuracy(self.case, self.job.seed, self.job.accuracy_rows, output, self.layout,
+                                      self.rank)
+        except UserError as exc:
+            error = exc
+        error = agree(self.comm, error)
+        if error is not None:
+            raise error
+        return accuracy
+
+    def results(self) -> tuple[dict, list[np.ndarray], dict]:
+        """(per-repeat timings, the last call's host outputs, accuracy sums) once every call has run;
+        the inputs are released."""
+        self.inputs = []
+        return self.timings, self.outputs, self.accuracy
+
+
+def derive_metrics(case: Case, timings: dict[str, np.ndarray]) -> dict[str, float]:
+    """Medians over repeats of the slowest rank, throughput, ring bandwidth and overlap."""
+    att = float(np.median(timings["attention"].max(axis=0)))
+    tot = float(np.median(timings["total"].max(axis=0)))
+    tokens = case.tokens * case.batch
+    flops = useful_flops(case.tokens, case.heads, case.head_dim, case.patterns, case.causal, case.batch)
+    metrics = {"tokens_per_s": tokens / tot, "attention_tokens_per_s": tokens / att,
+               "useful_tflops": flops / att / 1e12, "useful_flops": float(flops),
+               "median_attention_s": att, "median_total_s": tot,
+               "ring_gb_per_s": np.nan, "overlap": np.nan, "bytes_sent_per_rank": 0.0,
+               "peak_device_bytes": 0.0, "memory_ratio": np.nan}
+    peak = timings["peak_device_bytes"].max(axis=1)
+    if peak.max() > 0:
+        # against the floor: this rank's Q, K, V and O (the largest shard)
+        floor = 4 * -(-case.tokens // peak.shape[0]) * case.batch * case.heads * case.head_dim \
+            * precision(case.dtype).itemsize
+        metrics["peak_device_bytes"] = float(peak.max())
+        metrics["memory_ratio"] = float(peak.max()) / floor
+    sent = timings["bytes_sent"]
+    if sent.max() > 0:
+        only = timings["transfer_only_s"]
+        metrics["bytes_sent_per_rank"] = float(np.median(sent.max(axis=0)))
+        # bandwidth of the busiest rank when blocks only travel; overlap: share of that hidden behind compute
+        per_rank_bw = np.where(only > 0, sent / np.maximum(only, 1e-30), np.nan)
+        metrics["ring_gb_per_s"] = float(np.nanmedian(per_rank_bw[sent.argmax(axis=0), np.arange(sent.shape[1])])) / 1e9
+        hidden = 1.0 - np.clip(timings["wait_s"] / np.maximum(only, 1e-30), 0.0, 1.0)
+        metrics["overlap"] = float(np.median(hidden.min(axis=0)))
+    return metrics

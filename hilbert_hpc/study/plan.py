@@ -1,0 +1,238 @@
+"""Preflight: what each case of a job needs per rank — memory, bytes moved, FLOPs — and whether it fits.
+
+``hilbert-hpc plan JOB.toml -n P`` prints the table without allocating
+anything; ``run`` applies the same check to every case before it starts, so a
+case that cannot fit is refused with the numbers instead of dying mid-job.
+Memory counts what the code allocates: the Q, K, V shards of every batch
+element, the output and log-sum-exp, the two ring buffers of the largest
+packed K/V block, and the backend's working memory (score tiles; for the
+PyTorch peer its gathered copies, measured at 1.25x the Q/K/V/O bytes).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+
+from hilbert_hpc.errors import ConfigError
+from hilbert_hpc.study.jobfile import Case, Job
+from hilbert_hpc.core.patterns import useful_flops
+from hilbert_hpc.core.precision import precision
+from hilbert_hpc.distributed.ring import RingPattern, ring_schedule
+
+GIB = float(1 << 30)
+#: PyTorch peer: gathered Q/K/V/O copies per pattern and offset, measured (docs/performance.md)
+TORCH_WORKSPACE = 1.25
+#: backends whose arrays always live on a GPU (torch's follow the machine, or the plan's target)
+GPU_BACKENDS = ("cupy", "cuda-fp32", "cuda")
+#: blockwise backends: a score tile, its probabilities and one temporary of the same size
+TILE_ARRAYS = 3
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Per-rank needs of one case."""
+
+    case_id: str
+    ranks: int
+    tokens_per_rank: int
+    on_gpu: bool
+    memory_bytes: int
+    floor_bytes: int
+    sent_bytes: int
+    flops: int
+
+    @property
+    def flops_per_rank(self) -> float:
+        """Useful FLOPs per rank (an even share)."""
+        return self.flops / self.ranks
+
+
+def _ring_bytes(case: Case, shard: int, itemsize: int) -> tuple[int, int]:
+    """(largest packed K/V block in bytes, bytes the busiest rank sends per call) over the case's rings."""
+    largest = sent = 0
+    for p in case.patterns:
+        if p.segment <= shard:
+            continue
+        geom = RingPattern(p, shard, case.heads, case.head_dim, case.head_dim)
+        block = max(geom.block_size(pos) for pos in range(geom.group)) * itemsize
+        sends = max(sum(1 for _, send, _ in ring_schedule(pos, geom.group, case.causal) if send)
+                    for pos in range(geom.group))
+        largest = max(largest, block)
+        sent += sends * block
+    return largest, sent * case.batch
+
+
+def estimate(case: Case, torch_on_gpu: bool | None = None) -> Estimate:
+    """What ``case`` needs on each of its ``case.ranks`` ranks.
+
+    ``torch_on_gpu``: whether the PyTorch peer runs on a GPU (None: as on this machine).
+    """
+    from hilbert_hpc.backends import BACKENDS, get_backend
+
+    ranks = case.ranks
+    shard = case.tokens // ranks
+    itemsize = precision(case.dtype).itemsize
+    acc = max(itemsize, 4)
+    out_item = itemsize if case.backend == "cuda" else acc   # the fused kernels keep a 16-bit output 16-bit
+    row = case.heads * case.head_dim
+    floor = case.batch * shard * row * (3 * itemsize + out_item)
+    memory = floor + shard * case.heads * acc
+    if case.backend == "cuda" and itemsize == 2:
+        from hilbert_hpc.kernels.half import TMA_HEAD_DIMS, scratch_heads
+
+        if case.head_dim in TMA_HEAD_DIMS:           # tma16's float32 running output of local patterns, per head group
+            memory += shard * scratch_heads(case.heads) * case.head_dim * 4
+    largest, sent = _ring_bytes(case, shard, itemsize) if ranks > 1 else (0, 0)
+    memory += 2 * largest
+    on_gpu = case.backend in GPU_BACKENDS
+    if case.backend == "torch":
+        if torch_on_gpu is None:
+            torch_on_gpu = bool(get_backend("torch").on_gpu) if "torch" in BACKENDS else False
+        on_gpu = torch_on_gpu
+        memory += int(TORCH_WORKSPACE * floor)
+    elif case.backend == "cupy":
+        memory += TILE_ARRAYS * (1 << 25) * acc
+    elif case.backend == "numpy":
+        memory += TILE_ARRAYS * (1 << 18) * acc * (os.cpu_count() or 1)
+    flops = useful_flops(case.tokens, case.heads, case.head_dim, case.patterns, case.causal, case.batch)
+    return Estimate(case.case_id, ranks, shard, on_gpu, int(memory), int(floor), int(sent), int(flops))
+
+
+def available_bytes(on_gpu: bool, ranks_per_node: int = 1) -> int | None:
+    """Memory one rank can use now: free GPU memory, or the host's available memory shared by the node's ranks."""
+    if on_gpu:
+        try:
+            import cupy
+
+            cupy.get_default_memory_pool().free_all_blocks()
+            return int(cupy.cuda.runtime.memGetInfo()[0])
+        except Exception:  # noqa: BLE001 - no CuPy / no GPU here (a login node): unknown
+            return None
+    try:
+        with open("/proc/meminfo") as f:
+            info = dict(line.split(":", 1) for line in f)
+        return int(info["MemAvailable"].split()[0]) * 1024 // max(ranks_per_node, 1)
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def check_fits(est: Estimate, available: int | None, where: str) -> None:
+    """Refuse a case whose estimate exceeds the memory available to a rank (with the numbers)."""
+    if available is not None and est.memory_bytes > available:
+        kind = "GPU" if est.on_gpu else "host"
+        raise ConfigError(f"needs about {est.memory_bytes / GIB:.2f} GiB of {kind} memory per rank "
+                          f"({est.tokens_per_rank:,} tokens per rank on {est.ranks} rank(s); Q/K/V/O alone "
+                          f"{est.floor_bytes / GIB:.2f} GiB), {available / GIB:.2f} GiB are available: use more ranks "
+                          f"or fewer tokens", where)
+
+
+def print_plan(job: Job, world_size: int, stream: TextIO, device_memory: int | None = None,
+               host_memory: int | None = None) -> list[tuple[Estimate, bool | None]]:
+    """The plan table of ``job`` on ``world_size`` ranks; returns (estimate, fits or None if unknown) rows.
+
+    With ``device_memory`` the plan is for GPU nodes: the PyTorch peer's cases count as GPU cases.
+    """
+    rows = []
+    print(f"plan: job {job.name!r} on {world_size} rank(s), {len(job.cases)} case(s)", file=stream)
+    limits = [f"{kind} {limit / GIB:.2f} GiB" for kind, limit in (("GPU", device_memory), ("host", host_memory))
+              if limit is not None]
+    if limits:
+        print(f"memory per rank: {', '.join(limits)}", file=stream)
+    head = (f"{'case':<28} {'ranks':>5} {'tokens/rank':>12} {'mem/rank GiB':>12} {'Q/K/V/O GiB':>11} "
+            f"{'sent/rank MB':>12} {'GFLOP/rank':>11}  fits")
+    print(head, file=stream)
+    print("-" * len(head), file=stream)
+    for case in job.cases:
+        est = estimate(case, True if device_memory is not None else None)
+        limit = device_memory if est.on_gpu else host_memory
+        fits = None if limit is None else est.memory_bytes <= limit
+        print(f"{case.case_id[:28]:<28} {est.ranks:>5} {est.tokens_per_rank:>12,} {est.memory_bytes / GIB:>12.3f} "
+              f"{est.floor_bytes / GIB:>11.3f} {est.sent_bytes / 1e6:>12.1f} {est.flops_per_rank / 1e9:>11.1f}  "
+              f"{'?' if fits is None else 'yes' if fits else 'NO'}", file=stream)
+        rows.append((est, fits))
+    if any(f is False for _, f in rows):
+        print("cases marked NO do not fit: use more ranks or fewer tokens", file=stream)
+    return rows
+
+
+#: size units (case-insensitive): K/M/G/T alone or with "iB" are powers of 1024 (as SLURM's --mem and
+#: nvidia-smi count), with "B" alone powers of 1000 (SI); no unit or "B": bytes
+SIZE_UNITS = {"": 1, "b": 1, **{f"{p}{suffix}": 1 << (10 * i) for i, p in enumerate("kmgt", 1)
+                                for suffix in ("", "i", "ib")},
+              **{f"{p}b": 1000 ** i for i, p in enumerate("kmgt", 1)}}
+#: the largest size accepted (1 EiB): anything larger is a typo, not a machine
+MAX_SIZE = 1 << 60
+SIZE_HELP = ("bytes, or a number with a unit: K, M, G, T or KiB, MiB, GiB, TiB are powers of 1024; KB, MB, GB, TB "
+             "powers of 1000; any case, e.g. 80GiB, 16G, 512MB, '80 GB'")
+_SIZE = re.compile(r"\s*((?:\d+\.?\d*|\.\d+)(?:e[+-]?\d+)?)\s*([a-z]*)\s*", re.IGNORECASE)
+
+
+def parse_size(text: str, flag: str = "--device-memory") -> int:
+    """'80GiB', '16G', '512MB', '80 GB', '1000000' -> bytes (``SIZE_UNITS``); a ConfigError names ``flag``.
+
+    Refuses what is not a positive, finite size of at most ``MAX_SIZE`` bytes
+    (``nanGiB``, ``infGiB``, ``1e400GiB``, ``0``, ``-3GB``, unknown units).
+    """
+    found = _SIZE.fullmatch(text)
+    unit = found.group(2).lower() if found else None
+    if unit not in SIZE_UNITS:
+        raise ConfigError(f"expected a size such as 80GiB or 512MB, got {text!r}", flag)
+    value = float(found.group(1)) * SIZE_UNITS[unit]
+    if not math.isfinite(value) or value > MAX_SIZE:
+        raise ConfigError(f"{text!r} is not a size a machine has (the limit is {MAX_SIZE >> 60} EiB)", flag)
+    if value < 1:
+        raise ConfigError(f"expected a positive size such as 80GiB, got {text!r}", flag)
+    return int(value)
+
+
+#: memory of known GPU models (what nvidia-smi reports as total), for ``plan --gpu`` on a machine without one
+GPU_MEMORY = {"H100": 81559 << 20, "H200": 143771 << 20, "A100-80GB": 81920 << 20, "A100-40GB": 40960 << 20,
+              "L40S": 46068 << 20, "V100-32GB": 32768 << 20, "V100-16GB": 16384 << 20}
+
+
+def gpu_memory(model: str) -> int:
+    """Memory of the GPU ``model`` (a key of ``GPU_MEMORY``, any case); a ConfigError names ``--gpu``."""
+    for name, size in GPU_MEMORY.items():
+        if name.lower() == model.strip().lower():
+            return size
+    raise ConfigError(f"unknown GPU model {model!r}; known: {', '.join(GPU_MEMORY)} (or give --device-memory)",
+                      "--gpu")
+
+
+def check_plannable(case: Case) -> bool:
+    """The checks of ``measure.check_case`` this machine can make before planning ``case``; False if some were left.
+
+    All of them for a CPU case, or where a GPU is usable. A GPU case on a
+    machine without one (a login node) gets those that need no GPU (the
+    distribution of its tokens over its ranks): the kernels and the transport
+    are checked by ``run`` on the GPU nodes.
+    """
+    from hilbert_hpc.backends import gpu_unusable
+    from hilbert_hpc.study.measure import case_layout, check_case
+
+    if case.backend in GPU_BACKENDS and gpu_unusable() is not None:
+        case_layout(case, case.ranks)
+        return False
+    check_case(case)
+    return True
+
+
+def check_job_fits(job: Job, comm: Any) -> None:
+    """Collective: refuse (on every rank) the first case that does not fit the memory of its ranks."""
+    from hilbert_hpc.distributed.mpi import ranks_per_node
+
+    per_node = ranks_per_node(comm)
+    ests = [estimate(c) for c in job.cases]
+    limits = {}
+    for on_gpu in sorted({e.on_gpu for e in ests}):
+        mine = available_bytes(on_gpu, 1 if on_gpu else per_node)
+        everyone = comm.allgather(mine)
+        known = [x for x in everyone if x is not None]
+        limits[on_gpu] = min(known) if known else None
+    for case, est in zip(job.cases, ests):
+        check_fits(est, limits[est.on_gpu], f"case {case.case_id}")
