@@ -186,7 +186,7 @@ def test_resume_reruns_a_case_whose_part_is_damaged(tmp_path, done):
 
 
 def test_one_function_checks_the_outputs_for_resume_and_report(done):
-    from hilbert_hpc.study.results import output_problem
+    from hilbert_hpc.study.parts import output_problem
 
     with h5py.File(done, "r") as f:
         rid = f.attrs["results_id"]

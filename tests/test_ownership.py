@@ -76,7 +76,7 @@ def digest(*paths: Path) -> dict[str, str]:
 
 def complete_cases(path: Path) -> list[str]:
     """The complete cases, read the way report and resume read them (an unreadable case is not complete)."""
-    from hilbert_hpc.study.results import case_groups
+    from hilbert_hpc.study.results_read import case_groups
 
     for _ in range(100):            # a killed run's ranks may still hold HDF5's lock for a moment
         try:
@@ -207,7 +207,7 @@ def test_overwrite_reuses_an_orphan_parts_folder(tmp_path, job):
 
 def test_a_killed_start_never_leaves_a_half_made_file(tmp_path, job):
     """SIGKILL at any moment: the final name holds nothing or a readable results file."""
-    from hilbert_hpc.study.results import is_results_file
+    from hilbert_hpc.study.results_read import is_results_file
 
     for delay in (0.3, 0.6, 0.9, 1.2, 1.5):
         path = tmp_path / f"k{delay}.h5"
@@ -564,7 +564,7 @@ def test_accuracy_rows_above_n_is_stated(tmp_path):
 
 def _break_case_list(path: Path) -> None:
     """Corrupt the signature of the symbol-table node that lists /cases (the root still opens)."""
-    from hilbert_hpc.study.results import is_results_file
+    from hilbert_hpc.study.results_read import is_results_file
 
     data = path.read_bytes()
     at = data.find(b"SNOD")

@@ -393,7 +393,7 @@ def test_labels_and_plot_legend_name_the_transport_used(tmp_path):
     assert " staged " in f" {strong} " and "auto" not in strong
     assert " cuda-aware " in f" {weak} " and "auto" not in weak
     assert [r["transport"] for r in tables["cases"]] == ["none", "staged", "staged", "none", "cuda-aware"]
-    from hilbert_hpc.study.report import scaling_figure
+    from hilbert_hpc.study.report_files import scaling_figure
 
     fig = scaling_figure(tables["strong_scaling"], "strong", "efficiency", True)
     legend = [t.get_text() for ax in fig.axes for t in (ax.get_legend().get_texts() if ax.get_legend() else [])]

@@ -22,7 +22,7 @@ import pytest
 from hilbert_hpc.errors import UserError
 from hilbert_hpc.study.output_files import OutputLock
 from hilbert_hpc.study.report import report
-from hilbert_hpc.study.results import parts_dir
+from hilbert_hpc.study.parts import parts_dir
 from test_report import make_case, timings, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -132,7 +132,7 @@ def test_the_csv_is_written_before_the_tables_are_printed(study, monkeypatch):
 def test_a_csv_of_the_header_alone_is_reports_own(study, monkeypatch):
     """The CSV of a report whose tables have no rows holds the header ``table`` alone: report knows it as its
     own (replaced with --overwrite), not as a stranger's file it may never replace."""
-    from hilbert_hpc.study.report import is_report_csv
+    from hilbert_hpc.study.report_files import is_report_csv
 
     monkeypatch.chdir(study["dir"])
     target = study["dir"] / "empty.csv"
@@ -167,7 +167,7 @@ def test_a_failed_write_leaves_the_old_csv(study, monkeypatch):
 
 def test_plots_follow_the_same_rules(study):
     pytest.importorskip("matplotlib")
-    from hilbert_hpc.study.report import PNG_SOFTWARE, is_report_png
+    from hilbert_hpc.study.report_files import PNG_SOFTWARE, is_report_png
 
     plots = study["dir"] / "plots"
     refused([study["results"]], "--plot", "not a folder", plot_dir=study["results"])

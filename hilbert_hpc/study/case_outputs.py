@@ -19,7 +19,8 @@ from hilbert_hpc.study.jobfile import Case, Job
 from hilbert_hpc.distributed.mpi import agree
 from hilbert_hpc.study.output_files import IO_ERRORS, io_error
 from hilbert_hpc.core.precision import precision
-from hilbert_hpc.study.results import ResultsFile, block_digest, parts_dir, refuse_foreign_parts
+from hilbert_hpc.study.parts import block_digest, parts_dir, refuse_foreign_parts
+from hilbert_hpc.study.results import ResultsFile
 from hilbert_hpc.distributed.sharding import Layout
 
 

@@ -256,15 +256,12 @@ class Case:
         return self.scale if self.scale is not None else 1.0 / math.sqrt(self.head_dim)
 
     def params(self) -> dict[str, Any]:
-        """Every parameter as plain values (for HDF5 attributes and matching)."""
-        return {
-            "name": self.name, "tokens": self.tokens, "grid": list(self.grid),
-            "patterns": [[p.segment, p.dilation] for p in self.patterns], "batch": self.batch,
-            "heads": self.heads, "head_dim": self.head_dim, "causal": self.causal, "ordering": self.ordering,
-            "segment": self.segment or 0, "dtype": self.dtype, "backend": self.backend,
-            "scale": self.softmax_scale, "transport": self.transport, "input": self.input or "",
-            "ranks": self.ranks, "scaling": self.scaling,
-        }
+        """Every parameter as plain values (for HDF5 attributes and matching): ``record.Parameters``."""
+        import dataclasses
+
+        from hilbert_hpc.study.record import Parameters
+
+        return dataclasses.asdict(Parameters.of(self))
 
 
 @dataclass(frozen=True)

@@ -23,20 +23,12 @@ from hilbert_hpc.distributed.datafile import read_rows, read_shard
 from hilbert_hpc.errors import ConfigError, UserError
 from hilbert_hpc.core.inputs import random_rows
 from hilbert_hpc.study.jobfile import Case, Job
+from hilbert_hpc.study.record import PHASES, RING_STATS, Timings, names
 from hilbert_hpc.core.patterns import useful_flops
 from hilbert_hpc.core.precision import precision
 from hilbert_hpc.core.reference import reference_rows, sample_selected_rows, selected_heads
 from hilbert_hpc.distributed.ring import RingStats, ring_dilated_attention, ring_transfer_only
 from hilbert_hpc.distributed.sharding import IndexView, Layout, check_distribution
-
-PHASES = ("serialize", "attention", "unserialize", "total")
-RING_COUNTERS = ("local_s", "compute_s", "wait_s", "imbalance_s", "pack_s", "transfer_only_s", "bytes_sent")
-#: per-repeat measurements besides times: device memory high-water mark (B)
-MEMORY = ("peak_device_bytes",)
-
-UNITS = {"tokens_per_s": "1/s", "attention_tokens_per_s": "1/s", "useful_tflops": "TFLOP/s",
-         "useful_flops": "FLOP", "median_attention_s": "s", "median_total_s": "s", "ring_gb_per_s": "GB/s",
-         "overlap": "1", "bytes_sent_per_rank": "B", "peak_device_bytes": "B", "memory_ratio": "1"}
 
 
 def case_layout(case: Case, ranks: int) -> Layout:
@@ -256,7 +248,7 @@ class CaseRun:
         c = self.case
         self.inputs = [backend_inputs(c, self.job.seed, self.layout, self.comm, b, self.be) for b in range(c.batch)]
         device_memory.reset_peak()
-        self.timings: dict[str, list[float]] = {name: [] for name in PHASES + RING_COUNTERS + MEMORY}
+        self.timings: dict[str, list[float]] = {name: [] for name in names(Timings)}
         self.outputs: list[np.ndarray] = []
         self.accuracy: dict = {}
         self.rep = 0
@@ -307,7 +299,7 @@ class CaseRun:
         if rep >= job.warmup:
             for name, value in phase_s.items():
                 self.timings[name].append(value)
-            for name in ("local_s", "compute_s", "wait_s", "imbalance_s", "pack_s", "bytes_sent"):
+            for name in RING_STATS:
                 self.timings[name].append(float(getattr(stats, name)))
             self.timings["transfer_only_s"].append(transfer_only)
             self.timings["peak_device_bytes"].append(float(device_memory.peak_bytes()))

@@ -20,10 +20,11 @@ from hilbert_hpc.backends import get_backend
 from hilbert_hpc.study.case_outputs import write_case_outputs
 from hilbert_hpc.errors import ConfigError, UserError
 from hilbert_hpc.study.jobfile import Case, Job
-from hilbert_hpc.study.measure import UNITS, CaseRun, check_case, derive_metrics, judge_accuracy
+from hilbert_hpc.study.measure import CaseRun, check_case, derive_metrics, judge_accuracy
 from hilbert_hpc.core.patterns import useful_flops
 from hilbert_hpc.core.precision import precision
 from hilbert_hpc.study.provenance import provenance
+from hilbert_hpc.study.record import Accuracy, CaseRecord, Metrics, Setup, Timings
 from hilbert_hpc.study.results import ResultsFile
 from hilbert_hpc.study.table import SummaryTable
 
@@ -33,7 +34,7 @@ __all__ = ["CaseLoop", "SubComms", "check_case", "interleave_groups", "interleav
 
 def run_case(case: Case, job: Job, comm: Any, results: ResultsFile | None,
              table: SummaryTable | None, results_path: Path | None = None, results_id: str = "",
-             measured: CaseRun | None = None) -> dict | None:
+             measured: CaseRun | None = None) -> CaseRecord | None:
     """Run one case on every rank of ``comm``; rank 0 writes it and prints its row. Returns the record on rank 0.
 
     ``results_id`` is the identity of the results file (every rank), which its
@@ -55,16 +56,11 @@ def run_case(case: Case, job: Job, comm: Any, results: ResultsFile | None,
         return None
     stacked = {name: np.asarray([t[name] for t in all_timings], dtype=np.float64) for name in timings}
     accuracy = judge_accuracy(case, all_accuracy)
-    record = {
-        "timings": stacked,
-        "metrics": derive_metrics(case, stacked),
-        "units": UNITS,
-        "accuracy": accuracy,
-        "attrs": {"ranks": run.ranks, "transport": "none" if run.transport is None else run.transport.name,
-                  "kernel": run.be.kernel_variant(case.head_dim, case.dtype) if hasattr(run.be, "kernel_variant")
-                  else "none",
-                  "transport_reason": run.transport_reason, "wall_s": time.perf_counter() - t0},
-    }
+    kernel = run.be.kernel_variant(case.head_dim, case.dtype) if hasattr(run.be, "kernel_variant") else "none"
+    record = CaseRecord(
+        setup=Setup(ranks=run.ranks, transport="none" if run.transport is None else run.transport.name,
+                    kernel=kernel, transport_reason=run.transport_reason, wall_s=time.perf_counter() - t0),
+        timings=Timings(**stacked), metrics=Metrics(**derive_metrics(case, stacked)), accuracy=Accuracy(**accuracy))
     results.write_case(case, record, parts, (case.batch, case.tokens, case.heads, case.head_dim), run.layout.shard,
                        digests)
     table.row(case, record)

@@ -1,0 +1,158 @@
+"""The files a report writes: all rows as one CSV file, the scaling curves as PNG plots, and how a report
+recognizes its own earlier files (the only ones it may replace)."""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from pathlib import Path
+from typing import Any, Callable, Sequence, TextIO
+
+import numpy as np
+
+from hilbert_hpc.errors import UserError
+from hilbert_hpc.study.report_tables import TABLES
+
+
+#: ``Software`` text of the PNG files report writes: how a report recognizes its own plots.
+PNG_SOFTWARE = "hilbert-hpc report"
+
+
+#: A CSV file larger than this is not taken for a report's (not read to find out).
+MAX_OWN_CSV_BYTES = 64 << 20
+
+
+def _csv_value(value: Any) -> Any:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return ""
+    return value
+
+
+def _write_csv_rows(tables: dict[str, list[dict[str, Any]]], f: TextIO) -> None:
+    """All rows of all tables: column ``table`` first, then the union of the rows' columns."""
+    columns: dict[str, None] = {"table": None}
+    for name in TABLES:
+        for row in tables.get(name, []):
+            columns.update(dict.fromkeys(row))
+    writer = csv.DictWriter(f, fieldnames=list(columns), restval="")
+    writer.writeheader()
+    for name in TABLES:
+        for row in tables.get(name, []):
+            writer.writerow({"table": name, **{k: _csv_value(v) for k, v in row.items()}})
+
+
+def _series(rows: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        out.setdefault(row["group"], []).append(row)
+    return out
+
+
+def scaling_figure(rows: Sequence[dict[str, Any]], title: str, efficiency_title: str, log_time: bool) -> Any:
+    """Two panels: time (with the ideal, dashed) and efficiency (with 1.0) against ranks on a log2 axis;
+    one series per group, labelled by the group (with the transport each group used)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11, 4.5), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax_t, ax_e = fig.subplots(1, 2)
+    all_ranks: set[int] = set()
+    for i, (label, series) in enumerate(_series(rows).items()):
+        color = f"C{i % 10}"
+        ranks = [r["ranks"] for r in series]
+        all_ranks.update(ranks)
+        med = np.array([r["attention_s"] for r in series])
+        err = np.array([med - [r["attention_min_s"] for r in series], [r["attention_max_s"] for r in series] - med])
+        ax_t.errorbar(ranks, med, yerr=err, marker="o", color=color, capsize=3, label=label)
+        ax_t.plot(ranks, [r["ideal_s"] for r in series], linestyle="--", color=color, alpha=0.6)
+        ax_e.plot(ranks, [r["efficiency"] for r in series], marker="o", color=color, label=label)
+    ticks = sorted(all_ranks)
+    for ax in (ax_t, ax_e):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.minorticks_off()
+        ax.set_xlabel("ranks")
+        ax.grid(True, alpha=0.3)
+    if log_time:
+        ax_t.set_yscale("log")
+    else:
+        ax_t.set_ylim(bottom=0)
+    ax_t.set_ylabel("attention time, s (slowest rank, median; dashed: ideal)")
+    ax_t.set_title(title)
+    ax_e.axhline(1.0, color="black", linewidth=1, linestyle=":")
+    top = max([1.0] + [r["efficiency"] for r in rows if math.isfinite(r["efficiency"])])
+    ax_e.set_ylim(0, 1.1 * top)
+    ax_e.set_ylabel("efficiency")
+    ax_e.set_title(efficiency_title)
+    ax_e.legend(fontsize="small")
+    return fig
+
+
+#: The plots: table, file name, titles, log time axis.
+PLOTS = (("strong_scaling", "strong_scaling.png", "strong scaling", "efficiency = T(p0) p0 / (T(P) P)", True),
+         ("weak_scaling", "weak_scaling.png", "weak scaling (ideal: flat)", "efficiency = T(p0) / T(P)", False))
+
+
+def is_report_csv(path: Path) -> bool:
+    """True for a CSV file written by report: header ``table,...`` and every row of a known table."""
+    try:
+        if path.stat().st_size > MAX_OWN_CSV_BYTES:
+            return False
+        with path.open(newline="", encoding="utf-8") as f:
+            reader = csv.reader(f)
+            header = next(reader, None)
+            if not header or header[0] != "table":          # a report of no rows has the header "table" alone
+                return False
+            return all(row and row[0] in TABLES for row in reader)
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return False
+
+
+def is_report_png(path: Path) -> bool:
+    """True for a PNG file whose ``Software`` text chunk says report wrote it (:data:`PNG_SOFTWARE`)."""
+    try:
+        with path.open("rb") as f:
+            if f.read(8) != b"\x89PNG\r\n\x1a\n":
+                return False
+            while True:
+                head = f.read(8)
+                if len(head) < 8:
+                    return False
+                length, kind = int.from_bytes(head[:4], "big"), head[4:]
+                if kind == b"tEXt" and length < 4096:
+                    key, _, value = f.read(length).partition(b"\0")
+                    if key == b"Software" and value == PNG_SOFTWARE.encode():
+                        return True
+                    f.seek(4, 1)
+                    continue
+                if kind in (b"IDAT", b"IEND"):
+                    return False
+                f.seek(length + 4, 1)
+    except OSError:
+        return False
+
+
+def csv_filler(tables: dict[str, list[dict[str, Any]]]) -> Callable[[Path], None]:
+    def fill(tmp: Path) -> None:
+        with tmp.open("w", newline="", encoding="utf-8") as f:
+            _write_csv_rows(tables, f)
+            f.flush()
+            os.fsync(f.fileno())
+    return fill
+
+
+def plot_filler(rows: Sequence[dict[str, Any]], title: str, eff_title: str, log_time: bool) -> Callable[[Path], None]:
+    def fill(tmp: Path) -> None:
+        fig = scaling_figure(rows, title, eff_title, log_time)
+        fig.savefig(tmp, format="png", dpi=120, metadata={"Software": PNG_SOFTWARE})
+    return fill
+
+
+def need_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UserError("plots need matplotlib: install the 'plot' extra (pip install 'hilbert_hpc[plot]')",
+                        "--plot") from None

@@ -1,0 +1,351 @@
+"""The tables of a report: rows (dicts, times in seconds) built from the pooled cases, and their notes.
+
+Every ratio comes with its range over the repeats and a verdict (:func:`compare`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from fractions import Fraction
+from typing import Any, Iterable, Sequence
+
+from hilbert_hpc.study import record as rec
+from hilbert_hpc.study.report_read import BandwidthSweep, CaseResult, is_true, params_key
+
+
+#: Table keys of the dictionary returned by :func:`report`, in print order, with their titles.
+TABLES = {
+    "cases": "cases (times: median over repeats of the slowest rank [min, max]; spread = max/min)",
+    "strong_scaling": "strong scaling (speedup = T(p0)/T(P), efficiency = speedup * p0/P)",
+    "weak_scaling": "weak scaling (efficiency = T(p0)/T(P))",
+    "hilbert_vs_natural": "hilbert vs natural (ratio = T(natural)/T(ordering), > 1: faster than natural)",
+    "compute_communication": "compute / communication (medians over repeats of the slowest rank)",
+    "peer_ratio": "PyTorch peer (ratio = T(peer)/T(case), > 1: faster than the peer)",
+    "bandwidth": "bandwidth (ring exchange, GB/s per rank: bytes sent / time of the slowest rank)",
+}
+
+
+#: Short table names for notes.
+TITLES = {"cases": "cases", "strong_scaling": "strong scaling", "weak_scaling": "weak scaling",
+          "hilbert_vs_natural": "hilbert vs natural", "compute_communication": "compute / communication",
+          "peer_ratio": "PyTorch peer", "bandwidth": "bandwidth"}
+
+
+#: A case whose slowest repeat took more than this many times its fastest gets a note (and ``!``).
+SPREAD_LIMIT = 2.0
+
+
+#: A scaling efficiency above this is superlinear beyond plausibility: a note (and ``!``).
+EFFICIENCY_LIMIT = 1.1
+
+
+#: Fewest repeats per case for a ratio's noise verdict (one repeat has no spread).
+MIN_REPEATS = 2
+
+
+#: Cases named at most in one note.
+NOTE_CASES = 6
+
+
+def _value_text(value: Any) -> str:
+    """A parameter value in a label (compact JSON for lists)."""
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, separators=(",", ":"))
+    return str(value)
+
+
+def _label(params: dict[str, Any], base: Sequence[str], extra: Sequence[str]) -> str:
+    """A group label: the ``base`` fields (tokens as N=, ranks as P=) then ``key=value`` for ``extra``."""
+    parts = []
+    for key in base:
+        if key == "tokens":
+            parts.append(f"N={params['tokens']}")
+        elif key == "ranks":
+            parts.append(f"P={params['ranks']}")
+        else:
+            parts.append(_value_text(params.get(key, "")))
+    parts += [f"{key}={_value_text(params.get(key))}" for key in extra]
+    return " ".join(p for p in parts if p)
+
+
+def _varying(cases: Sequence[CaseResult], exclude: Iterable[str]) -> list[str]:
+    """Parameter names whose values differ among ``cases`` (absent counts as a value), except ``exclude``."""
+    exclude = set(exclude)
+    keys = {k for c in cases for k in c.params} - exclude
+    return sorted(k for k in keys if len({json.dumps(c.params.get(k), sort_keys=True) for c in cases}) > 1)
+
+
+class _Labels:
+    """Group labels that stay unique (a repeated label gets a ``#n`` suffix)."""
+
+    def __init__(self) -> None:
+        self.used: set[str] = set()
+
+    def __call__(self, text: str) -> str:
+        label, n = text, 1
+        while label in self.used:
+            n += 1
+            label = f"{text} #{n}"
+        self.used.add(label)
+        return label
+
+
+def _groups(cases: Iterable[CaseResult], drop: Iterable[str]) -> list[list[CaseResult]]:
+    """Cases grouped by their parameters without ``drop``, groups in order of first appearance."""
+    groups: dict[str, list[CaseResult]] = {}
+    drop = tuple(drop)
+    for case in cases:
+        groups.setdefault(params_key(case.params, drop), []).append(case)
+    return list(groups.values())
+
+
+def _timing_row(case: CaseResult, prefix: str = "attention") -> dict[str, float]:
+    med, lo, hi = case.stats("attention")
+    return {f"{prefix}_s": med, f"{prefix}_min_s": lo, f"{prefix}_max_s": hi}
+
+
+def compare(reference: CaseResult, case: CaseResult) -> dict[str, Any]:
+    """``T(reference) / T(case)`` on medians, its range over the repeats, and whether that range holds 1.
+
+    The rule for every comparison of the report (docs/studies.md): with
+    ``[lo, hi]`` the minimum and maximum over repeats of each case's time
+    (slowest rank), ``ratio_min = lo_ref / hi_case`` and
+    ``ratio_max = hi_ref / lo_case``. When ``ratio_min <= 1 <= ratio_max`` the
+    two ranges overlap: the repeats do not show that the two cases differ, and
+    ``noise`` is ``"within noise"``; otherwise ``"resolved"``. A case with
+    fewer than :data:`MIN_REPEATS` repeats has no spread to judge by
+    (``"too few repeats"``).
+    """
+    t_ref, lo_ref, hi_ref = reference.stats("attention")
+    t, lo, hi = case.stats("attention")
+    ratio = t_ref / t if t > 0 else math.nan
+    ratio_min = lo_ref / hi if hi > 0 else math.nan
+    ratio_max = hi_ref / lo if lo > 0 else math.nan
+    if min(reference.repeats, case.repeats) < MIN_REPEATS:
+        noise = "too few repeats"
+    elif ratio_min <= 1.0 <= ratio_max:
+        noise = "within noise"
+    else:
+        noise = "resolved"
+    return {"ratio": ratio, "ratio_min": ratio_min, "ratio_max": ratio_max, "noise": noise}
+
+
+def _transport_text(cases: Iterable[CaseResult]) -> str:
+    """The transport the cases used (as recorded by each case; ``none`` on one rank), joined by ``/``.
+
+    A group on one and several ranks is labelled by what its multi-rank
+    cases used; files without the record fall back to the requested transport.
+    """
+    cases = list(cases)
+    used = [c.transport for c in cases]
+    moving = [u for c, u in zip(cases, used) if c.ranks > 1 and u != "none"]
+    return "/".join(dict.fromkeys(moving or used))
+
+
+def _group_label(cases: Sequence[CaseResult], base: Sequence[str], extra: Sequence[str]) -> str:
+    """:func:`_label` of the first case, with the transport the group actually used."""
+    return _label(dict(cases[0].params, transport=_transport_text(cases)), base, extra)
+
+
+def cases_table(cases: Sequence[CaseResult]) -> list[dict[str, Any]]:
+    """One row per case: times (attention, and total with the copies around it), throughput, useful TFLOP/s,
+    accuracy, and the spread of the repeats (slowest / fastest)."""
+    rows = []
+    for c in cases:
+        p = c.params
+        att, tot = c.stats("attention"), c.stats("total")
+        tokens = c.tokens * int(p.get("batch", 1))
+        rows.append({
+            "case": c.case_id, "file": c.file, "name": p["name"], "ranks": c.ranks, "tokens": c.tokens,
+            "backend": p["backend"], "dtype": p.get("dtype", ""), "causal": is_true(p.get("causal")),
+            "ordering": p["ordering"], "transport": c.transport,
+            "attention_s": att[0], "attention_min_s": att[1], "attention_max_s": att[2],
+            "total_s": tot[0], "total_min_s": tot[1], "total_max_s": tot[2],
+            "attention_share": att[0] / tot[0] if tot[0] > 0 else math.nan,
+            "tokens_per_s": tokens / tot[0] if tot[0] > 0 else math.nan,
+            "tflops": c.metrics.useful_flops / att[0] / 1e12 if att[0] > 0 else math.nan,
+            **rec.columns(c.setup, c.metrics, c.accuracy),
+            "repeats": c.repeats, "spread": att[2] / att[1] if att[1] > 0 else math.nan,
+        })
+    return rows
+
+
+def strong_scaling_table(cases: Sequence[CaseResult]) -> list[dict[str, Any]]:
+    """Strong scaling: groups equal except ``ranks`` with at least two rank counts, against the fewest ranks."""
+    groups = [sorted(g, key=lambda c: c.ranks) for g in _groups([c for c in cases if c.params["scaling"] == "strong"],
+                                                                 ["ranks"])]
+    groups = [g for g in groups if len({c.ranks for c in g}) >= 2]
+    base_fields = ["name", "backend", "ordering", "transport", "tokens"]
+    extra = _varying([c for g in groups for c in g], ["ranks", "scaling", *base_fields])
+    labels, rows = _Labels(), []
+    for group in groups:
+        label = labels(_group_label(group, base_fields, extra))
+        base = group[0]
+        p0, t0 = base.ranks, base.median("attention")
+        for c in group:
+            vs = compare(base, c)
+            noise = "" if c is base else vs["noise"]
+            rows.append({"group": label, "case": c.case_id, "file": c.file, "ranks": c.ranks, **_timing_row(c),
+                         "ideal_s": t0 * p0 / c.ranks, "speedup": vs["ratio"],
+                         "efficiency": vs["ratio"] * p0 / c.ranks, "speedup_min": vs["ratio_min"],
+                         "speedup_max": vs["ratio_max"], "noise": noise})
+    return rows
+
+
+def weak_scaling_table(cases: Sequence[CaseResult], notes: list[str] | None = None) -> list[dict[str, Any]]:
+    """Weak scaling: groups equal except ranks, tokens, grid and patterns, against the fewest ranks.
+
+    A group holding one rank count more than once is split by tokens per
+    rank; a series still repeating a rank count is left out (with a note).
+    """
+    free = ["ranks", "tokens", "grid", "patterns"]
+    series: list[list[CaseResult]] = []
+    for group in _groups([c for c in cases if c.params["scaling"] == "weak"], free):
+        if len({c.ranks for c in group}) == len(group):
+            series.append(group)
+            continue
+        by_density: dict[Fraction, list[CaseResult]] = {}
+        for c in group:
+            by_density.setdefault(Fraction(c.tokens, c.ranks), []).append(c)
+        for sub in by_density.values():
+            if len({c.ranks for c in sub}) == len(sub):
+                series.append(sub)
+            elif notes is not None:
+                ids = ", ".join(f"{c.case_id} ({c.file!r})" for c in sub)
+                notes.append(f"weak scaling: cases {ids} repeat a rank count at equal tokens per rank; left out")
+    series = [sorted(s, key=lambda c: c.ranks) for s in series if len({c.ranks for c in s}) >= 2]
+    base_fields = ["name", "backend", "ordering", "transport"]
+    extra = _varying([c for s in series for c in s], [*free, "scaling", *base_fields])
+    labels, rows = _Labels(), []
+    for s in series:
+        per_rank = Fraction(s[0].tokens, s[0].ranks)
+        density = per_rank.numerator if per_rank.denominator == 1 else float(per_rank)
+        label = labels(_group_label(s, base_fields, extra) + f" N/P={density}")
+        base = s[0]
+        t0 = base.median("attention")
+        for c in s:
+            vs = compare(base, c)
+            rows.append({"group": label, "case": c.case_id, "file": c.file, "ranks": c.ranks, "tokens": c.tokens,
+                         **_timing_row(c), "ideal_s": t0, "efficiency": vs["ratio"],
+                         "efficiency_min": vs["ratio_min"], "efficiency_max": vs["ratio_max"],
+                         "noise": "" if c is base else vs["noise"]})
+    return rows
+
+
+def hilbert_vs_natural_table(cases: Sequence[CaseResult]) -> list[dict[str, Any]]:
+    """Each non-natural ordering against the natural-order case with otherwise equal parameters."""
+    free = ["ordering", "segment"]
+    groups = []
+    for group in _groups(cases, free):
+        natural = [c for c in group if c.params["ordering"] == "natural"]
+        others = [c for c in group if c.params["ordering"] != "natural"]
+        if natural and others:
+            groups.append((natural[-1], sorted(others, key=lambda c: (c.params["ordering"], c.params["segment"]))))
+    base_fields = ["name", "backend", "transport", "tokens", "ranks"]
+    extra = _varying([c for n, o in groups for c in (n, *o)], [*free, *base_fields])
+    labels, rows = _Labels(), []
+    for natural, others in groups:
+        label = labels(_group_label([natural, *others], base_fields, extra))
+        for c in others:
+            vs = compare(natural, c)
+            rows.append({"group": label, "case": c.case_id, "file": c.file, "natural_case": natural.case_id,
+                         "natural_file": natural.file, "ordering": c.params["ordering"],
+                         "segment": c.params.get("segment") or 0, **_timing_row(natural, "natural"),
+                         **_timing_row(c), **vs})
+    return rows
+
+
+def compute_communication_table(cases: Sequence[CaseResult]) -> list[dict[str, Any]]:
+    """Ring counters of the cases on more than one rank, and the share of waiting in the attention time."""
+    rows = []
+    for c in cases:
+        if c.ranks <= 1:
+            continue
+        att = c.median("attention")
+        row: dict[str, Any] = {"case": c.case_id, "file": c.file, "name": c.params["name"], "ranks": c.ranks,
+                               "backend": c.params["backend"], "transport": c.transport,
+                               "attention_s": att}
+        row.update({name: c.median(name) for name in rec.RING_TIMES})
+        row["wait_share"] = row["wait_s"] / att if att > 0 else math.nan
+        rows.append(row)
+    return rows
+
+
+def peer_ratio_table(cases: Sequence[CaseResult]) -> list[dict[str, Any]]:
+    """Each non-torch case against its PyTorch peer (equal parameters except backend, transport, ranks, scaling).
+
+    Among several peers the one on one rank is preferred, then the fewest
+    ranks, then the later one loaded.
+    """
+    free = ["backend", "transport", "ranks", "scaling"]
+    peers: dict[str, list[tuple[int, CaseResult]]] = defaultdict(list)
+    for i, c in enumerate(cases):
+        if c.params["backend"] == "torch":
+            peers[params_key(c.params, free)].append((i, c))
+    pairs = []
+    for c in cases:
+        if c.params["backend"] == "torch":
+            continue
+        found = peers.get(params_key(c.params, free))
+        if found:
+            _, peer = min(found, key=lambda ic: (ic[1].ranks != 1, ic[1].ranks, -ic[0]))
+            pairs.append((c, peer))
+    base_fields = ["name", "tokens"]
+    extra = _varying([c for pair in pairs for c in pair], [*free, *base_fields])
+    rows = []
+    for c, peer in pairs:
+        vs = compare(peer, c)
+        rows.append({"group": _label(c.params, base_fields, extra), "case": c.case_id, "file": c.file,
+                     "backend": c.params["backend"], "ranks": c.ranks, "attention_s": c.median("attention"),
+                     "peer_case": peer.case_id, "peer_file": peer.file, "peer_ranks": peer.ranks,
+                     "peer_s": peer.median("attention"), **vs, "ratio_per_gpu": vs["ratio"] / c.ranks})
+    return rows
+
+
+def bandwidth_table(sweeps: Sequence[BandwidthSweep]) -> list[dict[str, Any]]:
+    """One row per message size of each bandwidth sweep, labelled by transport, buffers and ranks."""
+    labels, rows = _Labels(), []
+    for sweep in sweeps:
+        label = labels(f"{sweep.transport} {sweep.device} P={sweep.ranks}")
+        for nbytes, rate in sweep.sizes:
+            rows.append({"sweep": label, "file": sweep.file, "transport": sweep.transport, "device": sweep.device,
+                         "ranks": sweep.ranks, "host": sweep.host, "bytes": nbytes, "gb_per_s": rate})
+    return rows
+
+
+def build_tables(cases: Sequence[CaseResult], notes: list[str] | None = None,
+                 sweeps: Sequence[BandwidthSweep] = ()) -> dict[str, list[dict[str, Any]]]:
+    """Every table's rows (keys of :data:`TABLES`); notes about left-out data are appended to ``notes``."""
+    return {
+        "cases": cases_table(cases),
+        "strong_scaling": strong_scaling_table(cases),
+        "weak_scaling": weak_scaling_table(cases, notes),
+        "hilbert_vs_natural": hilbert_vs_natural_table(cases),
+        "compute_communication": compute_communication_table(cases),
+        "peer_ratio": peer_ratio_table(cases),
+        "bandwidth": bandwidth_table(sweeps),
+    }
+
+
+def table_notes(name: str, rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Warnings about a table's rows: repeats spread beyond :data:`SPREAD_LIMIT`, efficiency beyond
+    :data:`EFFICIENCY_LIMIT`, and the ratios that are within the repeats' spread (:func:`compare`)."""
+    notes = []
+    for row in rows:
+        if name == "cases" and row["spread"] > SPREAD_LIMIT:
+            notes.append(f"case {row['case']}: repeats spread {row['spread']:.3g}x (slowest / fastest, limit "
+                         f"{SPREAD_LIMIT:g}x): its median is not a steady figure; rerun with more repeats")
+        if name in ("strong_scaling", "weak_scaling") and row["efficiency"] > EFFICIENCY_LIMIT:
+            notes.append(f"{TITLES[name]} {row['group']} P={row['ranks']}: efficiency {row['efficiency']:.3g} is "
+                         f"implausibly superlinear (> {EFFICIENCY_LIMIT:g}); check the cases' spread")
+    for verdict, meaning in (("within noise", "the two cases' [min, max] times over repeats overlap"),
+                             ("too few repeats", f"fewer than {MIN_REPEATS} repeats: no spread to judge by")):
+        marked = [row for row in rows if row.get("noise") == verdict]
+        if marked:
+            compared = sum(1 for row in rows if row.get("noise"))
+            cases = ", ".join(row["case"] for row in marked[:NOTE_CASES]) + (", ..." if len(marked) > NOTE_CASES
+                                                                             else "")
+            notes.append(f"{TITLES[name]}: {len(marked)} of {compared} ratio(s) {verdict} ({cases}): {meaning}")
+    return notes
