@@ -295,17 +295,37 @@ class NewOutput:
         self.lock = OutputLock(self.path)
 
     def __enter__(self) -> "NewOutput":
-        refuse_protected(self.path, self.protected)
-        make_parent(self.path)
-        self.lock.acquire()
-        try:
-            if existing_output(self.path, self.is_ours, self.kind) and not self.overwrite:
-                raise OutputError(f"{str(self.path)!r} exists; replace it with --overwrite or write to another "
-                                  f"file with -o", "output")
-        except BaseException:
-            self.lock.release()
-            raise
+        self.refuse()
+        self.claim()
         return self
+
+    def refuse(self) -> None:
+        """Refuse a protected path, a folder or a special file (before any lock is taken)."""
+        refuse_protected(self.path, self.protected)
+
+    def claim(self) -> None:
+        """Create the folder, take the lock, then refuse an existing file that may not be replaced."""
+        make_parent(self.path)
+        self.acquire_lock()
+        try:
+            self.refuse_existing()
+        except BaseException:
+            self.release()
+            raise
+
+    def acquire_lock(self) -> None:
+        """Take the lock on the output (:class:`OutputLock`)."""
+        self.lock.acquire()
+
+    def refuse_existing(self) -> None:
+        """Refuse another program's file, and an output of ``kind`` unless ``overwrite`` (lock held)."""
+        if existing_output(self.path, self.is_ours, self.kind) and not self.overwrite:
+            raise OutputError(f"{str(self.path)!r} exists; replace it with --overwrite or write to another "
+                              f"file with -o", "output")
+
+    def release(self) -> None:
+        """Drop the lock."""
+        self.lock.release()
 
     def write(self, fill: Callable[[Any], None]) -> None:
         """Write the HDF5 file that ``fill(h5)`` fills, atomically (:func:`replace_hdf5`); one line on failure."""
@@ -314,8 +334,19 @@ class NewOutput:
         except IO_ERRORS as exc:
             raise io_error(exc, "write", self.path) from None
 
+    def write_file(self, fill: Callable[[Path], None]) -> None:
+        """``fill(tmp)`` writes the new file under a temporary name, which is then renamed over the output;
+        raises what ``fill`` or the file system raised, after removing the temporary file."""
+        tmp = temporary_name(self.path)
+        try:
+            fill(tmp)
+            move_into_place(tmp, self.path)
+        except BaseException:
+            remove_quietly(tmp)
+            raise
+
     def __exit__(self, *exc: object) -> None:
-        self.lock.release()
+        self.release()
 
 
 def hdf5_attr_is(name: str, value: str) -> Callable[[Path], bool]:

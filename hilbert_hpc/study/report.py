@@ -5,7 +5,7 @@
 statistic from the raw timings and prints plain-text tables (compact by
 default, every column with ``wide``); it can also write all rows to one CSV
 file and draw the scaling curves as PNG files, under the same ownership rules
-as ``run``'s outputs (:class:`ReportOutputs`).
+as ``run``'s outputs (:class:`ReportOutput`).
 
 Statistics: for each repeat the slowest rank counts, ``t_rep = max over ranks``
 of a timing; a case's time is the median over repeats of ``t_rep`` (with the
@@ -52,28 +52,17 @@ order given) is kept and a note says so.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Sequence, TextIO
+from typing import Any, Callable, Iterator, Sequence, TextIO
 
 from hilbert_hpc.errors import UserError
-from hilbert_hpc.study.output_files import (OutputError, OutputLock, make_parent, move_into_place, os_reason,
-                                            remove_quietly, same_file, temporary_name)
+from hilbert_hpc.study.output_files import NewOutput, OutputError, os_reason, same_file
 from hilbert_hpc.study.report_files import (PLOTS, csv_filler, is_report_csv, is_report_png, need_matplotlib,
                                             plot_filler)
 from hilbert_hpc.study.report_format import print_tables
 from hilbert_hpc.study.report_read import Loaded, load_files
 from hilbert_hpc.study.report_tables import TABLES, build_tables, table_notes
-
-
-@dataclass
-class Target:
-    """One file a report writes: where, the option that named it, what it is, and how to recognize one of ours."""
-
-    path: Path
-    option: str
-    kind: str
-    is_ours: Callable[[Path], bool]
 
 
 def _inside(path: Path, folder: Path) -> bool:
@@ -82,98 +71,83 @@ def _inside(path: Path, folder: Path) -> bool:
     return path == folder or folder in path.parents
 
 
-class ReportOutputs:
-    """The CSV file and plots of one report, claimed before anything is printed and written whole.
+class ReportOutput(NewOutput):
+    """One file a report writes (the CSV file or a plot), claimed as ``run`` claims its output (:class:`NewOutput`:
+    lock ``<target>.lock``, temporary name renamed into place) with a report's owned files and wording.
 
-    The rules of ``run``'s outputs (hilbert_hpc/output_files.py) with a report's
-    owned files: a target may not be a file given to the report, a job or input
-    file they name, anything inside their output parts folders, a folder or a
-    special file; an existing target is replaced only when report wrote it
+    A target may not be a file given to the report, a job or input file they
+    name, anything inside their output parts folders, a folder or a special
+    file; an existing target is replaced only when report wrote it
     (:func:`is_report_csv`, :func:`is_report_png`) and ``overwrite`` is set.
-    Each target is locked (``<target>.lock``, as ``run`` locks a results file)
-    from the checks to the end, and written under a temporary name renamed
-    into place.
+    Refusals name the ``option`` that chose the file.
     """
 
-    def __init__(self, targets: Sequence[Target], loaded: Loaded, overwrite: bool = False) -> None:
-        self.targets, self.loaded, self.overwrite = list(targets), loaded, overwrite
-        self.locks: list[OutputLock] = []
+    def __init__(self, path: Path, option: str, kind: str, is_ours: Callable[[Path], bool], loaded: Loaded,
+                 overwrite: bool = False) -> None:
+        super().__init__(path, kind, is_ours, loaded.protected_files, overwrite)
+        self.option, self.folders = option, loaded.protected_folders
 
-    def _refuse_protected(self, target: Target) -> None:
-        path, choose = target.path, f"choose another {target.option}"
-        for other, what in self.loaded.protected_files:
+    def refuse(self) -> None:
+        path, choose = self.path, f"choose another {self.option}"
+        for other, what in self.protected:
             if same_file(path, other):
-                raise UserError(f"{str(path)!r} is the {what}; it is never replaced: {choose}", target.option)
-        for folder, what in self.loaded.protected_folders:
+                raise UserError(f"{str(path)!r} is the {what}; it is never replaced: {choose}", self.option)
+        for folder, what in self.folders:
             if _inside(path, folder):
-                raise UserError(f"{str(path)!r} is inside {str(folder)!r}, the {what}: {choose}", target.option)
+                raise UserError(f"{str(path)!r} is inside {str(folder)!r}, the {what}: {choose}", self.option)
         if path.is_dir():
-            raise UserError(f"{str(path)!r} is a folder: {choose} file name", target.option)
+            raise UserError(f"{str(path)!r} is a folder: {choose} file name", self.option)
         if path.exists() and not path.is_file():
-            raise UserError(f"{str(path)!r} is not a regular file: {choose}", target.option)
+            raise UserError(f"{str(path)!r} is not a regular file: {choose}", self.option)
         if path.parent.exists() and not path.parent.is_dir():
-            raise UserError(f"{str(path.parent)!r} is not a folder: {choose}", target.option)
+            raise UserError(f"{str(path.parent)!r} is not a folder: {choose}", self.option)
 
-    def _refuse_existing(self, target: Target) -> None:
-        path = target.path
+    def acquire_lock(self) -> None:
+        try:
+            super().acquire_lock()
+        except OutputError as exc:                   # held by another command, or no lock file can be made
+            cause = exc.message.split("; ")[0]
+            raise UserError(f"{cause}; wait for it to end or choose another {self.option}", self.option) from None
+
+    def refuse_existing(self) -> None:
+        path = self.path
         if not path.exists():
             return
-        if not target.is_ours(path):
-            raise UserError(f"{str(path)!r} exists and is not a {target.kind} written by hilbert-hpc report; it is "
-                            f"not replaced: move it away or choose another {target.option}", target.option)
+        if not self.is_ours(path):
+            raise UserError(f"{str(path)!r} exists and is not a {self.kind} written by hilbert-hpc report; it is "
+                            f"not replaced: move it away or choose another {self.option}", self.option)
         if not self.overwrite:
-            raise UserError(f"{str(path)!r} exists; replace it with --overwrite or choose another {target.option}",
-                            target.option)
+            raise UserError(f"{str(path)!r} exists; replace it with --overwrite or choose another {self.option}",
+                            self.option)
 
-    def __enter__(self) -> "ReportOutputs":
-        paths = [t.path.resolve() for t in self.targets]
-        if len(set(paths)) < len(paths):
-            raise UserError("the CSV file is also one of the plot files: choose another --csv", "--csv")
-        for target in self.targets:
-            self._refuse_protected(target)
+    def write_file(self, fill: Callable[[Path], None]) -> None:
         try:
-            for target in self.targets:
-                make_parent(target.path)
-                self._lock(target)
-                self._refuse_existing(target)
-        except BaseException:
-            self.release()
-            raise
-        return self
-
-    def _lock(self, target: Target) -> None:
-        """Lock ``target`` as ``run`` locks its output; held by another command, refuse it naming the option."""
-        try:
-            self.locks.append(OutputLock(target.path).acquire())
-        except OutputError as exc:
-            cause = exc.message.split("; ")[0]
-            raise UserError(f"{cause}; wait for it to end or choose another {target.option}", target.option) from None
-
-    def release(self) -> None:
-        """Drop every lock taken."""
-        for lock in self.locks:
-            lock.release()
-        self.locks = []
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-    def write(self, target: Target, fill: Callable[[Path], None]) -> None:
-        """``fill(tmp)`` writes the new file under a temporary name, then it is renamed over ``target``."""
-        tmp = temporary_name(target.path)
-        try:
-            fill(tmp)
-            move_into_place(tmp, target.path)
+            super().write_file(fill)
         except OSError as exc:
-            remove_quietly(tmp)
-            raise UserError(f"cannot write {str(target.path)!r}: {os_reason(exc)}", target.option) from None
-        except BaseException:
-            remove_quietly(tmp)
-            raise
+            raise UserError(f"cannot write {str(self.path)!r}: {os_reason(exc)}", self.option) from None
+
+
+@contextmanager
+def claimed(outputs: Sequence[ReportOutput]) -> Iterator[None]:
+    """Claim every output of a report before anything is written: all refusals first, then the locks, held to
+    the end (all released on any refusal)."""
+    paths = [o.path.resolve() for o in outputs]
+    if len(set(paths)) < len(paths):
+        raise UserError("the CSV file is also one of the plot files: choose another --csv", "--csv")
+    for output in outputs:
+        output.refuse()
+    try:
+        for output in outputs:
+            output.claim()
+        yield
+    finally:
+        for output in outputs:
+            output.release()
 
 
 def _plot_targets(tables: dict[str, list[dict[str, Any]]],
-                  plot_dir: str | Path | None) -> list[tuple[Target, tuple[Any, ...]]]:
+                  plot_dir: str | Path | None, loaded: Loaded,
+                  overwrite: bool) -> list[tuple[ReportOutput, tuple[Any, ...]]]:
     """The plots to write (those whose table has rows), each with its entry of :data:`PLOTS`."""
     if plot_dir is None:
         return []
@@ -181,15 +155,15 @@ def _plot_targets(tables: dict[str, list[dict[str, Any]]],
     directory = Path(plot_dir)
     if directory.exists() and not directory.is_dir():
         raise UserError(f"{str(directory)!r} is not a folder: choose another --plot folder", "--plot")
-    return [(Target(directory / plot[1], "--plot", "plot", is_report_png), plot) for plot in PLOTS
-            if tables.get(plot[0])]
+    return [(ReportOutput(directory / plot[1], "--plot", "plot", is_report_png, loaded, overwrite), plot)
+            for plot in PLOTS if tables.get(plot[0])]
 
 
 def report(paths: Sequence[str | Path], stream: TextIO | None = None, csv_path: str | Path | None = None,
            plot_dir: str | Path | None = None, overwrite: bool = False, wide: bool = False) -> dict[str, list[Any]]:
     """Print the tables; write CSV / PNG plots when asked; return the table rows (for tests).
 
-    Every refusal of an output (:class:`ReportOutputs`) comes before anything
+    Every refusal of an output (:class:`ReportOutput`) comes before anything
     is printed or written. ``wide`` prints every column; the compact default
     fits about :data:`COMPACT_WIDTH` columns (the CSV always has every field).
     The result maps each table name of :data:`TABLES` to its rows (dicts,
@@ -201,15 +175,16 @@ def report(paths: Sequence[str | Path], stream: TextIO | None = None, csv_path: 
     loaded = load_files(paths)
     notes = loaded.notes
     tables: dict[str, list[Any]] = build_tables(loaded.cases, notes, loaded.sweeps)
-    csv_target = [Target(Path(csv_path), "--csv", "CSV file", is_report_csv)] if csv_path is not None else []
-    plots = _plot_targets(tables, plot_dir)
+    csv_target = ([ReportOutput(Path(csv_path), "--csv", "CSV file", is_report_csv, loaded, overwrite)]
+                  if csv_path is not None else [])
+    plots = _plot_targets(tables, plot_dir, loaded, overwrite)
     files = {str(p): i + 1 for i, p in enumerate(dict.fromkeys(str(p) for p in paths))}
-    with ReportOutputs(csv_target + [target for target, _ in plots], loaded, overwrite) as out:
+    with claimed(csv_target + [target for target, _ in plots]):
         # written before anything is printed: a reader that leaves early (| head) cannot cost the files
         if csv_target:
-            out.write(csv_target[0], csv_filler(tables))
+            csv_target[0].write_file(csv_filler(tables))
         for target, (name, _, title, eff_title, log_time) in plots:
-            out.write(target, plot_filler(tables[name], title, eff_title, log_time))
+            target.write_file(plot_filler(tables[name], title, eff_title, log_time))
         what = f"{len(loaded.cases)} case(s)" + (f", {len(loaded.sweeps)} bandwidth sweep(s)" if loaded.sweeps
                                                  else "")
         print(f"hilbert-hpc report: {what} from {len(files)} file(s)", file=stream)
