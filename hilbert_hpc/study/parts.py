@@ -53,11 +53,31 @@ def parts_owner(parts: Path) -> str | None:
 def make_parts_dir(results_path: Path, results_id: str) -> None:
     """Create the parts folder of ``results_path`` (if missing) and name its owner; call with the lock held.
 
-    Raises what the file system raised (OSError).
+    A new folder is made under a temporary name with its OWNER file inside and renamed into place, so a
+    run killed at any moment leaves either no parts folder or one that names its owner (never an ownerless
+    folder that a resume would have to refuse). Raises what the file system raised (OSError).
     """
     parts = parts_dir(results_path)
-    parts.mkdir(exist_ok=True)
-    owner = parts / OWNER_FILE
+    if parts.is_dir() and not parts.is_symlink():
+        _write_owner(parts, results_path, results_id)
+        return
+    tmp_dir = temporary_name(parts)
+    try:
+        tmp_dir.mkdir()
+        _write_owner(tmp_dir, results_path, results_id)
+        move_into_place(tmp_dir, parts)
+    except BaseException:
+        remove_quietly(tmp_dir / OWNER_FILE)
+        try:
+            tmp_dir.rmdir()
+        except OSError:
+            pass
+        raise
+
+
+def _write_owner(folder: Path, results_path: Path, results_id: str) -> None:
+    """Write ``folder``'s OWNER file (temporary name, then rename)."""
+    owner = folder / OWNER_FILE
     tmp = temporary_name(owner)
     try:
         tmp.write_text(f"output parts of the hilbert-hpc results file {results_path.name}\n"
