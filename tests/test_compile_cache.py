@@ -16,6 +16,8 @@ import pytest
 
 from hilbert_hpc import kernels
 from hilbert_hpc.kernels import compile as kc
+from hilbert_hpc.kernels import program
+from hilbert_hpc.kernels.registry import TF32X3, TILED64, WGMMA
 
 from nvrtc_probe import HAVE_NVRTC, REQUIRED, needs_nvrtc
 
@@ -101,16 +103,16 @@ def test_key_follows_options_target_names_and_text(cache):
 
 @needs_nvrtc
 def test_key_follows_the_text_of_an_included_header(tmp_path, monkeypatch):
-    """kernels.source inlines the headers, so editing one (common.cuh) changes the key of every program
+    """program.source inlines the headers, so editing one (common.cuh) changes the key of every program
     that includes it, and of no other."""
     copy = tmp_path / "kernels"
-    shutil.copytree(kernels.KERNEL_DIR, copy, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
-    monkeypatch.setattr(kernels, "KERNEL_DIR", copy)
-    v = kernels.variant("tf32x3", 64)
+    shutil.copytree(program.KERNEL_DIR, copy, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    monkeypatch.setattr(program, "KERNEL_DIR", copy)
+    v = TF32X3.variant(64)
 
     def key(source: str) -> str:
-        p = kernels.Program(source, (v.name,) if source == v.source else ())
-        return kc.cache_key(kernels.source(p.source), p.source, p.names, p.options, "sm_80")
+        p = program.Program(source, (v.name,) if source == v.source else ())
+        return kc.cache_key(program.source(p.source), p.source, p.names, p.options, "sm_80")
 
     before, keys_before = key(v.source), key("hilbert_keys.cu")
     header = copy / "common.cuh"
@@ -209,19 +211,19 @@ def test_programs_of_the_package_build_through_the_entry(cache):
     """A variant, the conversions and the key kernel compile for a device target (sm_XY), the sm_90a variants
     for their own; the lowered names are the ones the loader looks up."""
     from hilbert_hpc.tools import gpu_ordering
-    from hilbert_hpc.kernels import half
+    from hilbert_hpc.kernels import sixteen_bit
 
     folder, calls = cache
-    v = kernels.variant("tiled64", 32)
-    binary, lowered, _ = kernels.compile_cubin(v, cc=86)
+    v = TILED64.variant(32)
+    binary, lowered, _ = program.compile_cubin(v, cc=86)
     assert binary[:4] == b"\x7fELF" and lowered.startswith("_Z")
-    assert kernels.target_of(v, 86) == "sm_86" and kernels.target_of(kernels.variant("wgmma", 32), 86) == "sm_90a"
+    assert program.target_of(v, 86) == "sm_86" and program.target_of(WGMMA.variant(32), 86) == "sm_90a"
     assert kc.device_target(90) == "sm_90" and kc.device_target(10_000).startswith("sm_")
-    conv = kernels.build(half.CONVERT_PROGRAM, "sm_90")
-    assert set(conv.lowered) == set(half.convert_names())
-    assert kernels.build(gpu_ordering.KEYS_PROGRAM, "sm_70").lowered == {}
+    conv = program.build(sixteen_bit.CONVERT_PROGRAM, "sm_90")
+    assert set(conv.lowered) == set(sixteen_bit.convert_names())
+    assert program.build(gpu_ordering.KEYS_PROGRAM, "sm_70").lowered == {}
     with pytest.raises(ValueError, match="compute capability"):
-        kernels.compile_cubin(v)
+        program.compile_cubin(v)
     assert len(calls) == 3 and len(entries(folder)) == 3
 
 

@@ -77,10 +77,10 @@ def test_local_patterns_geometry_equals_the_unfused_computation(patterns, heads,
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("heads,group", [(7, 2), (7, 3), (6, 1), (5, 5), (8, 2)])
 def test_head_groups_of_the_float32_running_output_equal_the_unfused_computation(heads, group, causal):
-    """tma16's FP32 running output (kernels.half.HalfKernels): every local pattern of a group of heads merged
+    """tma16's FP32 running output (kernels.sixteen_bit.SixteenBitKernels): every local pattern of a group of heads merged
     into a float32 scratch (n, group, D) through its own output geometry, the group's output widened into it
     first and written back after; groups that do not line up with the dilations, and dilations above H."""
-    from hilbert_hpc.kernels import half
+    from hilbert_hpc.kernels import sixteen_bit
 
     n, d = 192, 8
     qs, ks, vs = _inputs(n, heads, d)
@@ -92,7 +92,7 @@ def test_head_groups_of_the_float32_running_output_equal_the_unfused_computation
         h1 = min(heads, h0 + group)
         scratch = np.full((n, group, d), np.nan)
         scratch[:, :h1 - h0] = out[:, h0:h1]
-        for kw in half.group_launches(pats, causal, 0.3, n, heads, d, h0, h1, group):
+        for kw in sixteen_bit.group_launches(pats, causal, 0.3, n, heads, d, h0, h1, group):
             assert kw.pop("accumulate") and 0 < kw["heads"] <= group
             numpy_launch(qs, ks, vs, scratch, lse, **kw)
             launches += 1
@@ -104,17 +104,26 @@ def test_head_groups_of_the_float32_running_output_equal_the_unfused_computation
 
 
 def test_scratch_heads_keep_the_scratch_small():
-    from hilbert_hpc.kernels import half
+    from hilbert_hpc.kernels.selection import choose
 
-    assert [half.scratch_heads(h) for h in (1, 3, 4, 8, 12, 16)] == [1, 1, 2, 4, 6, 8]
-    assert all(4 * half.scratch_heads(h) <= 8 * h / 4 for h in range(2, 64))   # <= 1/4 of 16-bit Q/K/V/O
+    tma16 = choose("bfloat16", 64, cc=90, override="")
+    assert tma16.name == "tma16"
+    assert [tma16.scratch_heads(h) for h in (1, 3, 4, 8, 12, 16)] == [1, 1, 2, 4, 6, 8]
+    assert all(4 * tma16.scratch_heads(h) <= 8 * h / 4 for h in range(2, 64))   # <= 1/4 of 16-bit Q/K/V/O
+    assert tma16.scratch_bytes(1000, 12) == 1000 * 6 * 64 * 4
+    # the other kernels keep no float32 running output
+    assert choose("bfloat16", 96, cc=90, override="").scratch_bytes(1000, 12) == 0
+    assert choose("float16", 64, cc=80, override="").scratch_heads(12) == 0
 
 
 def test_sixteen_bit_provider_keeps_a_16bit_output():
     """The 16-bit provider's ring accumulators: the output as 16-bit storage (zero bits = +0.0), LSE float32."""
-    from hilbert_hpc.kernels import half
+    from hilbert_hpc.kernels.providers import ChoosingKernels, provider
+    from hilbert_hpc.kernels.selection import choose
 
-    out, lse = half.half_kernels("bfloat16").accumulators(np, 4, 3, 8, np.int16)
+    out, lse = provider(choose("bfloat16", 64, cc=90, override="")).accumulators(np, 4, 3, 8, np.int16)
+    assert out.dtype == np.int16 and not out.any() and lse.dtype == np.float32 and np.isneginf(lse).all()
+    out, lse = ChoosingKernels("bfloat16").accumulators(np, 4, 3, 8, np.int16)
     assert out.dtype == np.int16 and not out.any() and lse.dtype == np.float32 and np.isneginf(lse).all()
 
 
@@ -170,16 +179,16 @@ def test_split_launches_equal_one_launch(causal):
 def test_sixteen_bit_inputs_are_checked():
     """The 16-bit provider refuses what its kernels would misread (torch CPU tensors stand in for GPU ones)."""
     torch = pytest.importorskip("torch")
-    from hilbert_hpc.kernels import half
+    from hilbert_hpc.kernels import sixteen_bit
 
     q = torch.zeros((64, 2, 32), dtype=torch.bfloat16)
     lse = torch.zeros((64, 2), dtype=torch.float32)
-    half.check_half_arrays(q, q, q, q, lse)
+    sixteen_bit.check_arrays(q, q, q, q, lse)
     with pytest.raises(ValueError, match="C-contiguous q"):
-        half.check_half_arrays(q.transpose(0, 1), q, q, q, lse)
+        sixteen_bit.check_arrays(q.transpose(0, 1), q, q, q, lse)
     with pytest.raises(ValueError, match="2-byte items"):
-        half.check_half_arrays(q, q.float(), q, q, lse)
+        sixteen_bit.check_arrays(q, q.float(), q, q, lse)
     with pytest.raises(ValueError, match="float32 lse"):
-        half.check_half_arrays(q, q, q, q, lse.to(torch.int32))
+        sixteen_bit.check_arrays(q, q, q, q, lse.to(torch.int32))
     with pytest.raises(ValueError, match="aligned to 16 bytes"):
-        half.check_half_arrays(q, q, q, 0x1008, lse)
+        sixteen_bit.check_arrays(q, q, q, 0x1008, lse)

@@ -45,19 +45,19 @@ def test_cuda_backend_in_16_bits_matches_the_peer_rule(tmp_path, monkeypatch, va
     """Every 16-bit kernel: the default for this GPU (on Hopper tma16 for head dims 64 and 128), wgmma16 and
     mma16 forced (mma16 is the default off Hopper)."""
     from hilbert_hpc.study.jobfile import load_job
-    from hilbert_hpc.kernels import half
+    from hilbert_hpc.kernels.selection import SIXTEEN_BIT_ENV, choose
     from hilbert_hpc.distributed.mpi import SingleProcessComm
     from hilbert_hpc.study.runner import run_job
 
     if variant == "wgmma16" and not _hopper():
         pytest.skip("wgmma16 needs compute capability 9.0")
     if variant == "default":
-        monkeypatch.delenv(half.HALF_ENV, raising=False)
+        monkeypatch.delenv(SIXTEEN_BIT_ENV, raising=False)
 
         def expected(d: int) -> str:
-            return half.HOPPER_DEFAULT[d] if _hopper() else "mma16"
+            return choose("bfloat16", d, cc=90, override="").name if _hopper() else "mma16"
     else:
-        monkeypatch.setenv(half.HALF_ENV, variant)
+        monkeypatch.setenv(SIXTEEN_BIT_ENV, variant)
 
         def expected(d: int) -> str:
             return variant

@@ -1,5 +1,5 @@
 """The 16-bit kernels (dilated_fwd_wgmma_16.cu for Hopper, dilated_fwd_mma_16.cu for compute capability 8.0+)
-and their provider (kernels/half.py), without a GPU.
+and their provider (kernels/sixteen_bit.py), without a GPU.
 
 NVRTC compiles every instantiation for compute_90a (PTX with wgmma .bf16 / .f16) and to an sm_90a cubin
 through its ptxas (-v): no spills, wgmma not serialized, shared memory within Hopper's 227 KiB. The
@@ -13,8 +13,10 @@ import re
 
 import pytest
 
-from hilbert_hpc import kernels
-from hilbert_hpc.kernels import half
+from hilbert_hpc.kernels import program, sixteen_bit
+from hilbert_hpc.kernels.registry import (HEAD_DIMS, HOPPER_SHARED, MMA16, SIXTEEN_BIT_TYPES, TMA16, WGMMA16,
+                                          mma16_shared_bytes)
+from hilbert_hpc.kernels.selection import SIXTEEN_BIT_ENV, choose
 
 from nvrtc_probe import HAVE_NVRTC, REQUIRED, needs_nvrtc
 
@@ -33,8 +35,8 @@ def ptx() -> str:
     """The PTX of every instantiation (one NVRTC program, compute_90a)."""
     from hilbert_hpc.kernels.check import compile_templates
 
-    return compile_templates("compute_90a", half.HALF_SOURCE, _names(half.all_half_variants()),
-                             kernels.ARCH_OPTIONS)[1]
+    return compile_templates("compute_90a", WGMMA16.source, _names(WGMMA16.instantiations()),
+                             program.ARCH_OPTIONS)[1]
 
 
 @needs_nvrtc
@@ -43,12 +45,12 @@ def test_ptx_has_16bit_wgmma(ptx):
     assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.f16\.f16", ptx)
     assert "cp.async.cg.shared.global" in ptx
     assert "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx      # VMODE 1 configurations
-    for v in half.all_half_variants():
-        assert v.shared_bytes <= half.HOPPER_SHARED, v.name
+    for v in WGMMA16.instantiations():
+        assert v.shared_bytes <= HOPPER_SHARED, v.name
 
 
 @needs_nvrtc
-@pytest.mark.parametrize("v", half.all_half_variants(), ids=_names(half.all_half_variants()))
+@pytest.mark.parametrize("v", WGMMA16.instantiations(), ids=_names(WGMMA16.instantiations()))
 def test_sm90a_cubin_without_spills(v):
     from hilbert_hpc.kernels.check import arch_ptxas_report
 
@@ -61,10 +63,11 @@ def test_sm90a_cubin_without_spills(v):
 
 @pytest.mark.parametrize("cc", [61, 70, 75])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_select_half_refuses_gpus_without_16bit_tensor_cores(monkeypatch, cc, dtype):
-    monkeypatch.setattr(kernels, "_compute_capability", lambda: cc)
+def test_choose_refuses_gpus_without_16bit_tensor_cores(monkeypatch, cc, dtype):
+    monkeypatch.setattr(program, "compute_capability", lambda: cc)
+    monkeypatch.setattr(program, "shared_limit", lambda: 48 * 1024)
     with pytest.raises(RuntimeError) as info:
-        half.select_half(64, dtype)
+        choose(dtype, 64)
     msg = str(info.value)
     assert f"dtype {dtype} needs 16-bit tensor cores (compute capability 8.0 or newer)" in msg
     assert f"this GPU has {cc / 10:.1f}" in msg
@@ -72,82 +75,91 @@ def test_select_half_refuses_gpus_without_16bit_tensor_cores(monkeypatch, cc, dt
 
 @pytest.mark.parametrize("cc,limit", [(80, 163 * 1024), (86, 99 * 1024), (89, 99 * 1024), (100, 227 * 1024),
                                       (120, 99 * 1024)])
-def test_select_half_takes_mma16_off_hopper(monkeypatch, cc, limit):
+def test_choose_takes_mma16_off_hopper(monkeypatch, cc, limit):
     """A100, A10/L40S, RTX 30/40 and Blackwell run mma16; every default configuration fits their shared memory."""
-    monkeypatch.setattr(kernels, "_compute_capability", lambda: cc)
-    monkeypatch.setattr(kernels, "_shared_limit", lambda: limit)
-    monkeypatch.delenv(half.HALF_ENV, raising=False)
-    for d in half.HALF_HEAD_DIMS:
-        for dt, t in half.HALF_TYPES.items():
-            v = half.select_half(d, dt)
+    monkeypatch.setattr(program, "compute_capability", lambda: cc)
+    monkeypatch.setattr(program, "shared_limit", lambda: limit)
+    monkeypatch.delenv(SIXTEEN_BIT_ENV, raising=False)
+    for d in HEAD_DIMS:
+        for dt, t in SIXTEEN_BIT_TYPES.items():
+            v = select_16(d, dt)
             assert v.variant == "mma16" and v.arch is None and v.min_cc == 80
-            assert v.name == f"dilated_fwd_mma_16<{t},{d},{half.MMA16_CONFIG[d]}>"
+            assert v.name == f"dilated_fwd_mma_16<{t},{d},{MMA16.defaults[d][0]}>"
             assert v.threads == 128 and v.block_queries == 64 and v.shared_bytes <= limit
-    monkeypatch.setenv(half.HALF_ENV, "wgmma16")
+    monkeypatch.setenv(SIXTEEN_BIT_ENV, "wgmma16")
     with pytest.raises(RuntimeError, match="runs on compute capability 9.0 only"):
-        half.select_half(64, "bfloat16")
-    monkeypatch.setenv(half.HALF_ENV, "mma16:64")
-    if half.mma16_shared_bytes(128, 64) > limit:
+        select_16(64, "bfloat16")
+    monkeypatch.setenv(SIXTEEN_BIT_ENV, "mma16:64")
+    if mma16_shared_bytes(128, 64) > limit:
         with pytest.raises(RuntimeError, match="bytes of shared memory"):
-            half.select_half(128, "bfloat16")
+            select_16(128, "bfloat16")
     else:
-        assert half.select_half(128, "bfloat16").name == "dilated_fwd_mma_16<bf16_t,128,64>"
+        assert select_16(128, "bfloat16").name == "dilated_fwd_mma_16<bf16_t,128,64>"
 
 
-def test_select_half_on_hopper(monkeypatch):
-    monkeypatch.setattr(kernels, "_compute_capability", lambda: 90)
-    monkeypatch.setattr(kernels, "_shared_limit", lambda: 227 * 1024)
-    monkeypatch.delenv(half.HALF_ENV, raising=False)
-    for d in half.HALF_HEAD_DIMS:
-        for dt, t in half.HALF_TYPES.items():
-            v = half.select_half(d, dt)
-            assert v.variant == half.HOPPER_DEFAULT[d]
+def select_16(head_dim: int, dtype):
+    """The 16-bit variant the (monkeypatched) device runs."""
+    return choose(dtype, head_dim).variant
+
+
+#: the Hopper family per head dim (tma16 where it has the head dim)
+HOPPER_DEFAULT = {32: "wgmma16", 64: "tma16", 96: "wgmma16", 128: "tma16"}
+
+
+def test_choose_on_hopper(monkeypatch):
+    monkeypatch.setattr(program, "compute_capability", lambda: 90)
+    monkeypatch.setattr(program, "shared_limit", lambda: 227 * 1024)
+    monkeypatch.delenv(SIXTEEN_BIT_ENV, raising=False)
+    for d in HEAD_DIMS:
+        for dt, t in SIXTEEN_BIT_TYPES.items():
+            v = select_16(d, dt)
+            assert v.variant == HOPPER_DEFAULT[d]
             if v.variant == "tma16":
-                keys, nc, stages, pipe = half.TMA_CONFIG[d]
+                keys, nc, stages, pipe = TMA16.defaults[d]
                 assert v.name == f"dilated_fwd_tma_16<{t},{d},{keys},{nc},{stages},{pipe},{t}>"
                 assert (v.threads, v.block_queries, v.config) == (128 * (nc + 1), 64 * nc, (keys, nc, stages, pipe))
             else:
-                keys, wgs, vmode = half.HALF_CONFIG[d]
+                keys, wgs, vmode = WGMMA16.defaults[d]
                 assert v.name == f"dilated_fwd_wgmma_16<{t},{d},{keys},{wgs},{vmode}>"
                 assert (v.threads, v.block_queries) == (128 * wgs, 64 * wgs)
             assert (v.align, v.arch) == (8, "sm_90a")
             assert v.runs_on(90) and not v.runs_on(86) and not v.runs_on(100)
-    assert {half.HOPPER_DEFAULT[d] for d in half.TMA_HEAD_DIMS} == {"tma16"}
-    monkeypatch.setenv(half.HALF_ENV, "tma16:128,2,3,0")
-    assert half.select_half(128, "bf16").name == "dilated_fwd_tma_16<bf16_t,128,128,2,3,0,bf16_t>"
-    monkeypatch.setenv(half.HALF_ENV, "tma16")
-    assert half.select_half(64, "float16").name == half.tma_variant(64, "float16").name
+    assert {HOPPER_DEFAULT[d] for d in TMA16.head_dims} == {"tma16"}
+    monkeypatch.setenv(SIXTEEN_BIT_ENV, "tma16:128,2,3,0")
+    assert select_16(128, "bf16").name == "dilated_fwd_tma_16<bf16_t,128,128,2,3,0,bf16_t>"
+    monkeypatch.setenv(SIXTEEN_BIT_ENV, "tma16")
+    assert select_16(64, "float16").name == TMA16.variant(64, "float16").name
     with pytest.raises(RuntimeError, match="tma16 supports head_dim in \\[64, 128\\], not 96"):
-        half.select_half(96, "bfloat16")
+        select_16(96, "bfloat16")
     for bad in ("tma16:64,2,3", "tma16:64,5,3,1", "tma16:60,2,3,1", "tma16:64,2,1,1"):
-        monkeypatch.setenv(half.HALF_ENV, bad)
+        monkeypatch.setenv(SIXTEEN_BIT_ENV, bad)
         with pytest.raises((RuntimeError, ValueError), match="HILBERT_HPC_HALF_KERNEL|tma16 configuration"):
-            half.select_half(64, "bfloat16")
-    monkeypatch.setenv(half.HALF_ENV, "tma16:128,2,4,0")          # 262 KiB: over Hopper's 227 KiB
+            select_16(64, "bfloat16")
+    monkeypatch.setenv(SIXTEEN_BIT_ENV, "tma16:128,2,4,0")          # 262 KiB: over Hopper's 227 KiB
     with pytest.raises(RuntimeError, match="bytes of shared memory"):
-        half.select_half(128, "bfloat16")
-    monkeypatch.delenv(half.HALF_ENV)
-    monkeypatch.setattr(kernels, "_compute_capability", lambda: 100)
-    monkeypatch.setenv(half.HALF_ENV, "tma16")
+        select_16(128, "bfloat16")
+    monkeypatch.delenv(SIXTEEN_BIT_ENV)
+    monkeypatch.setattr(program, "compute_capability", lambda: 100)
+    monkeypatch.setenv(SIXTEEN_BIT_ENV, "tma16")
     with pytest.raises(RuntimeError, match="tma16 runs on compute capability 9.0 only"):
-        half.select_half(64, "bfloat16")
-    monkeypatch.setattr(kernels, "_compute_capability", lambda: 90)
-    assert half.select_half(64, "torch.bfloat16") == half.select_half(64, "bf16")
-    monkeypatch.setenv(half.HALF_ENV, "wgmma16:64,1,1")
-    assert half.select_half(128, "float16").name == "dilated_fwd_wgmma_16<f16_t,128,64,1,1>"
-    monkeypatch.setenv(half.HALF_ENV, "mma16")
-    assert half.select_half(64, "float16").name == "dilated_fwd_mma_16<f16_t,64,64>"
-    monkeypatch.setenv(half.HALF_ENV, "tf32x3")
+        select_16(64, "bfloat16")
+    monkeypatch.setattr(program, "compute_capability", lambda: 90)
+    assert select_16(64, "torch.bfloat16") == select_16(64, "bf16")
+    monkeypatch.setenv(SIXTEEN_BIT_ENV, "wgmma16:64,1,1")
+    assert select_16(128, "float16").name == "dilated_fwd_wgmma_16<f16_t,128,64,1,1>"
+    monkeypatch.setenv(SIXTEEN_BIT_ENV, "mma16")
+    assert select_16(64, "float16").name == "dilated_fwd_mma_16<f16_t,64,64>"
+    monkeypatch.setenv(SIXTEEN_BIT_ENV, "tf32x3")
     with pytest.raises(RuntimeError, match="HILBERT_HPC_HALF_KERNEL"):
-        half.select_half(64, "bfloat16")
+        select_16(64, "bfloat16")
     for bad in ("mma16:64,2,1", "wgmma16:64", "mma16:x"):
-        monkeypatch.setenv(half.HALF_ENV, bad)
+        monkeypatch.setenv(SIXTEEN_BIT_ENV, bad)
         with pytest.raises(RuntimeError, match="HILBERT_HPC_HALF_KERNEL"):
-            half.select_half(64, "bfloat16")
+            select_16(64, "bfloat16")
     with pytest.raises(ValueError, match="head_dim"):
-        half.half_variant(80, "bfloat16")
+        WGMMA16.variant(80, "bfloat16")
     with pytest.raises(ValueError, match="dtype"):
-        half.half_variant(64, "float32")
+        WGMMA16.variant(64, "float32")
 
 
 def test_launch_geometry_matches_fused(monkeypatch):
@@ -155,14 +167,15 @@ def test_launch_geometry_matches_fused(monkeypatch):
     (tma16's tensor maps: tests/test_tma16.py)."""
     import numpy as np
 
-    monkeypatch.setattr(kernels, "_compute_capability", lambda: 90)
-    monkeypatch.setenv(half.HALF_ENV, "wgmma16")
+    monkeypatch.setattr(program, "compute_capability", lambda: 90)
+    monkeypatch.setattr(program, "shared_limit", lambda: 227 * 1024)
+    monkeypatch.setenv(SIXTEEN_BIT_ENV, "wgmma16")
     calls = []
-    monkeypatch.setattr(half, "compiled_half",
+    monkeypatch.setattr(sixteen_bit, "compiled",
                         lambda v: lambda grid, block, args, shared_mem=0: calls.append((v, grid, block, args, shared_mem)))
     n, h, d = 8192, 6, 64
-    half.launch_local_patterns(0x1000, 0x2000, 0x3000, [(2048, 1), (4096, 2), (8192, 4)], True, 0.125, 0x4000, 0x5000,
-                               shape=(n, h, d), dtype="bfloat16")
+    sixteen_bit.launch_local_patterns(0x1000, 0x2000, 0x3000, [(2048, 1), (4096, 2), (8192, 4)], True, 0.125, 0x4000,
+                                      0x5000, shape=(n, h, d), dtype="bfloat16")
     assert len(calls) == 1 + 2 + 4
     row = h * d
     v, grid, block, args, shared = calls[2]                 # pattern (4096, 2), head offset 1
@@ -171,8 +184,10 @@ def test_launch_geometry_matches_fused(monkeypatch):
     assert [int(x) for x in args[5:9]] == [row + d, 4096 * row, 2 * d, 2 * row]
     assert [int(x) for x in args[17:21]] == [h + 1, 4096 * h, 2, 2 * h]
     assert [int(x) for x in args[21:26]] == [3, 2048, 2048, 1, 0] and float(args[26]) == 0.125
+    with pytest.raises(ValueError, match="head_dim"):
+        sixteen_bit.launch_local_patterns(0, 0, 0, [(16, 1)], False, 0.1, 0, 0, shape=(16, 2, 36), dtype="float16")
     with pytest.raises(ValueError, match="aligned"):
-        half.launch_local_patterns(0, 0, 0, [(16, 1)], False, 0.1, 0, 0, shape=(16, 2, 36), dtype="float16")
+        sixteen_bit.launch_local_patterns(0x1008, 0, 0, [(16, 1)], False, 0.1, 0, 0, shape=(16, 2, 64), dtype="float16")
 
 
 def _canonical_offset(major: str, mn: int, kk: int, lbo: int, sbo: int) -> int:
@@ -188,7 +203,7 @@ def _tile_offset(row: int, col: int, d: int) -> int:
     return (row // 8) * 16 * d + (col // 8) * 128 + (row % 8) * 16 + (col % 8) * 2
 
 
-@pytest.mark.parametrize("d", half.HALF_HEAD_DIMS)
+@pytest.mark.parametrize("d", HEAD_DIMS)
 def test_descriptors_address_the_loaded_tiles(d):
     """The descriptor fields and k-step offsets of the kernel address exactly the elements it means."""
     bk = 128
@@ -231,7 +246,7 @@ def mma16_ptx(request) -> str:
     """The PTX of every mma16 instantiation for compute_80 and compute_90 (one NVRTC program each)."""
     from hilbert_hpc.kernels.check import compile_templates
 
-    return compile_templates(request.param, half.MMA16_SOURCE, _names(half.all_mma16_variants()))[1]
+    return compile_templates(request.param, MMA16.source, _names(MMA16.instantiations()))[1]
 
 
 @needs_nvrtc
@@ -244,7 +259,7 @@ def test_mma16_ptx_has_16bit_mma_sync(mma16_ptx):
 
 
 @needs_nvrtc
-@pytest.mark.parametrize("v", half.all_mma16_variants(), ids=_names(half.all_mma16_variants()))
+@pytest.mark.parametrize("v", MMA16.instantiations(), ids=_names(MMA16.instantiations()))
 def test_mma16_sm80_cubin_without_spills(v):
     import dataclasses
 
@@ -257,14 +272,14 @@ def test_mma16_sm80_cubin_without_spills(v):
 
 def test_mma16_launch_geometry(monkeypatch):
     """Off Hopper the provider launches mma16 with the same geometry: 128 threads per 64 queries."""
-    monkeypatch.setattr(kernels, "_compute_capability", lambda: 80)
-    monkeypatch.setattr(kernels, "_shared_limit", lambda: 163 * 1024)
-    monkeypatch.delenv(half.HALF_ENV, raising=False)
+    monkeypatch.setattr(program, "compute_capability", lambda: 80)
+    monkeypatch.setattr(program, "shared_limit", lambda: 163 * 1024)
+    monkeypatch.delenv(SIXTEEN_BIT_ENV, raising=False)
     calls = []
-    monkeypatch.setattr(half, "compiled_half",
+    monkeypatch.setattr(sixteen_bit, "compiled",
                         lambda v: lambda grid, block, args, shared_mem=0: calls.append((v, grid, block, shared_mem)))
-    half.launch_local_patterns(0x1000, 0x2000, 0x3000, [(4096, 2)], False, 0.125, 0x4000, 0x5000,
-                               shape=(8192, 6, 128), dtype="float16")
+    sixteen_bit.launch_local_patterns(0x1000, 0x2000, 0x3000, [(4096, 2)], False, 0.125, 0x4000, 0x5000,
+                                      shape=(8192, 6, 128), dtype="float16")
     assert len(calls) == 2
     v, grid, block, shared = calls[0]
     assert v.variant == "mma16" and grid == (2 * 3, 2048 // 64) and block == (128,) and shared == v.shared_bytes

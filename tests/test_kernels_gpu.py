@@ -45,20 +45,20 @@ TENSOR_CORE_VARIANTS = ["tf32x3", "wgmma"]
 
 def skip_unless_runs(variant: str, head_dim: int) -> None:
     """Skip where this GPU cannot run ``variant`` (compute capability, e.g. wgmma: 9.0 only; shared memory)."""
-    from hilbert_hpc import kernels
+    from hilbert_hpc.kernels import program, registry
 
-    chosen = kernels.variant(variant, head_dim)
-    cc = kernels._compute_capability()
-    if chosen.shared_bytes > kernels._shared_limit() or not chosen.runs_on(cc):
+    chosen = registry.family(variant).variant(head_dim)
+    cc = program.compute_capability()
+    if chosen.shared_bytes > program.shared_limit() or not chosen.runs_on(cc):
         pytest.skip(f"{variant} for head_dim {head_dim} does not run on this GPU (compute capability {cc / 10:.1f})")
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("seed", range(6))
 def test_every_kernel_variant_matches_float64_reference(variant, seed, monkeypatch):
-    from hilbert_hpc import kernels
+    from hilbert_hpc.kernels import registry, selection
 
-    monkeypatch.setenv(kernels.VARIANT_ENV, variant)
+    monkeypatch.setenv(selection.FP32_ENV, variant)
     cfg = random_config(seed + 700, dims=(32, 64, 96, 128))
     skip_unless_runs(variant, cfg["head_dim"])
     assert fused_against_reference(cfg, seed)[2] < 1e-5, cfg
@@ -68,16 +68,16 @@ def test_every_kernel_variant_matches_float64_reference(variant, seed, monkeypat
 @pytest.mark.parametrize("causal", [False, True])
 def test_tensor_core_kernel_agrees_with_the_fp32_fma_kernel(variant, causal, monkeypatch):
     """Long segments, every head dimension: the split-TF32 kernels stay within FP32 rounding of the FMA one."""
-    from hilbert_hpc import kernels
+    from hilbert_hpc.kernels import registry, selection
 
     skip_unless_runs(variant, 64)
     rng = np.random.default_rng(11)
-    for d in kernels.HEAD_DIMS:
+    for d in registry.HEAD_DIMS:
         q, k, v = (rng.standard_normal((4096, 2, d)).astype(np.float32) for _ in range(3))
         pats = [(512, 1), (2048, 2), (4096, 8)]
         outs = {}
         for name in ("tiled64", variant):
-            monkeypatch.setenv(kernels.VARIANT_ENV, name)
+            monkeypatch.setenv(selection.FP32_ENV, name)
             outs[name] = dilated_attention(q, k, v, patterns=pats, causal=causal, backend="cuda-fp32")
         want = dense_dilated_attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), pats, causal)
         assert rel_err(outs[variant], want) < 2 * rel_err(outs["tiled64"], want) + 1e-7, d
@@ -88,10 +88,10 @@ def test_tensor_core_kernel_agrees_with_the_fp32_fma_kernel(variant, causal, mon
 def test_wgmma_kernel_has_fp32_accuracy(head_dim, causal, monkeypatch):
     """wgmma (H100/H200): relative error <= 1e-6 against float64 on long segments with ragged ends (a
     partial last key tile, query blocks past the end, dilated and strided rows), and against NumPy."""
-    from hilbert_hpc import kernels
+    from hilbert_hpc.kernels import registry, selection
 
     skip_unless_runs("wgmma", head_dim)
-    monkeypatch.setenv(kernels.VARIANT_ENV, "wgmma")
+    monkeypatch.setenv(selection.FP32_ENV, "wgmma")
     rng = np.random.default_rng(head_dim + 2 * causal)
     n, heads = 3000, 3                         # segments of 1000 and 3000 keys: no tile size divides them
     q, k, v = (rng.standard_normal((n, heads, head_dim)).astype(np.float32) for _ in range(3))
@@ -105,12 +105,12 @@ def test_wgmma_kernel_has_fp32_accuracy(head_dim, causal, monkeypatch):
 
 @pytest.mark.parametrize("variant", [None, *TENSOR_CORE_VARIANTS])
 def test_large_magnitude_inputs_stay_finite(variant, monkeypatch):
-    from hilbert_hpc import kernels
+    from hilbert_hpc.kernels import registry, selection
 
     n, h, d = 1024, 4, 64
     if variant is not None:
         skip_unless_runs(variant, d)
-        monkeypatch.setenv(kernels.VARIANT_ENV, variant)
+        monkeypatch.setenv(selection.FP32_ENV, variant)
     rng = np.random.default_rng(3)
     q, k, v = (rng.standard_normal((n, h, d)) * 300 for _ in range(3))
     pats = [(256, 1), (1024, 4)]
@@ -126,7 +126,8 @@ def test_large_magnitude_inputs_stay_finite(variant, monkeypatch):
 def test_fused_ring_on_gpus_equals_cpu_ring(causal):
     from mpi4py import MPI
 
-    from hilbert_hpc.kernels import launch as fused
+    from hilbert_hpc.kernels.providers import provider
+    from hilbert_hpc.kernels.selection import choose
     from hilbert_hpc.distributed.mpi import bind_gpu
     from hilbert_hpc.distributed.ring import ring_dilated_attention
     from hilbert_hpc.distributed.sharding import Layout
@@ -144,5 +145,6 @@ def test_fused_ring_on_gpus_equals_cpu_ring(causal):
                                   causal=causal)
     transport, _ = resolve_transport("auto", True, comm)
     got = ring_dilated_attention(*(cupy.asarray(x) for x in host), patterns=patterns, comm=comm, causal=causal,
-                                 transport=transport, kernels=fused)
+                                 transport=transport,
+                                 kernels=provider(choose("float32", d)))
     assert rel_err(cupy.asnumpy(got), want) < 1e-5

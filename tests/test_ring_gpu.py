@@ -85,12 +85,12 @@ def test_fused_ring_in_every_dtype_agrees_with_one_gpu(tmp_path_factory, monkeyp
     from hilbert_hpc.core.precision import precision
     from hilbert_hpc.study.runner import run_job
 
-    from hilbert_hpc.kernels import half
+    from hilbert_hpc.kernels.selection import SIXTEEN_BIT_ENV
 
     if half_kernel == "default":
-        monkeypatch.delenv(half.HALF_ENV, raising=False)
+        monkeypatch.delenv(SIXTEEN_BIT_ENV, raising=False)
     else:
-        monkeypatch.setenv(half.HALF_ENV, half_kernel)
+        monkeypatch.setenv(SIXTEEN_BIT_ENV, half_kernel)
     comm = MPI.COMM_WORLD
     tmp = Path(comm.bcast(str(tmp_path_factory.mktemp("ring16")) if comm.Get_rank() == 0 else None))
     second = "cuda-aware" if cuda_aware_support()[0] else "staged"

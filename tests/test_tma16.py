@@ -14,19 +14,20 @@ import re
 import numpy as np
 import pytest
 
-from hilbert_hpc import kernels
+from hilbert_hpc.kernels import program, tma
 from hilbert_hpc.kernels.launch import FusedKernels
-from hilbert_hpc.kernels import half, tma
+from hilbert_hpc.kernels.registry import HOPPER_SHARED, TMA16
+from hilbert_hpc.kernels.sixteen_bit import CONVERT_SOURCE, convert_names, tma_launch_args
 
 from nvrtc_probe import HAVE_NVRTC, needs_nvrtc
-VARIANTS = half.all_tma_variants()
+VARIANTS = TMA16.instantiations()
 
 
 @needs_nvrtc
 def test_ptx_has_bulk_tensor_copies_mbarriers_and_register_split():
     from hilbert_hpc.kernels.check import compile_templates
 
-    ptx = compile_templates("compute_90a", half.TMA_SOURCE, [v.name for v in VARIANTS], kernels.ARCH_OPTIONS)[1]
+    ptx = compile_templates("compute_90a", TMA16.source, [v.name for v in VARIANTS], program.ARCH_OPTIONS)[1]
     for needle in ("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes",
                    "mbarrier.try_wait.parity.shared::cta.b64", "mbarrier.arrive.expect_tx.shared::cta.b64",
                    "setmaxnreg.dec.sync.aligned.u32 24", "setmaxnreg.inc.sync.aligned.u32",
@@ -48,7 +49,7 @@ def test_sm90a_cubin_without_spills(v):
     assert not r["serialized"], f"{v.name}: ptxas serialized wgmma\n{r['log']}"
     # the entry count is the launch bound's (65536 / threads, a multiple of 8): what setmaxnreg redistributes
     assert r["registers"] == min(248, (65536 // v.threads) // 8 * 8), r["registers"]
-    assert v.shared_bytes <= half.HOPPER_SHARED
+    assert v.shared_bytes <= HOPPER_SHARED
 
 
 @needs_nvrtc
@@ -57,22 +58,22 @@ def test_conversion_kernels_compile_with_the_kernels_rounding(arch):
     """widen_16 / narrow_16 (the float32 running output of a head group) use Half16's PTX conversions."""
     from hilbert_hpc.kernels.check import compile_templates
 
-    lowered, ptx = compile_templates(arch, half.CONVERT_SOURCE, half.convert_names())
+    lowered, ptx = compile_templates(arch, CONVERT_SOURCE, convert_names())
     assert len(lowered) == 4
     assert "cvt.rn.bf16x2.f32" in ptx and "cvt.rn.f16x2.f32" in ptx and "ld.global.nc.v4.u32" in ptx
     assert "0fFF800000" in ptx                               # rows without a log-sum-exp are skipped
 
 
 def test_shared_bytes_and_threads_follow_the_configuration():
-    v = half.tma_variant(64, "bfloat16", (64, 4, 3, 1))
+    v = TMA16.variant(64, "bfloat16", (64, 4, 3, 1))
     assert (v.threads, v.block_queries, v.config) == (640, 256, (64, 4, 3, 1))
     assert v.shared_bytes == 2 * 256 * 64 + 3 * 2 * 64 * 64 * 2 + 8 * 10 + 1024
     assert v.name == "dilated_fwd_tma_16<bf16_t,64,64,4,3,1,bf16_t>" and v.arch == "sm_90a" and v.runs_on(90)
     with pytest.raises(ValueError, match="head_dim"):
-        half.tma_variant(96, "bfloat16")
+        TMA16.variant(96, "bfloat16")
     for bad in ((48, 2, 2, 0), (64, 1, 2, 0), (64, 5, 2, 0), (64, 2, 1, 0), (64, 2, 2, 2)):
         with pytest.raises(ValueError, match="tma16 configuration"):
-            half.tma_variant(64, "bfloat16", bad)
+            TMA16.variant(64, "bfloat16", bad)
 
 
 def _launches(monkeypatch, n: int, heads: int, d: int, patterns, causal: bool) -> list[dict]:
@@ -86,7 +87,7 @@ def _launches(monkeypatch, n: int, heads: int, d: int, patterns, causal: bool) -
 def _check_maps(v, geo: dict, n: int, heads: int, d: int) -> None:
     """Every map coordinate addresses the element the launch geometry names, inside the (n, H, D) array."""
     pointers = (0x10000, 0x20000, 0x30000, 0x40000, 0x50000)
-    maps, grid, args = half.tma_launch_args(v, pointers, **{k: geo[k] for k in (
+    maps, grid, args = tma_launch_args(v, pointers, **{k: geo[k] for k in (
         "qg", "kg", "vg", "lg", "segments", "heads", "mq", "mk", "shift", "scale")})
     keys, nc = v.config[0], v.config[1]
     segments, nh, mq, mk = geo["segments"], geo["heads"], geo["mq"], geo["mk"]
@@ -109,13 +110,13 @@ def _check_maps(v, geo: dict, n: int, heads: int, d: int) -> None:
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("d", half.TMA_HEAD_DIMS)
+@pytest.mark.parametrize("d", TMA16.head_dims)
 def test_maps_address_the_local_pattern_geometry(monkeypatch, d, causal):
     n, heads = 16384, 6
     calls = _launches(monkeypatch, n, heads, d, [(2048, 1), (4096, 2), (8192, 4), (16384, 8)], causal)
     assert len(calls) == 1 + 2 + 4 + 6                   # one launch per pattern and head offset (r >= H: H)
-    for cfg in [half.TMA_CONFIG[d], *half.TMA_ALTERNATIVES[d]]:
-        v = half.tma_variant(d, "bfloat16", cfg)
+    for cfg in TMA16.configurations(d):
+        v = TMA16.variant(d, "bfloat16", cfg)
         for geo in calls:
             _check_maps(v, geo, n, heads, d)
 
@@ -126,8 +127,8 @@ def test_maps_address_a_packed_ring_block():
     row, nh, mk = heads * d, len(range(o, heads, r)), 512
     geo = dict(qg=(o * row + o * d, 0, r * d, r * row), kg=(0, 0, d, nh * d), vg=(mk * nh * d, 0, d, nh * d),
                lg=(o * heads + o, 0, r, r * heads), segments=1, heads=nh, mq=n // r, mk=mk, shift=0, scale=0.1)
-    v = half.tma_variant(d, "float16")
-    maps, _, _ = half.tma_launch_args(v, (0, 0, 0, 0, 0), **geo)
+    v = TMA16.variant(d, "float16")
+    maps, _, _ = tma_launch_args(v, (0, 0, 0, 0, 0), **geo)
     assert maps[0].strides[2] == maps[0].strides[1] * (n // r)     # the segment stride of one segment: packed
     _check_maps(v, geo, n, heads, d)
 

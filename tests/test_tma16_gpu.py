@@ -1,4 +1,4 @@
-"""tma16's float32 running output of local patterns on a Hopper GPU (kernels.half.HalfKernels).
+"""tma16's float32 running output of local patterns on a Hopper GPU (kernels.sixteen_bit.SixteenBitKernels).
 
 Local patterns merge into a float32 scratch for a group of heads and are rounded to 16 bits once. Checked
 against float64 (dense_reference) and the PyTorch peer on the same 16-bit inputs: merging into an output
@@ -34,21 +34,22 @@ def test_split_calls_merge_in_float32_and_leave_unselected_rows_alone(monkeypatc
     import torch
 
     from hilbert_hpc.backends.torch_peer import serialized_attention
-    from hilbert_hpc.kernels import half
+    from hilbert_hpc.kernels.selection import SIXTEEN_BIT_ENV, choose
+    from hilbert_hpc.kernels.sixteen_bit import launch_local_patterns
     from hilbert_hpc.core.patterns import Pattern
 
-    monkeypatch.delenv(half.HALF_ENV, raising=False)
+    monkeypatch.delenv(SIXTEEN_BIT_ENV, raising=False)
     n, heads = 4096, 7
     patterns = [Pattern(512, 2), Pattern(1024, 4), Pattern(4096, 8)]    # rows s % 2 != h % 2: no pattern
     dt = getattr(torch, dtype)
-    assert half.select_half(d, dtype).variant == "tma16"
+    assert choose(dtype, d).name == "tma16"
     g = torch.Generator(device="cuda").manual_seed(d + causal)
     q, k, v = (torch.randn((n, heads, d), generator=g, device="cuda").to(dt) for _ in range(3))
     scale = 1.0 / math.sqrt(d)
     sentinel = torch.full((n, heads, d), 7.0, device="cuda").to(dt)
     out, lse = sentinel.clone(), torch.full((n, heads), -math.inf, device="cuda")
-    half.launch_local_patterns(q, k, v, patterns[:1], causal, scale, out, lse)
-    half.launch_local_patterns(q, k, v, patterns[1:], causal, scale, out, lse)
+    launch_local_patterns(q, k, v, patterns[:1], causal, scale, out, lse)
+    launch_local_patterns(q, k, v, patterns[1:], causal, scale, out, lse)
     torch.cuda.synchronize()
 
     s = torch.arange(n, device="cuda")[:, None]

@@ -7,7 +7,8 @@ from typing import Any, Sequence
 import cupy
 import numpy as np
 
-from hilbert_hpc.kernels import launch as fused
+from hilbert_hpc.kernels.providers import ChoosingKernels
+from hilbert_hpc.kernels.selection import choose
 from hilbert_hpc.core.blockwise import attend
 from hilbert_hpc.core.dilated import empty_accumulators
 from hilbert_hpc.core.patterns import Pattern
@@ -17,14 +18,12 @@ name = "cuda-fp32"
 attend_fn = attend
 on_gpu = True
 #: the ring uses these instead of attend + merge
-kernels = fused
+kernels = ChoosingKernels("float32")
 
 
 def kernel_variant(head_dim: int, dtype: str = "float32") -> str:
     """The FP32 kernel variant this GPU runs for ``head_dim`` (rows aligned to 4 elements), for the results."""
-    from hilbert_hpc import kernels as provider
-
-    return provider.select_fp32(head_dim).variant
+    return choose("float32", head_dim).name
 
 
 def to_device(x: Any, dtype: Any) -> cupy.ndarray:
@@ -38,5 +37,5 @@ def serialized_attention(qs: cupy.ndarray, ks: cupy.ndarray, vs: cupy.ndarray, p
                          causal: bool, scale: float) -> cupy.ndarray:
     """Dilated attention of a whole serialized sequence with the fused kernel."""
     out, lse = empty_accumulators(cupy, qs.shape[0], qs.shape[1], vs.shape[-1], qs.dtype)
-    fused.local_patterns(qs, ks, vs, patterns, causal, scale, out, lse)
+    kernels.local_patterns(qs, ks, vs, patterns, causal, scale, out, lse)
     return out

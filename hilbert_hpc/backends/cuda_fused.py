@@ -2,7 +2,7 @@
 
 float32 runs the FP32 kernels of backend ``cuda-fp32`` (split-TF32 tensor cores,
 FP32 FMA on older GPUs) on CuPy arrays, on one rank or around the ring.
-bfloat16 and float16 run the 16-bit tensor-core kernels (``kernels/half.py``:
+bfloat16 and float16 run the 16-bit tensor-core kernels (``kernels/sixteen_bit.py``:
 tma16 or wgmma16 on Hopper, mma16 on compute capability 8.0+; FP32 scores, softmax,
 and log-sum-exp; with tma16 a float32 running output for local patterns, rounded to 16
 bits once; otherwise the output rounded once per merge). CuPy has no
@@ -41,21 +41,21 @@ def check_case(head_dim: int, dtype: str, ranks: int) -> None:
 
     Every dtype runs on any number of ranks (``ranks`` is part of the backends' common signature)."""
     if not precision(dtype).sixteen_bit:
-        from hilbert_hpc.kernels import _check_head_dim
+        from hilbert_hpc.kernels.registry import check_head_dim
 
-        _check_head_dim(head_dim)
+        check_head_dim(dtype, head_dim)
         return
-    from hilbert_hpc.kernels import half
+    from hilbert_hpc.kernels.selection import choose
 
-    half.select_half(head_dim, dtype)
+    choose(dtype, head_dim)
 
 
 def kernel_variant(head_dim: int, dtype: str = "float32") -> str:
     """The kernel this GPU runs for ``head_dim`` and ``dtype``, for the results file."""
     if precision(dtype).sixteen_bit:
-        from hilbert_hpc.kernels import half
+        from hilbert_hpc.kernels.selection import choose
 
-        return half.select_half(head_dim, dtype).variant
+        return choose(dtype, head_dim).name
     return cuda_fp32.kernel_variant(head_dim)
 
 
@@ -84,9 +84,9 @@ def ring_kernels(dtype: str) -> Any:
     """The fused-kernel provider the ring uses for ``dtype`` (16 bits: on int16 views, 16-bit output)."""
     if not precision(dtype).sixteen_bit:
         return kernels
-    from hilbert_hpc.kernels import half
+    from hilbert_hpc.kernels.providers import ChoosingKernels
 
-    return half.half_kernels(dtype)
+    return ChoosingKernels(dtype)
 
 
 def ring_view(x: Any) -> Any:
@@ -116,10 +116,10 @@ def serialized_attention(qs: Any, ks: Any, vs: Any, patterns: Sequence[Pattern],
         return cuda_fp32.serialized_attention(qs, ks, vs, patterns, causal, scale)
     import torch
 
-    from hilbert_hpc.kernels import half
+    from hilbert_hpc.kernels.sixteen_bit import launch_local_patterns
 
     n, heads, _ = qs.shape
     out = torch.zeros((n, heads, vs.shape[-1]), dtype=qs.dtype, device=qs.device)
     lse = torch.full((n, heads), float("-inf"), dtype=torch.float32, device=qs.device)
-    half.launch_local_patterns(qs, ks, vs, patterns, causal, scale, out, lse)
+    launch_local_patterns(qs, ks, vs, patterns, causal, scale, out, lse)
     return out

@@ -1,9 +1,11 @@
-"""Compile every kernel source for the checked architectures with NVRTC, without a GPU.
+"""Compile every instantiation of the kernel registry for the checked architectures with NVRTC, without a GPU.
 
 ``python -m hilbert_hpc.kernels.check`` (CI runs it through the tests) needs
 ``cupy-cuda12x`` and ``nvidia-cuda-nvrtc-cu12``; NVRTC 12 still targets compute_61.
-Architecture-specific sources (``SOURCE_ARCHS``: the wgmma kernel, compute_90a) are checked for
-their own targets only.
+Every instantiation comes from :func:`hilbert_hpc.kernels.registry.instantiations`: the sources of
+families with their own target (``sm_90a``: wgmma, wgmma16, tma16) are checked for it only (PTX for
+compute_90a, and each instantiation through ptxas for sm_90a), the others for each of ``CHECK_ARCHS`` their
+families run on.
 """
 
 from __future__ import annotations
@@ -11,20 +13,29 @@ from __future__ import annotations
 import sys
 from typing import Sequence
 
-from hilbert_hpc.kernels import ARCH_OPTIONS, CHECK_ARCHS, FP32_SOURCE, OPTIONS, SOURCE_ARCHS, SOURCE_MIN_ARCH, TF32X3_SOURCE, TILED_SOURCE, WGMMA_SOURCE, Program, all_variants, build
+from hilbert_hpc.kernels.program import ARCH_OPTIONS, OPTIONS, Program, build
+from hilbert_hpc.kernels.registry import FAMILIES, Variant, instantiations
 
-TEMPLATE_SOURCES = (FP32_SOURCE, TILED_SOURCE, TF32X3_SOURCE, WGMMA_SOURCE)
+#: architectures CI compiles every kernel for (NVRTC 12, no GPU needed)
+CHECK_ARCHS = ("compute_61", "compute_70", "compute_80", "compute_90")
+#: sources of the registry's families, each checked as PTX for its architectures (``archs_for``)
+TEMPLATE_SOURCES = tuple(dict.fromkeys(f.source for f in FAMILIES.values()))
+#: sources without templates (``extern "C"`` kernels)
+PLAIN_SOURCES = ("hilbert_keys.cu",)
 
 
 def archs_for(name: str) -> tuple[str, ...]:
-    """The architectures source ``name`` is checked for: its own (SOURCE_ARCHS, e.g. compute_90a for wgmma),
-    else those of CHECK_ARCHS it can run on (tensor-core sources: sm_80+)."""
-    if name in SOURCE_ARCHS:
-        return SOURCE_ARCHS[name]
-    return tuple(a for a in CHECK_ARCHS if int(a.split("_")[1]) >= SOURCE_MIN_ARCH.get(name, 0))
+    """The architectures source ``name`` is checked for: its families' own (e.g. compute_90a for wgmma),
+    else those of CHECK_ARCHS its families run on (tensor-core sources: compute_80 and newer)."""
+    families = [f for f in FAMILIES.values() if f.source == name]
+    own = tuple(dict.fromkeys(f.arch.replace("sm_", "compute_") for f in families if f.arch))
+    if own:
+        return own
+    oldest = min((f.min_cc for f in families), default=0)
+    return tuple(a for a in CHECK_ARCHS if int(a.split("_")[1]) >= oldest)
 
 
-def compile_ptx(arch: str, name: str = FP32_SOURCE) -> dict[str, str]:
+def compile_ptx(arch: str, name: str) -> dict[str, str]:
     """PTX size and lowered name of every instantiation of ``name`` for ``arch`` (e.g. ``compute_61``)."""
     lowered, ptx = compile_templates(arch, name)
     return lowered | {"ptx_bytes": str(len(ptx))}
@@ -32,10 +43,10 @@ def compile_ptx(arch: str, name: str = FP32_SOURCE) -> dict[str, str]:
 
 def compile_templates(arch: str, name: str, names: Sequence[str] | None = None,
                       options: Sequence[str] = OPTIONS) -> tuple[dict[str, str], str]:
-    """Lowered name of every instantiation ``names`` of source ``name`` for ``arch`` (default: the FP32
-    variants of that source), and the PTX text."""
+    """Lowered name of every instantiation ``names`` of source ``name`` for ``arch`` (default: the registry's
+    instantiations of that source), and the PTX text."""
     if names is None:
-        names = [v.name for v in all_variants() if v.source == name]
+        names = [v.name for v in instantiations() if v.source == name]
     built = build(Program(name, tuple(names), tuple(options)), arch, "ptx")
     return {n: built.lowered[n] for n in names}, built.binary.decode()
 
@@ -45,10 +56,7 @@ def compile_plain(arch: str, name: str) -> int:
     return len(build(Program(name, (), OPTIONS), arch, "ptx").binary)
 
 
-PLAIN_SOURCES = ("hilbert_keys.cu",)
-
-
-def arch_ptxas_report(v) -> dict[str, object]:
+def arch_ptxas_report(v: Variant) -> dict[str, object]:
     """Registers, spills and ptxas remarks of an architecture-specific variant (``v.arch``, e.g. the wgmma
     kernel for sm_90a), compiled by NVRTC to a cubin with ``ptxas -v``; no GPU needed."""
     import re
@@ -67,7 +75,8 @@ def arch_ptxas_report(v) -> dict[str, object]:
 
 
 def main() -> int:
-    """Compile every source for its architectures (CHECK_ARCHS, or its own); print one line each."""
+    """Compile every source for its architectures (CHECK_ARCHS, or its own), and every instantiation with a
+    target of its own through ptxas; print one line each."""
     from cupy.cuda import nvrtc
 
     print(f"NVRTC {'.'.join(map(str, nvrtc.getVersion()))}")
@@ -77,9 +86,7 @@ def main() -> int:
             print(f"{name} {arch}: ok, {len(info) - 1} instantiations, {info['ptx_bytes']} bytes of PTX")
         for name in (PLAIN_SOURCES if arch in CHECK_ARCHS else ()):
             print(f"{name} {arch}: ok, {compile_plain(arch, name)} bytes of PTX")
-    from hilbert_hpc.kernels.half import all_half_variants, all_tma_variants
-
-    for v in [*(v for v in all_variants() if v.arch), *all_half_variants(), *all_tma_variants()]:
+    for v in (v for v in instantiations() if v.arch):
         r = arch_ptxas_report(v)
         print(f"{v.name} {v.arch}: {r['registers']} registers, {r['stack']} bytes stack, "
               f"{r['spill_stores']}/{r['spill_loads']} bytes spill stores/loads, {v.shared_bytes} bytes shared"

@@ -1,22 +1,20 @@
-"""Fused kernels applied to dilated attention: local patterns and packed ring blocks, merged in place.
+"""The launch geometry of the fused kernels: local patterns and packed ring blocks, merged in place.
 
 Each call launches one fused kernel with element-offset geometry, so Q rows are
 read where they lie in the shard (segment, dilation and offset indexing), K/V
 rows from the shard or from a packed ring block, and the result is merged by
 log-sum-exp into the running output and LSE. :class:`FusedKernels` holds that
 geometry for any launcher with the kernels' common argument list: the FP32
-kernels (the module-level functions here, on float32 CuPy arrays) and the
-16-bit kernels (:mod:`hilbert_hpc.kernels.half`, whose output stays 16-bit).
+provider (:mod:`hilbert_hpc.kernels.fp32`, float32 CuPy arrays) and the 16-bit
+provider (:mod:`hilbert_hpc.kernels.sixteen_bit`, whose output stays 16-bit).
+This module knows no provider and no GPU.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable, Sequence
 
 import numpy as np
-
-from hilbert_hpc.core.patterns import Pattern
 
 Array = Any
 #: launch(q, k, v, out, lse, *, qg, kg, vg, lg, segments, heads, mq, mk, shift, scale, head_dim)
@@ -35,32 +33,6 @@ def query_chunks(qg: tuple, lg: tuple, mq: int, shift: int | None, block_queries
     rows = max_blocks * block_queries
     return [((qg[0] + c * qg[3], *qg[1:]), (lg[0] + c * lg[3], *lg[1:]), min(rows, mq - c),
              None if shift is None else shift + c) for c in range(0, mq, rows)]
-
-
-def _launch_fp32(q: Array, k: Array, v: Array, out: Array, lse: Array, *, qg: tuple, kg: tuple, vg: tuple,
-                 lg: tuple, segments: int, heads: int, mq: int, mk: int, shift: int | None, scale: float,
-                 head_dim: int) -> None:
-    """One FP32 kernel launch over ``segments x heads`` problems (geometry tuples: base, seg, head, row strides)."""
-    from hilbert_hpc import kernels
-
-    if segments == 0 or heads == 0 or mq == 0 or mk == 0:
-        return
-    align = math.gcd(*qg, *kg, *vg, 16)
-    chosen = kernels.select_fp32(head_dim, align)
-    fn = kernels.compiled(chosen)
-    for qc, lc, mc, sc in query_chunks(qg, lg, mq, shift, chosen.block_queries):
-        grid = (segments * heads, -(-mc // chosen.block_queries))
-        args = (q, k, v, out, lse, *(np.int64(x) for x in (*qc, *kg, *vg, *lc)),
-                np.int32(heads), np.int32(mc), np.int32(mk), np.int32(sc is not None),
-                np.int32(sc or 0), np.float32(scale))
-        fn(grid, (chosen.threads,), args, shared_mem=chosen.shared_bytes)
-
-
-def check_arrays(*arrays: Array) -> None:
-    """The fused FP32 path takes C-contiguous float32 CuPy arrays."""
-    for a in arrays:
-        if a.dtype != np.float32 or not a.flags.c_contiguous:
-            raise ValueError("the fused FP32 kernels need C-contiguous float32 arrays")
 
 
 def local_launches(patterns: Sequence[Any], causal: bool, scale: float, n: int, heads: int, head_dim: int,
@@ -91,6 +63,14 @@ def local_launches(patterns: Sequence[Any], causal: bool, scale: float, n: int, 
     return launches
 
 
+def accumulators(xp: Any, n: int, heads: int, dv: int, dtype: Any, out_dtype: Any = None) -> tuple[Array, Array]:
+    """Running output zeros (n, H, Dv) and log-sum-exp -inf (n, H): both in the accumulator dtype of ``dtype``
+    (float32 for float32), or, with ``out_dtype`` (the 16-bit kernels), the output in it and a float32 one."""
+    acc = np.result_type(dtype, np.float32)
+    out_dtype, lse_dtype = (acc, acc) if out_dtype is None else (out_dtype, np.float32)
+    return xp.zeros((n, heads, dv), dtype=out_dtype), xp.full((n, heads), -np.inf, dtype=lse_dtype)
+
+
 class FusedKernels:
     """Local patterns and ring blocks for one kernel launcher (the provider the ring takes as ``kernels``).
 
@@ -106,9 +86,7 @@ class FusedKernels:
 
     def accumulators(self, xp: Any, n: int, heads: int, dv: int, dtype: Any) -> tuple[Array, Array]:
         """Running output zeros (n, H, Dv) and log-sum-exp -inf (n, H) for this launcher."""
-        acc = np.result_type(dtype, np.float32)
-        out_dtype, lse_dtype = (acc, acc) if self.out_dtype is None else (self.out_dtype, np.float32)
-        return xp.zeros((n, heads, dv), dtype=out_dtype), xp.full((n, heads), -np.inf, dtype=lse_dtype)
+        return accumulators(xp, n, heads, dv, dtype, self.out_dtype)
 
     def local_patterns(self, qs: Array, ks: Array, vs: Array, patterns: Sequence[Any], causal: bool,
                        scale: float, out: Array, lse: Array, shape: Sequence[int] | None = None) -> None:
@@ -134,24 +112,3 @@ class FusedKernels:
             self.launch(qs, block, block, out, lse, qg=qg, kg=(k0, 0, d, nh * d), vg=(v0, 0, d, nh * d),
                         lg=(rows.start * hrow + o, 0, r, r * hrow), segments=1, heads=nh, mq=mq, mk=mk,
                         shift=shift, scale=scale, head_dim=d)
-
-
-#: the FP32 kernels (backend cuda-fp32, and cuda with float32)
-FP32 = FusedKernels(_launch_fp32, check_arrays)
-
-
-def local_patterns(qs: Array, ks: Array, vs: Array, patterns: Sequence[Pattern], causal: bool, scale: float,
-                   out: Array, lse: Array) -> None:
-    """FP32: patterns whose segments lie inside these (n, H, D) arrays, merged into ``out``/``lse``."""
-    FP32.local_patterns(qs, ks, vs, patterns, causal, scale, out, lse)
-
-
-def ring_block(qs: Array, block: Array, geom: Any, pos: int, src: int, shift: int | None, scale: float,
-               out: Array, lse: Array) -> None:
-    """FP32: attend this rank's selected queries to a packed ring block from ``src``; merge in place."""
-    FP32.ring_block(qs, block, geom, pos, src, shift, scale, out, lse)
-
-
-def accumulators(xp: Any, n: int, heads: int, dv: int, dtype: Any) -> tuple[Array, Array]:
-    """FP32: running output and log-sum-exp for the ring."""
-    return FP32.accumulators(xp, n, heads, dv, dtype)

@@ -83,10 +83,11 @@ def estimate(case: Case, torch_on_gpu: bool | None = None) -> Estimate:
     floor = case.batch * shard * row * (3 * itemsize + out_item)
     memory = floor + shard * case.heads * acc
     if case.backend == "cuda" and itemsize == 2:
-        from hilbert_hpc.kernels.half import TMA_HEAD_DIMS, scratch_heads
+        from hilbert_hpc.kernels.selection import planned_choice
 
-        if case.head_dim in TMA_HEAD_DIMS:           # tma16's float32 running output of local patterns, per head group
-            memory += shard * scratch_heads(case.heads) * case.head_dim * 4
+        # the extra device memory of the kernel run will choose (tma16: its float32 running output of local patterns)
+        choice = planned_choice(case.dtype, case.head_dim)
+        memory += choice.scratch_bytes(shard, case.heads) if choice else 0
     largest, sent = _ring_bytes(case, shard, itemsize) if ranks > 1 else (0, 0)
     memory += 2 * largest
     on_gpu = case.backend in GPU_BACKENDS

@@ -11,7 +11,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from hilbert_hpc.core.hilbert import MAX_KEY_BITS, bits_for
-from hilbert_hpc.kernels import Program, load
+from hilbert_hpc.kernels.program import Program, load
 
 MAX_DIMS = 16
 THREADS = 256

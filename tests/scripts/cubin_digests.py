@@ -2,15 +2,15 @@
 
     python tests/scripts/cubin_digests.py > digests.txt          # one line: label target sha256
 
-Every instantiation the compile checks know (``kernels.all_variants``, ``half.all_half_variants``,
-``all_tma_variants``, ``all_mma16_variants``, the conversion kernels and the Hilbert keys): the
+Every instantiation the compile checks know (``registry.instantiations()``, the conversion kernels and the
+Hilbert keys): the
 architecture-specific ones for their own target (sm_90a), the others for the device targets below that
 they run on. Needs CuPy and NVRTC (cupy-cuda12x, nvidia-cuda-nvrtc-cu12), no GPU.
 
 Two steps. First the package is asked for each cubin and the NVRTC request it makes is recorded (source
 text, name expressions, options with ``-arch``): ``--via entry`` (the default where the package has
-``kernels.build``) through the package's one NVRTC entry, disk cache off; ``--via cupy`` the way the package
-built them before that entry existed (``kernels.compile_cubin`` for sm_90a, CuPy's RawModule for the
+``kernels.program.build``) through the package's one NVRTC entry, disk cache off; ``--via cupy`` the way the
+package built them before that entry existed (``program.compile_cubin`` for sm_90a, CuPy's RawModule for the
 device's sm_XY, its module load skipped). Then every recorded request is compiled again, alone, as the
 first compile of a fresh process, and that cubin is hashed: NVRTC's code for one request depends on what the
 process compiled before it (ptxas schedules some kernels differently after other compiles, e.g. tiled64 for
@@ -42,18 +42,17 @@ CONVERT_MIN_CC = 80
 
 def programs() -> list[tuple[str, str, tuple[str, ...], tuple[str, ...], str, object]]:
     """(label, source, name expressions, NVRTC options as the package gave them, target, variant or None)."""
-    from hilbert_hpc import kernels
-    from hilbert_hpc.kernels import half
+    from hilbert_hpc.kernels import program, sixteen_bit
+    from hilbert_hpc.kernels.registry import instantiations
 
     out = []
-    variants = [*kernels.all_variants(), *half.all_half_variants(), *half.all_tma_variants(),
-                *half.all_mma16_variants()]
-    for v in variants:
+    for v in instantiations():
         targets = [v.arch] if v.arch else [f"sm_{cc}" for cc in DEVICE_CCS if v.min_cc <= cc <= v.max_cc]
         for t in targets:
-            out.append((f"{v.variant}:{v.name}", v.source, (v.name,), tuple(kernels.OPTIONS), t, v))
-    convert = tuple(half.convert_names())
-    out += [("convert:" + "|".join(convert), half.CONVERT_SOURCE, convert, tuple(kernels.OPTIONS), f"sm_{cc}", None)
+            out.append((f"{v.variant}:{v.name}", v.source, (v.name,), tuple(program.OPTIONS), t, v))
+    convert = tuple(sixteen_bit.convert_names())
+    out += [("convert:" + "|".join(convert), sixteen_bit.CONVERT_SOURCE, convert, tuple(program.OPTIONS), f"sm_{cc}",
+             None)
             for cc in DEVICE_CCS if cc >= CONVERT_MIN_CC]
     out += [("keys:hilbert_keys", "hilbert_keys.cu", (), ("-std=c++14",), f"sm_{cc}", None) for cc in DEVICE_CCS]
     return out
@@ -61,27 +60,26 @@ def programs() -> list[tuple[str, str, tuple[str, ...], tuple[str, ...], str, ob
 
 def via_entry(source: str, names: tuple[str, ...], options: tuple[str, ...], target: str, v: object) -> bytes:
     """The cubin the package loads today: its own Program for the variant, the conversions or the keys."""
+    from hilbert_hpc.kernels import program, sixteen_bit
     from hilbert_hpc.tools import gpu_ordering
-    from hilbert_hpc import kernels
-    from hilbert_hpc.kernels import half
 
     if v is not None:
-        program = kernels.program(v)
-    elif source == half.CONVERT_SOURCE:
-        program = half.CONVERT_PROGRAM
+        p = program.program(v)
+    elif source == sixteen_bit.CONVERT_SOURCE:
+        p = sixteen_bit.CONVERT_PROGRAM
     else:
-        program = gpu_ordering.KEYS_PROGRAM
-    assert program.source == source and (not names or program.names == names), (program, names)
-    return kernels.build(program, target).binary
+        p = gpu_ordering.KEYS_PROGRAM
+    assert p.source == source and (not names or p.names == names), (p, names)
+    return program.build(p, target).binary
 
 
 def via_cupy(source: str, names: tuple[str, ...], options: tuple[str, ...], target: str, v: object) -> bytes:
-    """The cubin as the package built it before its one NVRTC entry: ``kernels.compile_cubin`` for a variant
+    """The cubin as the package built it before its one NVRTC entry: ``program.compile_cubin`` for a variant
     with its own target, else CuPy's RawModule for the device's sm_XY (its compile, minus the module load)."""
-    from hilbert_hpc import kernels
+    from hilbert_hpc.kernels import program
 
     if v is not None and v.arch:
-        return kernels.compile_cubin(v)[0]
+        return program.compile_cubin(v)[0]
     import cupy  # noqa: F401 - initializes cupy.cuda
     from cupy._core import raw
     from cupy.cuda import compiler
@@ -91,7 +89,7 @@ def via_cupy(source: str, names: tuple[str, ...], options: tuple[str, ...], targ
     compiler._get_arch = lambda: cc
     compiler._get_arch_for_options_for_nvrtc = lambda arch=None: (f"-arch=sm_{arch or cc}", "cubin")
     try:
-        raw._get_raw_module.__wrapped__(kernels.source(source), None, options, "nvrtc", False, False, False,
+        raw._get_raw_module.__wrapped__(program.source(source), None, options, "nvrtc", False, False, False,
                                         names or None, None)
     except Exception:  # noqa: BLE001 - loading the module needs a GPU; the cubin is built before that
         pass
@@ -164,10 +162,8 @@ def fresh_cubin_digest(request: dict) -> str:
 
 
 def main() -> int:
-    from hilbert_hpc import kernels
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--via", choices=("entry", "cupy"), default="entry" if hasattr(kernels, "build") else "cupy")
+    parser.add_argument("--via", choices=("entry", "cupy"), default="entry")
     parser.add_argument("--jobs", type=int, default=2, help="fresh processes at a time")
     args = parser.parse_args()
     from cupy.cuda import nvrtc

@@ -34,9 +34,9 @@ def child(dtype: str, d: int) -> dict:
     import cupy
     import numpy as np
 
-    from hilbert_hpc.kernels import launch as fused
-    from hilbert_hpc.kernels import half
     from hilbert_hpc.core.patterns import Pattern
+    from hilbert_hpc.kernels.providers import provider
+    from hilbert_hpc.kernels.selection import choose
 
     h = max(1, 768 // d)
     patterns = [Pattern(w, r) for w, r in PATTERNS]
@@ -52,20 +52,11 @@ def child(dtype: str, d: int) -> dict:
         lse = cupy.full((N, h), -np.inf, dtype=cupy.float32)
         cupy.cuda.get_current_stream().synchronize()
         t0 = time.perf_counter()
-        if dtype == "float32":
-            fused.local_patterns(*x, patterns, False, 1.0 / math.sqrt(d), out, lse)
-        else:
-            half.launch_local_patterns(*x, patterns, False, 1.0 / math.sqrt(d), out, lse, shape=(N, h, d),
-                                       dtype=dtype)
+        choice = choose(dtype, d)
+        provider(choice).local_patterns(*x, patterns, False, 1.0 / math.sqrt(d), out, lse, shape=(N, h, d))
         cupy.cuda.get_current_stream().synchronize()
         times.append(time.perf_counter() - t0)
-    if dtype == "float32":
-        from hilbert_hpc import kernels
-
-        name = kernels.select_fp32(d).name
-    else:
-        name = half.select_half(d, dtype).name
-    return {"first_s": times[0], "second_s": times[1], "kernel": name}
+    return {"first_s": times[0], "second_s": times[1], "kernel": choice.variant.name}
 
 
 def measure(dtype: str, d: int, cache: Path, cupy_cache: Path) -> dict:

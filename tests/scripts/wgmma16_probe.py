@@ -2,15 +2,15 @@
 
     python3 tests/scripts/wgmma16_probe.py            # under a minute on an H200
     python3 tests/scripts/wgmma16_probe.py --quick    # accuracy and the D=64 bf16 timing only
-    python3 tests/scripts/wgmma16_probe.py --sweep    # also time every configuration of half.HALF_ALTERNATIVES
-                                                      # and half.TMA_ALTERNATIVES
+    python3 tests/scripts/wgmma16_probe.py --sweep    # also time every configuration of the wgmma16
+                                                      # and tma16 alternatives (kernels/registry.py)
     python3 tests/scripts/wgmma16_probe.py --variants tma16   # only these Hopper variants (default: both)
 
 Each Hopper variant (``wgmma16``, and ``tma16`` where it has the head dim) is probed in turn, forced through
 HILBERT_HPC_HALF_KERNEL.
 
 1. For bfloat16 and float16, head dims 32, 64, 96, 128, causal and not, an evenly tiled and a ragged problem:
-   inputs made by torch in 16 bits on the GPU, ``hilbert_hpc.kernels.half.launch_local_patterns`` into
+   inputs made by torch in 16 bits on the GPU, ``hilbert_hpc.kernels.sixteen_bit.launch_local_patterns`` into
    out = zeros (16-bit) and lse = -inf (float32), against a float64 dense reference computed (torch, on the
    GPU) from the SAME 16-bit inputs. Printed: max |err| / max |ref| of ours and of the PyTorch peer
    (``hilbert_hpc.backends.torch_peer.serialized_attention`` in the same 16-bit dtype), and the relative L2
@@ -41,7 +41,8 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from hilbert_hpc.backends.torch_peer import serialized_attention  # noqa: E402
-from hilbert_hpc.kernels import half  # noqa: E402
+from hilbert_hpc.kernels import program, registry, sixteen_bit  # noqa: E402
+from hilbert_hpc.kernels.selection import SIXTEEN_BIT_ENV, choose  # noqa: E402
 from hilbert_hpc.core.patterns import Pattern  # noqa: E402
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -82,7 +83,7 @@ def ours(q, k, v, patterns, causal: bool, scale: float, out=None, lse=None) -> t
     if out is None:
         out = torch.zeros((n, h, d), dtype=q.dtype, device=q.device)
         lse = torch.full((n, h), -math.inf, dtype=torch.float32, device=q.device)
-    half.launch_local_patterns(q.data_ptr(), k.data_ptr(), v.data_ptr(), patterns, causal, scale,
+    sixteen_bit.launch_local_patterns(q.data_ptr(), k.data_ptr(), v.data_ptr(), patterns, causal, scale,
                                out.data_ptr(), lse.data_ptr(), shape=(n, h, d), dtype=str(q.dtype))
     return out
 
@@ -90,16 +91,18 @@ def ours(q, k, v, patterns, causal: bool, scale: float, out=None, lse=None) -> t
 def ours_rounded(q, k, v, patterns, causal: bool, scale: float, out, lse) -> torch.Tensor:
     """The same launches with the 16-bit output rounded after every launch (no float32 running output)."""
     n, h, d = q.shape
-    half.half_kernels(str(q.dtype)).rounding.local_patterns(q.data_ptr(), k.data_ptr(), v.data_ptr(), patterns, causal,
-                                                            scale, out.data_ptr(), lse.data_ptr(), shape=(n, h, d))
+    choice = choose(str(q.dtype), d)
+    sixteen_bit.sixteen_bit_kernels(choice).rounding.local_patterns(q.data_ptr(), k.data_ptr(), v.data_ptr(), patterns,
+                                                                    causal, scale, out.data_ptr(), lse.data_ptr(),
+                                                                    shape=(n, h, d))
     return out
 
 
 def describe_failure(what: str, head_dim: int, dtype: str, exc: BaseException) -> str:
     text = f"{what} D={head_dim} {dtype}: {type(exc).__name__}: {exc}"
     try:                                   # the NVRTC log of the sm_90a compile, when it compiles
-        v = half.select_half(head_dim, dtype)
-        _, _, log = half.compile_cubin(v)
+        v = choose(dtype, head_dim).variant
+        _, _, log = program.compile_cubin(v)
         if log.strip():
             text += f"\n  NVRTC log: {log.strip()[:2000]}"
     except Exception as exc2:  # noqa: BLE001 - the compile error itself (with its log)
@@ -115,12 +118,12 @@ def errors(got: torch.Tensor, want: torch.Tensor) -> tuple[float, float]:
 
 
 def variant_dims(variant: str) -> tuple[int, ...]:
-    return half.TMA_HEAD_DIMS if variant == half.TMA_VARIANT else half.HALF_HEAD_DIMS
+    return registry.family(variant).head_dims
 
 
 def accuracy(quick: bool, variant: str) -> tuple[bool, list[str]]:
     ok, failures = True, []
-    os.environ[half.HALF_ENV] = variant
+    os.environ[SIXTEEN_BIT_ENV] = variant
     print(f"{variant}: accuracy vs float64 from the same 16-bit inputs: max |err| / max |ref| (and relative L2) "
           f"of ours and of the PyTorch peer; rule ours <= {FACTOR:g}x peer")
     for dname, dt in DTYPES.items():
@@ -150,7 +153,7 @@ def accuracy(quick: bool, variant: str) -> tuple[bool, list[str]]:
                     bad = not om <= FACTOR * pm
                     ok = ok and not bad
                     print(line + f" | ours {om:.2e} ({orl:.2e}) ratio {om / pm:.2f}{' BAD' if bad else ''}", flush=True)
-    os.environ.pop(half.HALF_ENV, None)
+    os.environ.pop(SIXTEEN_BIT_ENV, None)
     if not quick:
         ok_d = diagnostics(variant)
         ok = ok and ok_d
@@ -158,9 +161,7 @@ def accuracy(quick: bool, variant: str) -> tuple[bool, list[str]]:
 
 
 def configurations(variant: str, d: int) -> list[tuple]:
-    if variant == half.TMA_VARIANT:
-        return list(dict.fromkeys([half.TMA_CONFIG[d], *half.TMA_ALTERNATIVES.get(d, [])]))
-    return list(dict.fromkeys([half.HALF_CONFIG[d], *half.HALF_ALTERNATIVES.get(d, [])]))
+    return registry.family(variant).configurations(d)
 
 
 def diagnostics(variant: str) -> bool:
@@ -174,7 +175,7 @@ def diagnostics(variant: str) -> bool:
         for d in variant_dims(variant):
             cells = []
             for cfg in configurations(variant, d):
-                os.environ[half.HALF_ENV] = f"{variant}:{','.join(map(str, cfg))}"
+                os.environ[SIXTEEN_BIT_ENV] = f"{variant}:{','.join(map(str, cfg))}"
                 res = []
                 try:
                     for causal in (False, True):
@@ -191,7 +192,7 @@ def diagnostics(variant: str) -> bool:
                     ok = False
                     cells.append(f"{cfg}: FAILED {type(exc).__name__}: {str(exc)[:400]}")
                 finally:
-                    os.environ.pop(half.HALF_ENV, None)
+                    os.environ.pop(SIXTEEN_BIT_ENV, None)
             print(f"  {dname:8s} D={d:3d} " + " | ".join(cells), flush=True)
     return ok
 
@@ -242,7 +243,7 @@ def timing(quick: bool, sweep: bool, variants: list[str]) -> tuple[bool, list[st
                 for variant in variants:
                     if d not in variant_dims(variant):
                         continue
-                    os.environ[half.HALF_ENV] = variant
+                    os.environ[SIXTEEN_BIT_ENV] = variant
                     try:
                         t_ours = time_ms(lambda: ours(q, k, v, ANCHOR, causal, scale, out, lse), reset=reset)
                     except Exception as exc:  # noqa: BLE001
@@ -254,21 +255,21 @@ def timing(quick: bool, sweep: bool, variants: list[str]) -> tuple[bool, list[st
                               f"{variant} FAILED", flush=True)
                         continue
                     finally:
-                        os.environ.pop(half.HALF_ENV, None)
+                        os.environ.pop(SIXTEEN_BIT_ENV, None)
                     print(f"  N={n} H={h:2d} D={d:3d} {dname:8s} causal={int(causal)} peer {t_peer:7.2f} ms "
                           f"({useful_tflops(n, h, d, ANCHOR, causal, t_peer):5.1f} TFLOP/s) | {variant:7s} "
                           f"{t_ours:7.2f} ms ({useful_tflops(n, h, d, ANCHOR, causal, t_ours):5.1f} TFLOP/s) "
                           f"speedup {t_peer / t_ours:.2f}x", flush=True)
-                    if variant == half.TMA_VARIANT:
-                        os.environ[half.HALF_ENV] = variant
+                    if variant == "tma16":
+                        os.environ[SIXTEEN_BIT_ENV] = variant
                         t_r = time_ms(lambda: ours_rounded(q, k, v, ANCHOR, causal, scale, out, lse), reset=reset)
-                        os.environ.pop(half.HALF_ENV, None)
+                        os.environ.pop(SIXTEEN_BIT_ENV, None)
                         print(f"    {variant} rounded after every launch (no float32 running output): {t_r:7.2f} ms; "
                               f"the float32 running output costs {100 * (t_ours / t_r - 1):+.1f} %", flush=True)
             sweeps = [(variant, cfg) for variant in variants if d in variant_dims(variant)
                       for cfg in configurations(variant, d)[1:]] if sweep and dname == "bfloat16" else []
             for variant, cfg in sweeps:
-                os.environ[half.HALF_ENV] = f"{variant}:{','.join(map(str, cfg))}"
+                os.environ[SIXTEEN_BIT_ENV] = f"{variant}:{','.join(map(str, cfg))}"
                 try:
                     t = [time_ms(lambda: ours(q, k, v, ANCHOR, c, scale, out, lse), reps=3, warm=1, reset=reset)
                          for c in (False, True)]
@@ -277,7 +278,7 @@ def timing(quick: bool, sweep: bool, variants: list[str]) -> tuple[bool, list[st
                 except Exception as exc:  # noqa: BLE001
                     print(f"    {cfg}: FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
                 finally:
-                    os.environ.pop(half.HALF_ENV, None)
+                    os.environ.pop(SIXTEEN_BIT_ENV, None)
             del q, k, v, out, lse
             torch.cuda.empty_cache()
     return ok, failures
@@ -285,7 +286,7 @@ def timing(quick: bool, sweep: bool, variants: list[str]) -> tuple[bool, list[st
 
 def main() -> int:
     quick, sweep = "--quick" in sys.argv, "--sweep" in sys.argv
-    variants = [half.HALF_VARIANT, half.TMA_VARIANT]
+    variants = ["wgmma16", "tma16"]
     if "--variants" in sys.argv:
         variants = sys.argv[sys.argv.index("--variants") + 1].split(",")
     t0 = time.time()
@@ -298,9 +299,9 @@ def main() -> int:
     if cc != 90:
         print("the 16-bit wgmma kernel needs compute capability 9.0 (sm_90a): nothing to probe here")
         return 1
-    os.environ.pop(half.HALF_ENV, None)
-    for d in half.HALF_HEAD_DIMS:
-        v = half.select_half(d, "bfloat16")
+    os.environ.pop(SIXTEEN_BIT_ENV, None)
+    for d in registry.HEAD_DIMS:
+        v = choose("bfloat16", d).variant
         print(f"  D={d}: {v.name}, {v.threads} threads, {v.block_queries} queries, {v.shared_bytes} bytes shared")
     ok_a, fail_a = True, []
     for variant in variants:

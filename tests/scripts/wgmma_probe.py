@@ -5,12 +5,12 @@
     python3 tests/scripts/wgmma_probe.py --long     # also 4,096-token segments in the accuracy part
 
 1. For every head dimension (32, 64, 96, 128), causal and not: random problems through
-   ``hilbert_hpc.kernels.launch.local_patterns`` with ``HILBERT_HPC_FP32_KERNEL=wgmma`` (and tf32x3 for comparison)
+   ``hilbert_hpc.kernels.providers.ChoosingKernels("float32").local_patterns`` with ``HILBERT_HPC_FP32_KERNEL=wgmma`` (and tf32x3 for comparison)
    against the float64 dense reference (tests/dense_reference.py): relative L2 error (the project's measure)
    and the largest element error relative to max |reference|.
 2. Timing (CUDA events, median of 5 after 2 warm-ups) of wgmma and tf32x3 on the anchor
    (N = 262,144, H = 12, D = 64, patterns (2048,1) (4096,2) (8192,4), scale 1/sqrt(D)) and on D = 128,
-   H = 8, non-causal and causal; then the other wgmma block configurations (kernels.WGMMA_CONFIG) for D = 64
+   H = 8, non-causal and causal; then the other wgmma block configurations (forced as HILBERT_HPC_FP32_KERNEL=wgmma:BK,WG,PARTS; defaults: kernels/registry.py) for D = 64
    and D = 128, to choose the defaults.
 
 A variant that fails to compile or launch prints its error (with the NVRTC log) and the probe goes on.
@@ -35,8 +35,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 import cupy  # noqa: E402
 
 from dense_reference import dense_dilated_attention  # noqa: E402
-from hilbert_hpc.kernels import launch as fused
-from hilbert_hpc import kernels  # noqa: E402
+from hilbert_hpc.kernels import program, registry  # noqa: E402
+from hilbert_hpc.kernels.providers import ChoosingKernels  # noqa: E402
+from hilbert_hpc.kernels.selection import FP32_ENV  # noqa: E402
 from hilbert_hpc.core.patterns import Pattern  # noqa: E402
 
 TOL = 1e-6
@@ -46,13 +47,18 @@ ALTERNATIVES = {32: [(64, 1, 1), (64, 2, 1), (32, 2, 1), (128, 1, 1)], 64: [(32,
                 96: [(32, 2, 2), (32, 2, 1)], 128: [(32, 2, 2), (32, 2, 4)]}
 
 
+def forced(variant: str, cfg: tuple) -> str:
+    """The HILBERT_HPC_FP32_KERNEL value forcing ``variant`` with configuration ``cfg``."""
+    return f"{variant}:{','.join(map(str, cfg))}"
+
+
 def run(variant: str, q, k, v, patterns, causal: bool):
     """Output of local_patterns with ``variant`` forced (CuPy arrays in, CuPy array out)."""
-    os.environ[kernels.VARIANT_ENV] = variant
+    os.environ[FP32_ENV] = variant
     n, h, d = q.shape
     out = cupy.zeros((n, h, d), dtype=cupy.float32)
     lse = cupy.full((n, h), -np.inf, dtype=cupy.float32)
-    fused.local_patterns(q, k, v, patterns, causal, 1.0 / math.sqrt(d), out, lse)
+    ChoosingKernels("float32").local_patterns(q, k, v, patterns, causal, 1.0 / math.sqrt(d), out, lse)
     return out
 
 
@@ -60,8 +66,8 @@ def describe_failure(variant: str, head_dim: int, exc: BaseException) -> str:
     text = f"{variant} D={head_dim}: {type(exc).__name__}: {exc}"
     if variant == "wgmma":          # the NVRTC log of the sm_90a compile, when it compiles
         try:
-            v = kernels.variant(variant, head_dim)
-            _, _, log = kernels.compile_cubin(v)
+            v = registry.family(variant).variant(head_dim)
+            _, _, log = program.compile_cubin(v)
             if log.strip():
                 text += f"\n  NVRTC log: {log.strip()[:2000]}"
         except Exception as exc2:  # noqa: BLE001 - the compile error itself (with its log)
@@ -76,7 +82,7 @@ def accuracy(quick: bool) -> tuple[bool, list[str]]:
     if "--long" in sys.argv:
         problems.append((4096, 2, [Pattern(512, 1), Pattern(2048, 2), Pattern(4096, 8)]))
     print(f"accuracy vs float64 (relative L2 error | max element error / max |ref|), tolerance {TOL:g}")
-    for d in kernels.HEAD_DIMS:
+    for d in registry.HEAD_DIMS:
         for causal in (False, True):
             for pi, (n, h, pats) in enumerate(problems):
                 rng = np.random.default_rng(1000 * d + 10 * pi + causal)
@@ -107,7 +113,7 @@ def accuracy(quick: bool) -> tuple[bool, list[str]]:
 
 def time_case(variant: str, q, k, v, patterns, causal: bool, reps: int = 5, warm: int = 2) -> float:
     """Median milliseconds of local_patterns with ``variant`` (CUDA events)."""
-    os.environ[kernels.VARIANT_ENV] = variant
+    os.environ[FP32_ENV] = variant
     n, h, d = q.shape
     out = cupy.zeros((n, h, d), dtype=cupy.float32)
     lse = cupy.full((n, h), -np.inf, dtype=cupy.float32)
@@ -117,7 +123,7 @@ def time_case(variant: str, q, k, v, patterns, causal: bool, reps: int = 5, warm
         lse.fill(-np.inf)
         start, stop = cupy.cuda.Event(), cupy.cuda.Event()
         start.record()
-        fused.local_patterns(q, k, v, patterns, causal, 1.0 / math.sqrt(d), out, lse)
+        ChoosingKernels("float32").local_patterns(q, k, v, patterns, causal, 1.0 / math.sqrt(d), out, lse)
         stop.record()
         stop.synchronize()
         if i >= warm:
@@ -155,17 +161,15 @@ def timing(quick: bool) -> tuple[bool, list[str]]:
             speed = f" speedup {res['tf32x3'] / res['wgmma']:.2f}x" if len(res) == 2 else ""
             print(f"  N={n} H={h:2d} D={d:3d} causal={int(causal)} {cells}{speed}", flush=True)
         if not quick and d in ALTERNATIVES:
-            default = kernels.WGMMA_CONFIG[d]
+            default = registry.WGMMA.defaults[d]
             for cfg in ALTERNATIVES[d]:
-                kernels.WGMMA_CONFIG[d] = cfg
                 try:
-                    t = time_case("wgmma", q, k, v, ANCHOR, False, reps=3, warm=1)
+                    t = time_case(forced("wgmma", cfg), q, k, v, ANCHOR, False, reps=3, warm=1)
                     print(f"    wgmma (key tile, warpgroups, parts) = {cfg}{' default' if cfg == default else ''}: "
-                          f"{t:7.2f} ms, {kernels.variant('wgmma', d).shared_bytes} bytes shared", flush=True)
+                          f"{t:7.2f} ms, {registry.WGMMA.variant(d, config=cfg).shared_bytes} bytes shared",
+                          flush=True)
                 except Exception as exc:  # noqa: BLE001
                     print(f"    wgmma {cfg}: FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
-                finally:
-                    kernels.WGMMA_CONFIG[d] = default
         del q, k, v
         cupy.get_default_memory_pool().free_all_blocks()
     return ok, failures
@@ -185,13 +189,12 @@ def sweep() -> bool:
         ref = {c: run("tf32x3", *small, small_pat, c) for c in (False, True)}
         base = [time_case("tf32x3", *big, ANCHOR, c) for c in (False, True)]
         print(f"  D={d:3d} H={h:2d} tf32x3: {base[0]:7.2f} {base[1]:7.2f} ms", flush=True)
-        default = kernels.WGMMA_CONFIG[d]
+        default = registry.WGMMA.defaults[d]
         for cfg in configs:
-            kernels.WGMMA_CONFIG[d] = cfg
             try:
-                err = max(float(cupy.abs(run("wgmma", *small, small_pat, c) - ref[c]).max() / cupy.abs(ref[c]).max())
-                          for c in (False, True))
-                t = [time_case("wgmma", *big, ANCHOR, c) for c in (False, True)]
+                err = max(float(cupy.abs(run(forced("wgmma", cfg), *small, small_pat, c) - ref[c]).max()
+                                / cupy.abs(ref[c]).max()) for c in (False, True))
+                t = [time_case(forced("wgmma", cfg), *big, ANCHOR, c) for c in (False, True)]
                 ok = ok and err <= TOL
                 print(f"    {cfg}{' default' if cfg == default else '        '} diff {err:.1e}  {t[0]:7.2f} {t[1]:7.2f} ms"
                       f"  speedup {base[0] / t[0]:.2f}x {base[1] / t[1]:.2f}x  "
@@ -199,8 +202,6 @@ def sweep() -> bool:
             except Exception as exc:  # noqa: BLE001
                 ok = False
                 print(f"    {cfg}: FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
-            finally:
-                kernels.WGMMA_CONFIG[d] = default
         del small, big
         cupy.get_default_memory_pool().free_all_blocks()
     return ok
@@ -219,8 +220,8 @@ def main() -> int:
     if cc != 90:
         print("wgmma needs compute capability 9.0 (sm_90a): nothing to probe here")
         return 1
-    for d in kernels.HEAD_DIMS:
-        v = kernels.variant("wgmma", d)
+    for d in registry.HEAD_DIMS:
+        v = registry.WGMMA.variant(d)
         print(f"  wgmma D={d}: {v.name}, {v.threads} threads, {v.block_queries} queries, {v.shared_bytes} bytes shared")
     ok_a, fail_a = accuracy(quick)
     print(f"accuracy done in {time.time() - t0:.1f} s", flush=True)

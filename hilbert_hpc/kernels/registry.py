@@ -1,0 +1,311 @@
+"""The kernel registry: one description (:class:`KernelFamily`) per kernel family, read by selection
+(:mod:`hilbert_hpc.kernels.selection`), by the compile check (:mod:`hilbert_hpc.kernels.check`), by the tests
+and by ``plan``.
+
+A family is one ``.cu`` source template: how an instantiation is spelled from the element type, the head
+dimension and the family's configuration (its template arguments after those two), what one block of it
+needs (threads, queries, shared memory), which rows it can read (alignment), which GPUs run it (compute
+capability range, architecture-specific target such as ``sm_90a``), and per head dimension the default
+configuration and the alternatives CI compiles and ``tests/scripts/*_probe.py --sweep`` time.
+
+FP32 families (float32 inputs): ``wgmma`` (split-TF32 warpgroup MMA, Hopper), ``tf32x3`` (split-TF32
+``mma.sync``, compute capability 8.0+), ``tiled128`` / ``tiled64`` (register-tiled FP32 FMA) and ``warp``
+(FP32 FMA, any row alignment). 16-bit families (bfloat16, float16): ``tma16`` (warp-specialized, TMA loads,
+Hopper), ``wgmma16`` (Hopper) and ``mma16`` (``mma.sync``, compute capability 8.0+). ``docs/kernels.md``
+describes each and the measurements behind the defaults.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+FLOAT32 = "float32"
+#: 16-bit dtype name -> the kernels' 16-bit storage type (template argument T)
+SIXTEEN_BIT_TYPES = {"bfloat16": "bf16_t", "float16": "f16_t"}
+#: other spellings accepted for a 16-bit dtype
+_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "f16": "float16", "half": "float16"}
+#: opt-in shared memory per block on compute capability 9.0, the only GPU of the sm_90a families
+HOPPER_SHARED = 227 * 1024
+#: the architecture-specific target of the Hopper families
+HOPPER_ARCH = "sm_90a"
+HEAD_DIMS = (32, 64, 96, 128)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One instantiation of a family: what to compile and how to launch it."""
+
+    variant: str
+    head_dim: int
+    source: str
+    name: str
+    threads: int
+    block_queries: int
+    shared_bytes: int
+    #: row offsets must be multiples of this many elements
+    align: int
+    #: oldest compute capability (major * 10 + minor) it runs on
+    min_cc: int = 60
+    #: newest compute capability it runs on (architecture-specific code, e.g. sm_90a: 90)
+    max_cc: int = 1000
+    #: NVRTC target of an architecture-specific variant; None: the device's own sm_XY
+    arch: str | None = None
+    #: the variant's configuration (its template arguments after the type and head dim), for its launcher
+    config: tuple = ()
+
+    def runs_on(self, cc: int) -> bool:
+        """Whether a GPU of compute capability ``cc`` (major * 10 + minor) can run this variant."""
+        return self.min_cc <= cc <= self.max_cc
+
+
+Config = tuple
+
+
+@dataclass(frozen=True)
+class KernelFamily:
+    """Everything the package knows about one kernel family (see the module docstring)."""
+
+    name: str
+    source: str
+    #: dtypes of the inputs it takes
+    dtypes: tuple[str, ...]
+    #: the instantiation's name expression from (storage type, head dim, configuration, output type)
+    template: Callable[[str, int, Config, str], str]
+    #: names of the configuration's fields (its template arguments after T and D), as the override spells them
+    config_fields: tuple[str, ...]
+    #: dynamic shared memory of one block, from (head dim, configuration)
+    shared_bytes: Callable[[int, Config], int]
+    threads: Callable[[Config], int]
+    block_queries: Callable[[int, Config], int]
+    align: int
+    #: default configuration per head dimension (its keys are the head dims the family supports)
+    defaults: dict[int, Config]
+    #: other configurations per head dimension, compiled in CI and timed by the probe scripts' sweeps
+    alternatives: dict[int, tuple[Config, ...]] = field(default_factory=dict)
+    min_cc: int = 60
+    max_cc: int = 1000
+    arch: str | None = None
+    #: largest shared memory per block on every GPU it runs on (architecture-specific: Hopper's); None: the device's
+    max_shared: int | None = None
+    #: whether it has an instantiation merging into a float32 running output (tma16), compiled for each default
+    float32_output: bool = False
+    #: whether a configuration is one the source supports (a forced configuration is checked against it)
+    valid: Callable[[Config], bool] = lambda cfg: True
+
+    @property
+    def head_dims(self) -> tuple[int, ...]:
+        """The head dimensions this family has an instantiation for."""
+        return tuple(self.defaults)
+
+    def configurations(self, head_dim: int) -> list[Config]:
+        """The default and alternative configurations for ``head_dim``, default first, without repeats."""
+        return list(dict.fromkeys([self.defaults[head_dim], *self.alternatives.get(head_dim, ())]))
+
+    def variant(self, head_dim: int, dtype: Any = FLOAT32, config: Config | None = None,
+                accumulate: bool = False) -> Variant:
+        """The instantiation for ``head_dim`` and ``dtype`` with ``config`` (default: the head dim's default);
+        ``accumulate``: the one merging into a float32 running output (families with ``float32_output``)."""
+        if head_dim not in self.defaults:
+            raise ValueError(f"{self.name} supports head_dim in {list(self.head_dims)}, got {head_dim}")
+        name = dtype_name(dtype)
+        if name not in self.dtypes:
+            raise ValueError(f"{self.name} takes dtype {' or '.join(self.dtypes)}, got {dtype!r}")
+        cfg = tuple(int(x) for x in (self.defaults[head_dim] if config is None else config))
+        if len(cfg) != len(self.config_fields) or not self.valid(cfg):
+            raise ValueError(f"{self.name} configuration ({', '.join(self.config_fields)}) = {cfg} is not supported")
+        if accumulate and not self.float32_output:
+            raise ValueError(f"{self.name} has no float32 running output")
+        t = SIXTEEN_BIT_TYPES.get(name, "float")
+        return Variant(self.name, head_dim, self.source, self.template(t, head_dim, cfg, "float" if accumulate else t),
+                       self.threads(cfg), self.block_queries(head_dim, cfg), self.shared_bytes(head_dim, cfg),
+                       self.align, self.min_cc, self.max_cc, self.arch, cfg)
+
+    def instantiations(self) -> list[Variant]:
+        """Every instantiation CI compiles: each dtype and head dim with each configuration, then the
+        float32-output instantiation of each default."""
+        out = [self.variant(d, t, cfg) for t in self.dtypes for d in self.head_dims for cfg in self.configurations(d)]
+        if self.float32_output:
+            out += [self.variant(d, t, accumulate=True) for t in self.dtypes for d in self.head_dims]
+        return out
+
+
+def dtype_name(dtype: Any) -> str:
+    """'float32', 'bfloat16' or 'float16' for a dtype given as a string, a torch dtype or a NumPy dtype."""
+    name = str(getattr(dtype, "name", None) or dtype).replace("torch.", "").lower()
+    name = _ALIASES.get(name, name)
+    if name != FLOAT32 and name not in SIXTEEN_BIT_TYPES:
+        raise ValueError(f"the fused kernels take dtype float32, bfloat16 or float16, got {dtype!r}")
+    return name
+
+
+# ---- FP32 families --------------------------------------------------------------------------------------
+
+WARPS = 4
+KEY_TILE = 32
+TILED_KEYS = 64
+MMA_WARPS = 4
+MMA_KEYS = 32
+
+
+def _warp_shared(d: int, cfg: Config) -> int:
+    """Q of the block's queries, two K/V key tiles with padded rows, the scores (fits Pascal's 48 KiB)."""
+    bq = WARPS * cfg[0]
+    return 4 * (bq * d + 2 * KEY_TILE * (d + 1) + bq * KEY_TILE)
+
+
+def _tiled_shared(d: int, cfg: Config) -> int:
+    bq = cfg[0]
+    return 4 * (d * bq + max(d * TILED_KEYS, TILED_KEYS * bq) + TILED_KEYS * d)
+
+
+def wgmma_shared_bytes(head_dim: int, keys: int, warpgroups: int) -> int:
+    """Dynamic shared memory of the wgmma variant (WgmmaSmem in dilated_fwd_wgmma_tf32.cu)."""
+    d = head_dim
+    q = 64 * warpgroups * d                       # Q hi, Q lo
+    kv = keys * d                                 # K hi, K lo, raw K staging
+    vt = (d // 8) * (32 * keys + 16) // 4         # V^T hi, V^T lo: 8-row groups padded by 16 bytes
+    vs = keys * (d + 4)                           # raw V staging, [key][D + 4]
+    return 4 * (2 * q + 3 * kv + 2 * vt + vs)
+
+
+WARP = KernelFamily(
+    "warp", "dilated_fwd_fp32.cu", (FLOAT32,), lambda t, d, c, o: f"dilated_fwd_fp32<{d},{c[0]}>", ("QPW",),
+    _warp_shared, lambda c: WARPS * 32, lambda d, c: WARPS * c[0], 1,
+    # queries per warp
+    defaults={32: (8,), 64: (8,), 96: (4,), 128: (4,)})
+
+
+def _tiled(bq: int) -> KernelFamily:
+    return KernelFamily(
+        f"tiled{bq}", "dilated_fwd_fp32_tiled.cu", (FLOAT32,), lambda t, d, c, o: f"dilated_fwd_fp32_tiled<{d},{c[0]}>",
+        ("BQ",), _tiled_shared, lambda c: 256, lambda d, c: c[0], 4, defaults={d: (bq,) for d in HEAD_DIMS},
+        valid=lambda c: c == (bq,))
+
+
+TILED128, TILED64 = _tiled(128), _tiled(64)
+TF32X3 = KernelFamily(
+    "tf32x3", "dilated_fwd_tf32x3.cu", (FLOAT32,), lambda t, d, c, o: f"dilated_fwd_tf32x3<{d}>", (),
+    # Q and two K/V tiles, rows padded by 4
+    lambda d, c: 4 * (16 * MMA_WARPS + 2 * 2 * MMA_KEYS) * (d + 4), lambda c: 32 * MMA_WARPS,
+    lambda d, c: 16 * MMA_WARPS, 4, defaults={d: () for d in HEAD_DIMS}, min_cc=80)
+#: wgmma per head dim: (key tile BK, warpgroups of 64 queries per block, column parts of P V); no spills with
+#: ptxas for sm_90a (tests/test_kernel_sources.py), chosen by the sweep of docs/performance.md
+WGMMA = KernelFamily(
+    "wgmma", "dilated_fwd_wgmma_tf32.cu", (FLOAT32,), lambda t, d, c, o: f"dilated_fwd_wgmma_tf32<{d},{c[0]},{c[1]},{c[2]}>",
+    ("BK", "WG", "PARTS"), lambda d, c: wgmma_shared_bytes(d, c[0], c[1]), lambda c: 128 * c[1],
+    lambda d, c: 64 * c[1], 4, defaults={32: (64, 1, 1), 64: (64, 2, 1), 96: (32, 2, 1), 128: (32, 2, 2)},
+    min_cc=90, max_cc=90, arch=HOPPER_ARCH, max_shared=HOPPER_SHARED,
+    valid=lambda c: c[0] % 16 == 0 and c[1] in (1, 2) and c[2] in (1, 2))
+
+# ---- 16-bit families ------------------------------------------------------------------------------------
+
+SIXTEEN_BIT = tuple(SIXTEEN_BIT_TYPES)
+#: rows (and every geometry offset) of the 16-bit kernels must be multiples of this many elements (16-byte cp.async)
+SIXTEEN_BIT_ALIGN = 8
+
+
+def wgmma16_shared_bytes(head_dim: int, keys: int, warpgroups: int, vmode: int = 0) -> int:
+    """Dynamic shared memory of one wgmma16 block (Smem16 in dilated_fwd_wgmma_16.cu): Q, two K/V stages, V^T."""
+    tile = 2 * keys * head_dim
+    return 2 * 64 * warpgroups * head_dim + 4 * tile + (tile if vmode == 1 else 0)
+
+
+def tma16_shared_bytes(head_dim: int, keys: int, consumers: int, stages: int) -> int:
+    """Dynamic shared memory of one tma16 block (SmemTma in dilated_fwd_tma_16.cu): Q of the consumer
+    warpgroups, the K/V stages, the mbarriers and 1024 bytes that align the base for the 128-byte swizzle."""
+    return 2 * 64 * consumers * head_dim + 2 * stages * 2 * keys * head_dim + 8 * (1 + 3 * stages) + 1024
+
+
+def mma16_shared_bytes(head_dim: int, keys: int) -> int:
+    """Dynamic shared memory of one mma16 block: Q (64 rows) and two K/V stages, rows padded to D + 8."""
+    return 2 * (head_dim + 8) * (64 + 4 * keys)
+
+
+#: per head dim: (key tile BK, warpgroups of 64 queries per block, V mode), template arguments of
+#: dilated_fwd_wgmma_16<T, D, BK, WG, VMODE>. V mode 0: V read as MN-major B (wgmma imm-trans-b = 1,
+#: no extra work); 1: V transposed once per tile into a K-major V^T buffer (ldmatrix/stmatrix.trans).
+#: With BK = 64 and D <= 64 a block is held to 128 registers (two 8-warp blocks per SM). No spills with
+#: ptxas for sm_90a (tests/test_kernel16_sources.py). Measured on an H200 (N = 262,144, patterns (2048,1)
+#: (4096,2) (8192,4), bf16, ms non-causal / causal): D = 64 (H = 12): (64, 2, 0) 12.54 / 7.98 (two blocks
+#: per SM), (128, 2, 1) 15.88 / 9.94, (128, 2, 0) 16.29, (192, 2, 0) 15.71, (64, 1, 0) 20.22 (four blocks),
+#: (64, 1, 1) 20.39; D = 128 (H = 8): (128, 2, 0) 16.3-17.3 / 9.9, (128, 2, 1) 17.88, (64, 2, 0) 17.93.
+#: D = 32 and 96: not timed yet.
+WGMMA16 = KernelFamily(
+    "wgmma16", "dilated_fwd_wgmma_16.cu", SIXTEEN_BIT,
+    lambda t, d, c, o: f"dilated_fwd_wgmma_16<{t},{d},{c[0]},{c[1]},{c[2]}>", ("BK", "WG", "VMODE"),
+    lambda d, c: wgmma16_shared_bytes(d, *c), lambda c: 128 * c[1], lambda d, c: 64 * c[1], SIXTEEN_BIT_ALIGN,
+    defaults={32: (128, 2, 0), 64: (64, 2, 0), 96: (128, 2, 0), 128: (128, 2, 0)},
+    alternatives={32: ((128, 2, 1), (64, 2, 0)),
+                  64: ((128, 2, 1), (128, 2, 0), (192, 2, 0), (64, 1, 0), (64, 1, 1)),
+                  96: ((128, 2, 1), (64, 2, 0)),
+                  128: ((128, 2, 1), (64, 2, 0))},
+    min_cc=90, max_cc=90, arch=HOPPER_ARCH, max_shared=HOPPER_SHARED,
+    valid=lambda c: c[0] % 16 == 0 and 16 <= c[0] <= 256 and c[1] in (1, 2) and c[2] in (0, 1))
+#: key tiles of tma16 (the wgmma m64nNk16 widths of Wgmma16 in wgmma.cuh)
+TMA16_KEY_TILES = (32, 64, 96, 128, 192)
+#: per head dim (64 and 128: rows of one or two 128-byte swizzle spans): (key tile BK, consumer warpgroups NC,
+#: stages, PIPE), template arguments of dilated_fwd_tma_16<T, D, BK, NC, STAGES, PIPE, OUT>; PIPE = 1 overlaps
+#: the next tile's Q K^T with the softmax. Measured on an H200 (N = 262,144, patterns (2048,1) (4096,2) (8192,4),
+#: bf16, ms non-causal / causal, tests/scripts/wgmma16_probe.py --sweep, docs/performance.md): D = 64 (H = 12):
+#: (64, 4, 3, 1) 8.34 / 5.68, (96, 3, 3, 1) 8.44 / 5.72, (64, 3, 4, 1) 9.07 / 5.96, (64, 3, 3, 1) 9.03-9.24 /
+#: 5.90-6.16, (64, 3, 3, 0) 9.66 / 6.41, (128, 2, 2, 0) 10.09 / 6.75, (128, 2, 2, 1) 10.86 / 7.51, (64, 2, 3, 1)
+#: 11.23 / 6.84, (64, 3, 2, 1) 11.24 / 6.92; D = 128 (H = 8): (128, 2, 2, 0) 8.10-8.38 / 5.59, (128, 2, 3, 0)
+#: 8.05 / 5.75, (64, 2, 3, 1) 9.23-9.29 / 5.85-6.01, (128, 2, 2, 1) 9.53-9.71 / 6.20-6.36, (64, 2, 4, 0) 9.72 /
+#: 6.21, (96, 2, 3, 0) 10.03 / 5.97. Four consumers (640 threads) fit their code in 96 registers without spills.
+#: NC >= 2: with one consumer the launch bound already gives it more registers than setmaxnreg may raise it to.
+TMA16 = KernelFamily(
+    "tma16", "dilated_fwd_tma_16.cu", SIXTEEN_BIT,
+    lambda t, d, c, o: f"dilated_fwd_tma_16<{t},{d},{c[0]},{c[1]},{c[2]},{c[3]},{o}>", ("BK", "NC", "STAGES", "PIPE"),
+    lambda d, c: tma16_shared_bytes(d, c[0], c[1], c[2]), lambda c: 128 * (c[1] + 1), lambda d, c: 64 * c[1],
+    SIXTEEN_BIT_ALIGN, defaults={64: (64, 4, 3, 1), 128: (128, 2, 2, 0)},
+    alternatives={64: ((96, 3, 3, 1), (64, 3, 3, 1), (64, 3, 4, 1), (64, 3, 3, 0), (128, 2, 2, 0), (128, 2, 2, 1),
+                       (64, 2, 3, 1)),
+                  128: ((128, 2, 3, 0), (64, 2, 3, 1), (128, 2, 2, 1), (64, 2, 4, 0))},
+    min_cc=90, max_cc=90, arch=HOPPER_ARCH, max_shared=HOPPER_SHARED, float32_output=True,
+    valid=lambda c: c[0] in TMA16_KEY_TILES and c[1] in (2, 3, 4) and 2 <= c[2] <= 8 and c[3] in (0, 1))
+#: mma16 key tile per head dim (4 warps x 16 queries per block); shared memory 2 (D + 8) (64 + 4 BK) bytes:
+#: D = 128 with BK = 32 keeps two blocks per SM on compute capability 8.0 and fits 8.6/8.9's 99 KiB. The
+#: alternatives are compiled in CI (the mma16 kernel has not been timed on a GPU of compute capability 8.x).
+MMA16 = KernelFamily(
+    "mma16", "dilated_fwd_mma_16.cu", SIXTEEN_BIT, lambda t, d, c, o: f"dilated_fwd_mma_16<{t},{d},{c[0]}>", ("BK",),
+    lambda d, c: mma16_shared_bytes(d, c[0]), lambda c: 128, lambda d, c: 64, SIXTEEN_BIT_ALIGN,
+    defaults={32: (64,), 64: (64,), 96: (32,), 128: (32,)},
+    alternatives={32: ((32,),), 64: ((32,),), 96: ((64,),), 128: ((64,),)},
+    # oldest compute capability with bf16/fp16 mma.sync m16n8k16
+    min_cc=80, valid=lambda c: c[0] % 16 == 0 and 16 <= c[0] <= 128)
+
+#: every family, FP32 ones fastest first (measured on an H200, docs/performance.md), then the 16-bit ones
+FAMILIES = {f.name: f for f in (WGMMA, TF32X3, TILED128, TILED64, WARP, WGMMA16, TMA16, MMA16)}
+
+
+def family(name: str) -> KernelFamily:
+    """The family called ``name`` (ValueError naming the known ones otherwise)."""
+    if name not in FAMILIES:
+        raise ValueError(f"unknown kernel family {name!r}; known: {', '.join(FAMILIES)}")
+    return FAMILIES[name]
+
+
+def families_for(dtype: Any) -> list[KernelFamily]:
+    """The families that take ``dtype``, in the registry's order (FP32: fastest first)."""
+    name = dtype_name(dtype)
+    return [f for f in FAMILIES.values() if name in f.dtypes]
+
+
+def check_head_dim(dtype: Any, head_dim: int) -> None:
+    """ValueError where no kernel of ``dtype`` supports ``head_dim``."""
+    name = dtype_name(dtype)
+    dims = sorted({d for f in families_for(name) for d in f.head_dims})
+    if head_dim in dims:
+        return
+    if name == FLOAT32:
+        raise ValueError(f"the fused FP32 kernel supports head_dim in {dims}, got {head_dim}; "
+                         f"use backend 'cupy' for other head dimensions")
+    raise ValueError(f"the 16-bit kernel supports head_dim in {dims}, got {head_dim}")
+
+
+def instantiations(families: Any = None) -> list[Variant]:
+    """Every instantiation CI compiles, of ``families`` (names or families; default: all), in registry order."""
+    chosen = FAMILIES.values() if families is None else [f if isinstance(f, KernelFamily) else family(f)
+                                                         for f in families]
+    return [v for f in chosen for v in f.instantiations()]

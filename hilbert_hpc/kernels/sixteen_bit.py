@@ -1,0 +1,262 @@
+"""The 16-bit provider (bfloat16, float16): the registry's 16-bit families (``tma16``, ``wgmma16``, ``mma16``),
+tensor-core kernels with FP32 accumulation, FP32 softmax and the in-place log-sum-exp merge into a 16-bit
+output and a float32 log-sum-exp (``docs/kernels.md``).
+
+CuPy has no bfloat16, so the data are held by the caller (torch tensors, or CuPy uint16/float16 arrays) and
+passed as raw device pointers. :func:`sixteen_bit_kernels` gives the provider of one
+:class:`~hilbert_hpc.kernels.selection.KernelChoice` (the ring's ``kernels``), with the element-offset geometry
+of :class:`hilbert_hpc.kernels.launch.FusedKernels`; :func:`launch_local_patterns` takes ints (or anything with
+``data_ptr()`` / ``.data.ptr`` / ``__cuda_array_interface__``) plus the (n, H, D) shape and the dtype name, and
+makes the choice once for the call.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from functools import partial
+from typing import Any, Sequence
+
+import numpy as np
+
+import hilbert_hpc.kernels.tma as tma
+from hilbert_hpc.kernels.launch import FusedKernels, local_launches, query_chunks
+from hilbert_hpc.kernels.program import Program, compiled, load
+from hilbert_hpc.kernels.registry import SIXTEEN_BIT_ALIGN, SIXTEEN_BIT_TYPES, Variant, dtype_name
+from hilbert_hpc.kernels.selection import KernelChoice, choose
+
+
+def device_pointer(x: Any) -> int:
+    """The device address of ``x``: an int, a torch tensor, a CuPy array or a CUDA-array-interface object."""
+    if isinstance(x, (int, np.integer)):
+        return int(x)
+    if hasattr(x, "data_ptr"):
+        return int(x.data_ptr())
+    if hasattr(x, "data") and hasattr(x.data, "ptr"):
+        return int(x.data.ptr)
+    if hasattr(x, "__cuda_array_interface__"):
+        return int(x.__cuda_array_interface__["data"][0])
+    raise TypeError(f"expected a device pointer (int) or a GPU array, got {type(x).__name__}")
+
+
+def launch(choice: KernelChoice, q: Any, k: Any, v: Any, out: Any, lse: Any, *, qg: tuple, kg: tuple, vg: tuple,
+           lg: tuple, segments: int, heads: int, mq: int, mk: int, shift: int | None, scale: float, head_dim: int,
+           og: tuple | None = None, accumulate: bool = False) -> None:
+    """One launch of ``choice``'s kernel over ``segments x heads`` problems (geometry tuples: base, segment, head
+    and row strides in elements; q/k/v/out 16-bit, lse float32). ``accumulate`` (tma16 only): ``out`` is a
+    float32 running output addressed by its own geometry ``og``."""
+    if segments == 0 or heads == 0 or mq == 0 or mk == 0:
+        return
+    if math.gcd(*qg, *kg, *vg, SIXTEEN_BIT_ALIGN) != SIXTEEN_BIT_ALIGN:
+        raise ValueError(f"the 16-bit kernel needs rows and offsets aligned to {SIXTEEN_BIT_ALIGN} elements, got "
+                         f"q {qg}, k {kg}, v {vg}")
+    if not scale > 0:
+        raise ValueError(f"the 16-bit kernel needs scale > 0, got {scale}")
+    if head_dim != choice.head_dim:
+        raise ValueError(f"the kernel was chosen for head_dim {choice.head_dim}, got {head_dim}")
+    chosen = choice.accumulating() if accumulate else choice.variant
+    fn = compiled(chosen)
+    if chosen.variant == "tma16":
+        _launch_tma(fn, chosen, q, k, v, out, lse, qg=qg, kg=kg, vg=vg, lg=lg, og=og, segments=segments,
+                    heads=heads, mq=mq, mk=mk, shift=shift, scale=scale)
+        return
+    ptrs = tuple(np.uint64(device_pointer(x)) for x in (q, k, v, out, lse))
+    for qc, lc, mc, sc in query_chunks(qg, lg, mq, shift, chosen.block_queries):
+        grid = (segments * heads, -(-mc // chosen.block_queries))
+        args = (*ptrs, *(np.int64(x) for x in (*qc, *kg, *vg, *lc)),
+                np.int32(heads), np.int32(mc), np.int32(mk), np.int32(sc is not None),
+                np.int32(sc or 0), np.float32(scale))
+        fn(grid, (chosen.threads,), args, shared_mem=chosen.shared_bytes)
+
+
+#: most blocks of a one-dimensional grid
+MAX_GRID_X = 2**31 - 1
+
+
+def tma_launch_args(chosen: Variant, pointers: tuple, *, qg: tuple, kg: tuple, vg: tuple, lg: tuple,
+                    segments: int, heads: int, mq: int, mk: int, shift: int | None, scale: float,
+                    og: tuple | None = None) -> tuple[tuple, tuple, tuple]:
+    """(map geometries of Q, K, V; grid; the kernel arguments after the maps pointer) of one tma16 launch
+    (pointers: q, k, v, out, lse as ints; the output geometry ``og`` defaults to Q's). Query blocks of one
+    problem are adjacent in the 1-D grid."""
+    keys = chosen.config[0]
+    qptr, kptr, vptr, optr, lptr = (int(x) for x in pointers)
+    maps = (tma.map_geometry(qptr, qg, mq, heads, segments, chosen.head_dim, 64),
+            tma.map_geometry(kptr, kg, mk, heads, segments, chosen.head_dim, keys),
+            tma.map_geometry(vptr, vg, mk, heads, segments, chosen.head_dim, keys))
+    qblocks = -(-mq // chosen.block_queries)
+    blocks = segments * heads * qblocks
+    if blocks > MAX_GRID_X:
+        raise ValueError(f"{chosen.variant}: {blocks} blocks exceed a one-dimensional grid")
+    args = (np.uint64(optr), np.uint64(lptr), *(np.int64(x) for x in (*(qg if og is None else og), *lg)),
+            np.int32(heads), np.int32(qblocks), np.int32(mq), np.int32(mk), np.int32(shift is not None),
+            np.int32(shift or 0), np.float32(scale))
+    return maps, (blocks,), args
+
+
+def _launch_tma(fn: Any, chosen: Variant, q: Any, k: Any, v: Any, out: Any, lse: Any, **geometry: Any) -> None:
+    import cupy
+
+    pointers = tuple(device_pointer(x) for x in (q, k, v, out, lse))
+    maps, grid, args = tma_launch_args(chosen, pointers, **geometry)
+    buffer = tma.device_maps(cupy.cuda.Device().id, maps)
+    fn(grid, (chosen.threads,), (np.uint64(buffer.data.ptr), *args), shared_mem=chosen.shared_bytes)
+
+
+def check_arrays(q: Any, k: Any, v: Any, out: Any, lse: Any) -> None:
+    """Refuse what the 16-bit kernels would misread: arrays that are not C-contiguous, q/k/v/out items that
+    are not 2 bytes, an lse that is not float32, base addresses not aligned to 16 bytes (cp.async).
+    Raw pointers (ints) are only checked for alignment."""
+    for name, x in (("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse)):
+        if isinstance(x, (int, np.integer)):
+            if int(x) % 16:
+                raise ValueError(f"the 16-bit kernel needs {name} aligned to 16 bytes, got address {int(x):#x}")
+            continue
+        contiguous = x.is_contiguous() if hasattr(x, "is_contiguous") else bool(x.flags.c_contiguous)
+        itemsize = x.element_size() if hasattr(x, "element_size") else int(x.dtype.itemsize)
+        wanted = 4 if name == "lse" else 2
+        if not contiguous or itemsize != wanted:
+            raise ValueError(f"the 16-bit kernel needs C-contiguous {name} of {wanted}-byte items"
+                             f"{' (float32)' if name == 'lse' else ''}, got {getattr(x, 'dtype', type(x))}"
+                             f"{'' if contiguous else ', not contiguous'}")
+        if name == "lse" and "float32" not in str(x.dtype):
+            raise ValueError(f"the 16-bit kernel needs a float32 lse, got {x.dtype}")
+        if device_pointer(x) % 16:
+            raise ValueError(f"the 16-bit kernel needs {name} aligned to 16 bytes")
+
+
+def group_launches(patterns: Sequence, causal: bool, scale: float, n: int, heads: int, head_dim: int, h0: int,
+                   h1: int, group: int) -> list[dict]:
+    """The launches (keyword arguments of :func:`launch`) of local ``patterns`` for heads ``h0 .. h1 - 1`` of
+    (n, heads, head_dim) arrays into a float32 scratch (n, group, head_dim) that holds those heads
+    (``launch.local_launches`` restricted to the group, with the scratch's output geometry ``og``)."""
+    return [dict(kw, accumulate=True)
+            for kw in local_launches(patterns, causal, scale, n, heads, head_dim, h0, h1, out_heads=group)]
+
+
+#: the dtype the ring's 16-bit running output is held in (the bits of bfloat16 / float16)
+OUT_DTYPE = np.int16
+
+
+def sixteen_bit_kernels(choice: KernelChoice) -> "SixteenBitKernels":
+    """The fused-kernel provider of a 16-bit ``choice``: local patterns and packed ring blocks on 16-bit arrays
+    (held as int16 bits) with a 16-bit output."""
+    if not choice.sixteen_bit:
+        raise ValueError(f"the 16-bit provider runs bfloat16 and float16 choices, not {choice.dtype}")
+    return SixteenBitKernels(choice)
+
+
+class SixteenBitKernels:
+    """Local patterns and ring blocks of one 16-bit kernel choice, the provider the ring takes as ``kernels``.
+
+    Ring blocks, and local patterns where no float32 running output is kept (``choice.scratch_heads`` is 0:
+    every kernel but tma16) or the scratch does not fit, merge into the 16-bit running output launch by launch
+    (rounded once per launch). With tma16, local patterns merge into a float32 running output kept for a
+    group of heads at a time (``choice.scratch_heads``): the group's 16-bit output is widened into it, every
+    local pattern is merged in FP32, and the result is rounded to 16 bits once, as docs/semantics.md asks
+    (FP32 running output)."""
+
+    def __init__(self, choice: KernelChoice) -> None:
+        self.choice = choice
+        self.rounding = FusedKernels(partial(launch, choice), check_arrays, out_dtype=OUT_DTYPE)
+
+    def accumulators(self, xp: Any, n: int, heads: int, dv: int, dtype: Any) -> tuple[Any, Any]:
+        """Running output zeros (n, H, Dv), 16-bit (int16 bits), and log-sum-exp -inf (n, H) float32."""
+        return self.rounding.accumulators(xp, n, heads, dv, dtype)
+
+    def ring_block(self, *args: Any, **kwargs: Any) -> None:
+        """A packed ring block merged into the 16-bit running output (``FusedKernels.ring_block``)."""
+        self.rounding.ring_block(*args, **kwargs)
+
+    def local_patterns(self, qs: Any, ks: Any, vs: Any, patterns: Sequence, causal: bool, scale: float, out: Any,
+                       lse: Any, shape: Sequence[int] | None = None) -> None:
+        """Patterns whose segments lie inside these (n, H, D) arrays, merged into ``out`` (16-bit) and ``lse``."""
+        n, heads, d = (int(x) for x in (qs.shape if shape is None else shape))
+        group = self.choice.scratch_heads(heads)
+        if not group or not patterns:
+            return self.rounding.local_patterns(qs, ks, vs, patterns, causal, scale, out, lse, shape=shape)
+        check_arrays(qs, ks, vs, out, lse)
+        scratch = _float32_scratch((n, group, d))
+        if scratch is None:                           # at the memory limit: round once per launch instead
+            return self.rounding.local_patterns(qs, ks, vs, patterns, causal, scale, out, lse, shape=shape)
+        out_ptr, scratch_ptr, lse_ptr = device_pointer(out), device_pointer(scratch), device_pointer(lse)
+        for h0 in range(0, heads, group):
+            h1 = min(heads, h0 + group)
+            first = out_ptr + 2 * h0 * d                 # the group's first element of row 0 (16-bit)
+            rows = dict(rows=n, width=(h1 - h0) * d, head_dim=d, l_stride=heads, l_first=h0)
+            _convert("widen_16", self.choice.dtype, first, scratch_ptr, lse_ptr, src_stride=heads * d, dst_stride=group * d,
+                     **rows)
+            for kw in group_launches(patterns, causal, scale, n, heads, d, h0, h1, group):
+                launch(self.choice, qs, ks, vs, scratch, lse, **kw)
+            _convert("narrow_16", self.choice.dtype, scratch_ptr, first, lse_ptr, src_stride=group * d, dst_stride=heads * d,
+                     **rows)
+        del scratch
+
+
+def _float32_scratch(shape: tuple) -> Any:
+    """An uninitialized float32 array on the current GPU, or None where it does not fit. From torch's caching
+    allocator when torch is loaded and its current stream is CuPy's (the 16-bit tensors live there, so the
+    memory goes back to them), else from CuPy's pool."""
+    import cupy
+
+    torch = sys.modules.get("torch")
+    # torch's blocks are reused in the order of torch's current stream: only where the kernels run on it too
+    if torch is not None and torch.cuda.current_stream().cuda_stream == cupy.cuda.get_current_stream().ptr:
+        try:
+            return torch.empty(shape, dtype=torch.float32, device=f"cuda:{cupy.cuda.Device().id}")
+        except torch.cuda.OutOfMemoryError:
+            return None
+    try:
+        return cupy.empty(shape, dtype=cupy.float32)
+    except cupy.cuda.memory.OutOfMemoryError:
+        return None
+
+
+#: widen_16<T> / narrow_16<T>: the 16-bit output of a group of heads to and from its float32 running output
+CONVERT_SOURCE = "convert_16.cu"
+CONVERT_THREADS = 256
+
+
+def convert_names() -> list[str]:
+    """Template instantiations of the conversion kernels (both directions, both 16-bit types)."""
+    return [f"{kind}<{t}>" for kind in ("widen_16", "narrow_16") for t in SIXTEEN_BIT_TYPES.values()]
+
+
+#: the conversion kernels' program (both directions, both 16-bit types), compiled for the device's sm_XY
+CONVERT_PROGRAM = Program(CONVERT_SOURCE, tuple(convert_names()))
+
+
+def _convert(kind: str, dtype: str, src: int, dst: int, lse: int, *, rows: int, width: int, head_dim: int,
+             src_stride: int, dst_stride: int, l_stride: int, l_first: int) -> None:
+    """``kind`` (widen_16: 16-bit -> float32; narrow_16: back, to nearest even) of ``rows`` rows of ``width``
+    elements between device addresses ``src`` and ``dst`` (row strides in elements), for the (row, head)
+    pairs whose log-sum-exp (float32 at ``lse``, row stride ``l_stride``, the group's first head ``l_first``)
+    is not -inf."""
+    fn = load(CONVERT_PROGRAM).function(f"{kind}<{SIXTEEN_BIT_TYPES[dtype]}>")
+    steps = rows * (width // 8)
+    blocks = max(1, min(-(-steps // CONVERT_THREADS), 1 << 16))
+    fn((blocks,), (CONVERT_THREADS,), (np.uint64(src), np.uint64(dst), np.uint64(lse), np.int64(rows),
+                                       np.int32(width), np.int32(head_dim), np.int64(src_stride),
+                                       np.int64(dst_stride), np.int64(l_stride), np.int64(l_first)))
+
+
+def launch_local_patterns(q: Any, k: Any, v: Any, patterns: Sequence, causal: bool, scale: float, out: Any,
+                          lse: Any, shape: Sequence[int] | None = None, dtype: Any = None) -> None:
+    """Patterns whose segments lie inside these (n, H, D) 16-bit arrays, merged into ``out`` (16-bit, same
+    layout) and ``lse`` ((n, H) float32, natural log; -inf where nothing was merged yet), in place.
+
+    q, k, v, out, lse: device pointers (ints) to C-contiguous data, or tensors/arrays (their pointers are
+    taken); ``shape`` (n, H, D) and ``dtype`` ('bfloat16' / 'float16', or a torch dtype) are read from
+    ``q`` when it is a tensor and not given. The geometry is ``hilbert_hpc.kernels.launch.FusedKernels``'; the
+    kernel is chosen once for the call (:func:`hilbert_hpc.kernels.selection.choose`).
+    """
+    if shape is None:
+        if not hasattr(q, "shape"):
+            raise ValueError("give shape=(n, H, D) with raw pointers")
+        shape = tuple(q.shape)
+    if dtype is None:
+        if not hasattr(q, "dtype"):
+            raise ValueError("give dtype='bfloat16' or 'float16' with raw pointers")
+        dtype = q.dtype
+    choice = choose(dtype_name(dtype), int(shape[2]))
+    sixteen_bit_kernels(choice).local_patterns(q, k, v, patterns, causal, scale, out, lse, shape=shape)
