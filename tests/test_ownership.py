@@ -224,6 +224,30 @@ def test_a_killed_start_never_leaves_a_half_made_file(tmp_path, job):
     assert all(t.name.startswith(".k") for t in leftovers)
 
 
+KILL_WHILE_NAMING_OWNER = """
+import os, signal, sys
+from hilbert_hpc.study import parts
+from hilbert_hpc.cli import main
+
+def killed(*args, **kwargs):   # the OWNER file written, not yet renamed into place
+    os.kill(os.getpid(), signal.SIGKILL)
+
+parts.move_into_place = killed
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_killed_while_creating_the_parts_folder_then_resume(tmp_path, job):
+    """SIGKILL while the parts folder's OWNER file is renamed into place: the resume is not refused."""
+    path = tmp_path / "p.h5"
+    proc = subprocess.run([sys.executable, "-c", KILL_WHILE_NAMING_OWNER, "run", "job.toml", "-o", path.name],
+                          cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    res = run(["run", "job.toml", "-o", path.name, "--resume"], tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert len(complete_cases(path)) == 4
+
+
 def test_read_only_folder_gives_one_line(tmp_path, job):
     ro = tmp_path / "ro"
     ro.mkdir()
