@@ -54,14 +54,13 @@ def test_every_field_has_a_unit_and_a_meaning():
 
 
 def test_the_layout_lists_the_kernel_variants_the_backends_record():
-    from hilbert_hpc.kernels import PREFERENCE
-    from hilbert_hpc.kernels.half import HALF_VARIANT, MMA16_VARIANT, TMA_VARIANT
+    from hilbert_hpc.kernels.registry import FAMILIES
 
     meaning = dict(((g, n), m) for g, n, _, _, m in rec.doc_rows())[("case attrs", "kernel")]
-    for variant in (*PREFERENCE, HALF_VARIANT, TMA_VARIANT, MMA16_VARIANT, "none"):
+    for variant in (*FAMILIES, "none"):
         assert re.search(rf"\b{variant}\b", meaning), variant
     layout = DOC.read_text().split("## The case record")[0]
-    assert all(re.search(rf"\b{v}\b", layout) for v in (*PREFERENCE, HALF_VARIANT, TMA_VARIANT, MMA16_VARIANT))
+    assert all(re.search(rf"\b{v}\b", layout) for v in FAMILIES)
 
 
 def test_parameters_are_the_case_params():
