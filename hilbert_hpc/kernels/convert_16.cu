@@ -1,5 +1,5 @@
 // Conversions between a 16-bit running output (bf16_t / f16_t bits) and the float32 running output that
-// tma16 keeps for a group of heads (kernels/half.py, HalfKernels): rows of `width` elements, `head_dim` per head
+// tma16 keeps for a group of heads (kernels/sixteen_bit.py, SixteenBitKernels): rows of `width` elements, `head_dim` per head
 // (both multiples of 8), source row r at src + r * src_stride, destination row r at dst + r * dst_stride
 // (elements; every row start 16-byte aligned); the log-sum-exp of row r, head j of the group at
 // lse[r * l_stride + l_first + j]. Eight elements a thread and step, 16-byte accesses on the 16-bit side.
