@@ -22,9 +22,11 @@ same request and get byte-identical cubins. The option sets seen go to stderr.
 from __future__ import annotations
 
 import argparse
+import atexit
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -33,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 os.environ["HILBERT_HPC_CACHE_DIR"] = "off"                                        # compile, do not read
 os.environ["CUPY_CACHE_DIR"] = tempfile.mkdtemp(prefix="cubin-digests-cupy-")   # no cached RawModule cubins
+atexit.register(shutil.rmtree, os.environ["CUPY_CACHE_DIR"], True)              # each process removes its own
 
 #: device compute capabilities whose sm_XY cubins are compared (Pascal to Hopper)
 DEVICE_CCS = (61, 70, 75, 80, 86, 89, 90)
