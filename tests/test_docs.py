@@ -45,3 +45,25 @@ def test_readme_lists_every_docs_page():
     docs_list = readme.split("## Documentation", 1)[1].split("\n## ", 1)[0]
     unlisted = sorted(p.name for p in (ROOT / "docs").glob("*.md") if f"`docs/{p.name}`" not in docs_list)
     assert not unlisted, f"README.md's documentation list lacks {unlisted}"
+
+
+def test_named_package_paths_exist():
+    """Every ``hilbert_hpc.x.y`` the docs, the README and the batch scripts name is a module or a name in one."""
+    import importlib
+
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "slurm").glob("*"))]
+    named = {m for p in docs if p.is_file() for m in re.findall(r"\bhilbert_hpc(?:\.\w+)+", p.read_text())}
+    missing = []
+    for dotted in sorted(named):
+        parts = dotted.split(".")
+        for cut in range(len(parts), 0, -1):
+            try:
+                obj = importlib.import_module(".".join(parts[:cut]))
+            except ImportError:
+                continue
+            for attr in parts[cut:]:
+                obj = getattr(obj, attr, None)
+            if obj is None:
+                missing.append(dotted)
+            break
+    assert not missing, f"named in the docs but not in the package: {missing}"
