@@ -17,109 +17,102 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import cupy
 import numpy as np
 
+from hilbert_hpc.backends.base import KernelChoice
+from hilbert_hpc.backends.cuda_fp32 import CudaFp32Backend
+from hilbert_hpc.backends.torch_peer import device, to_tensor, torch_dtype
 from hilbert_hpc.core.arrays import is_tensor, tensor_to_numpy
 from hilbert_hpc.core.patterns import Pattern
 from hilbert_hpc.core.precision import precision
-from hilbert_hpc.backends import cuda_fp32
-
-name = "cuda"
-on_gpu = True
-#: the ring (float32): the same per-block attention and fused kernels as cuda-fp32
-attend_fn = cuda_fp32.attend_fn
-kernels = cuda_fp32.kernels
 
 
 def _sixteen_bit(dtype: Any) -> bool:
+    """True for bfloat16 and float16 (a case dtype name or a NumPy dtype): the one test of this backend."""
     return precision(np.dtype(dtype).name if not isinstance(dtype, str) else dtype).sixteen_bit
 
 
-def check_case(head_dim: int, dtype: str, ranks: int) -> None:
-    """Refuse (RuntimeError or ValueError with the reason) what this GPU or backend cannot run: before any work.
+class CudaBackend(CudaFp32Backend):
+    """The fused kernels in the case's dtype: the FP32 kernels for float32, the 16-bit kernels on torch tensors."""
 
-    Every dtype runs on any number of ranks (``ranks`` is part of the backends' common signature)."""
-    if not precision(dtype).sixteen_bit:
-        from hilbert_hpc.kernels import _check_head_dim
-
-        _check_head_dim(head_dim)
-        return
-    from hilbert_hpc.kernels import half
-
-    half.select_half(head_dim, dtype)
-
-
-def kernel_variant(head_dim: int, dtype: str = "float32") -> str:
-    """The kernel this GPU runs for ``head_dim`` and ``dtype``, for the results file."""
-    if precision(dtype).sixteen_bit:
+    name = "cuda"
+    dtypes = ("float32", "bfloat16", "float16")
+    
+    def kernel_choice(self, head_dim: int, dtype: str, gpu_here: bool = True) -> KernelChoice:
+        """The kernel this GPU runs for ``head_dim`` and ``dtype``: the FP32 kernels' choice for float32, the
+        16-bit one otherwise (RuntimeError for a GPU without 16-bit tensor cores or a forced variant it cannot
+        run). ``gpu_here=False``: tma16, whose float32 scratch needs the most memory, where it may run."""
+        if not _sixteen_bit(dtype):
+            return super().kernel_choice(head_dim, dtype, gpu_here)
         from hilbert_hpc.kernels import half
 
-        return half.select_half(head_dim, dtype).variant
-    return cuda_fp32.kernel_variant(head_dim)
+        if gpu_here:
+            chosen = half.select_half(head_dim, dtype).variant
+        else:
+            chosen = half.TMA_VARIANT if head_dim in half.TMA_HEAD_DIMS else "unknown"
+        return KernelChoice(chosen, half.scratch_heads if chosen == half.TMA_VARIANT else None)
 
+    def output_itemsize(self, itemsize: int) -> int:
+        """The fused kernels keep a 16-bit output 16-bit."""
+        return itemsize
 
-def to_device(x: Any, dtype: Any) -> Any:
-    """float32: a contiguous CuPy array; 16 bits: a torch tensor on this GPU, rounded to nearest even."""
-    if _sixteen_bit(dtype):
-        from hilbert_hpc.backends import torch_peer
+    def workspace_bytes(self, shard: int, heads: int, head_dim: int, itemsize: int, qkvo_bytes: int,
+                        kernel: KernelChoice) -> int:
+        """tma16's float32 running output of local patterns, one group of heads at a time."""
+        return shard * kernel.scratch_heads(heads) * head_dim * 4 if kernel.scratch_heads else 0
 
-        return torch_peer.to_device(x, dtype)
-    return cuda_fp32.to_device(x, dtype)
+    def ring_kernels(self, dtype: str) -> Any:
+        """The fused-kernel provider the ring uses for ``dtype`` (16 bits: on int16 views, 16-bit output)."""
+        if not _sixteen_bit(dtype):
+            return super().ring_kernels(dtype)
+        from hilbert_hpc.kernels import half
 
+        return half.half_kernels(dtype)
 
-def to_numpy(x: Any) -> np.ndarray:
-    """A host copy (bfloat16 as float32, exactly)."""
-    if is_tensor(x):
-        return tensor_to_numpy(x)
-    return cupy.asnumpy(x)
+    def ring_view(self, x: Any) -> Any:
+        """The array the ring packs and moves: a 16-bit tensor as a CuPy int16 view of its bits (no copy)."""
+        if not is_tensor(x):
+            return x
+        import cupy
+        import torch
 
+        return cupy.asarray(x.view(torch.int16))
 
-def synchronize() -> None:
-    """Wait for all work queued on this GPU (CuPy launches and torch conversions)."""
-    cupy.cuda.Device().synchronize()
+    def ring_output(self, out: Any, dtype: str) -> Any:
+        """The ring's running output as the case's array: 16 bits as a tensor of ``dtype`` (a view, no copy)."""
+        if not _sixteen_bit(dtype):
+            return out
+        import torch
 
+        return torch.as_tensor(out, device=device()).view(torch_dtype(dtype))
 
-def ring_kernels(dtype: str) -> Any:
-    """The fused-kernel provider the ring uses for ``dtype`` (16 bits: on int16 views, 16-bit output)."""
-    if not precision(dtype).sixteen_bit:
-        return kernels
-    from hilbert_hpc.kernels import half
+    def to_device(self, x: Any, dtype: Any) -> Any:
+        """float32: a contiguous CuPy array; 16 bits: a torch tensor on this GPU, rounded to nearest even."""
+        if _sixteen_bit(dtype):
+            return to_tensor(x, dtype)
+        return super().to_device(x, dtype)
 
-    return half.half_kernels(dtype)
+    def to_numpy(self, x: Any) -> np.ndarray:
+        """A host copy (bfloat16 as float32, exactly)."""
+        if is_tensor(x):
+            return tensor_to_numpy(x)
+        return super().to_numpy(x)
 
+    def synchronize(self) -> None:
+        """Wait for all work queued on this GPU (CuPy launches and torch conversions)."""
+        import cupy
 
-def ring_view(x: Any) -> Any:
-    """The array the ring packs and moves: a 16-bit tensor as a CuPy int16 view of its bits (no copy)."""
-    if not is_tensor(x):
-        return x
-    import torch
+        cupy.cuda.Device().synchronize()
 
-    return cupy.asarray(x.view(torch.int16))
+    def serialized_attention(self, qs: Any, ks: Any, vs: Any, patterns: Sequence[Pattern], causal: bool,
+                             scale: float) -> Any:
+        """Dilated attention of a whole serialized sequence with the fused kernel of its dtype."""
+        if not is_tensor(qs):
+            return super().serialized_attention(qs, ks, vs, patterns, causal, scale)
+        import torch
 
-
-def ring_output(out: Any, dtype: str) -> Any:
-    """The ring's running output as the case's array: 16 bits as a tensor of ``dtype`` (a view, no copy)."""
-    if not precision(dtype).sixteen_bit:
+        n, heads, _ = qs.shape
+        out = torch.zeros((n, heads, vs.shape[-1]), dtype=qs.dtype, device=qs.device)
+        lse = torch.full((n, heads), float("-inf"), dtype=torch.float32, device=qs.device)
+        self.ring_kernels(str(qs.dtype).removeprefix("torch.")).local_patterns(qs, ks, vs, patterns, causal, scale, out, lse)
         return out
-    import torch
-
-    from hilbert_hpc.backends import torch_peer
-
-    return torch.as_tensor(out, device=torch_peer.device()).view(torch_peer.torch_dtype(dtype))
-
-
-def serialized_attention(qs: Any, ks: Any, vs: Any, patterns: Sequence[Pattern], causal: bool,
-                         scale: float) -> Any:
-    """Dilated attention of a whole serialized sequence with the fused kernel of its dtype."""
-    if not is_tensor(qs):
-        return cuda_fp32.serialized_attention(qs, ks, vs, patterns, causal, scale)
-    import torch
-
-    from hilbert_hpc.kernels import half
-
-    n, heads, _ = qs.shape
-    out = torch.zeros((n, heads, vs.shape[-1]), dtype=qs.dtype, device=qs.device)
-    lse = torch.full((n, heads), float("-inf"), dtype=torch.float32, device=qs.device)
-    half.launch_local_patterns(qs, ks, vs, patterns, causal, scale, out, lse)
-    return out
