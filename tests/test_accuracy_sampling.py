@@ -27,12 +27,12 @@ def _uniform_rows(seed: int, tokens: int, rows: int) -> np.ndarray:
 def test_a_wrong_output_in_the_only_selected_rows_is_caught(tmp_path, monkeypatch):
     """Uniform sampling of this job picks only rows no pattern selects (output 0, reference 0): a wrong output
     went unseen with max_rel_err 0.0. The check now samples selected rows, catches it and counts the pairs."""
-    from hilbert_hpc.backends import numpy_backend
+    from hilbert_hpc.backends.numpy_backend import NumpyBackend
     from hilbert_hpc.study.runner import run_job
 
     assert not np.isin(_uniform_rows(0, 1024, 4) % 64, [0, 1]).any()       # the premise: nothing selected
-    right = numpy_backend.serialized_attention
-    monkeypatch.setattr(numpy_backend, "serialized_attention", lambda *a, **k: right(*a, **k) * 1.01)
+    right = NumpyBackend.serialized_attention
+    monkeypatch.setattr(NumpyBackend, "serialized_attention", lambda *a, **k: right(*a, **k) * 1.01)
     (tmp_path / "job.toml").write_text(SPARSE)
     out = run_job(load_job(tmp_path / "job.toml"), output=str(tmp_path / "r.h5"), stream=io.StringIO(),
                   progress=io.StringIO())
@@ -102,17 +102,18 @@ def test_selection_is_drawn_uniformly_over_the_union():
 @pytest.mark.parametrize("ordering", ["natural", "hilbert"])
 def test_the_same_rows_and_figures_on_1_2_and_4_ranks(ordering):
     """Each rank checks the sampled rows it owns; together they are the rows one rank checks, with equal errors."""
-    from hilbert_hpc.backends import numpy_backend
+    from hilbert_hpc.backends.numpy_backend import NumpyBackend
     from hilbert_hpc.core.inputs import random_rows
     from hilbert_hpc.study.jobfile import Case
-    from hilbert_hpc.study.measure import case_layout, combine_accuracy, local_accuracy
+    from hilbert_hpc.study.measure import combine_accuracy, local_accuracy
+    from hilbert_hpc.study.setup import case_layout
 
     case = Case(case_id="0000-c", name="c", grid=(32, 32), patterns=(Pattern(64, 1), Pattern(1024, 16)),
                 heads=4, head_dim=8, dtype="float64", ordering=ordering)
     layout1 = case_layout(case, 1)
     q, k, v = (random_rows(5, t, layout1.shard_natural(0), case.heads, case.head_dim, np.float64)
                for t in ("q", "k", "v"))
-    full = numpy_backend.serialized_attention(q, k, v, case.patterns, False, case.softmax_scale)
+    full = NumpyBackend().serialized_attention(q, k, v, case.patterns, False, case.softmax_scale)
     full *= 1.001
     found = {}
     for ranks in (1, 2, 4):

@@ -176,10 +176,10 @@ def test_stops_on_one_rank_end_every_rank_at_a_group_or_repeat_boundary(tmp_path
     out = str(tmp / "r.h5")
     write, step = runner.run_case, CaseRun.step
 
-    def stop_in_write(case, *args, **kwargs):
-        if rank0 and case.case_id == "0000-c":
+    def stop_in_write(setup, *args, **kwargs):
+        if rank0 and setup.case.case_id == "0000-c":
             os.kill(os.getpid(), signal.SIGUSR1)
-        return write(case, *args, **kwargs)
+        return write(setup, *args, **kwargs)
 
     monkeypatch.setattr(runner, "run_case", stop_in_write)
     with pytest.raises(StoppedForRequeue) as info:

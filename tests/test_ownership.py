@@ -488,19 +488,19 @@ def test_maxlen_and_bandwidth_outputs_follow_the_same_rules(tmp_path, job):
 
 def test_a_non_finite_output_row_that_is_not_sampled_fails_the_tolerance(tmp_path, job, monkeypatch):
     """Finiteness is checked on the whole output, not only on the sampled accuracy rows."""
-    from hilbert_hpc.backends import numpy_backend
+    from hilbert_hpc.backends.numpy_backend import NumpyBackend
     from hilbert_hpc.study.jobfile import load_job
     from hilbert_hpc.distributed.mpi import SingleProcessComm
     from hilbert_hpc.study.runner import run_job
 
-    real = numpy_backend.serialized_attention
+    real = NumpyBackend.serialized_attention
 
     def poisoned(*args):
         out = real(*args)
         out[7, 1, 3] = np.inf
         return out
 
-    monkeypatch.setattr(numpy_backend, "serialized_attention", poisoned)
+    monkeypatch.setattr(NumpyBackend, "serialized_attention", poisoned)
     (tmp_path / "job.toml").write_text(OWN_JOB.but(accuracy_rows=1).text())
     path = run_job(load_job(tmp_path / "job.toml", world_size=1), str(tmp_path / "r.h5"), comm=SingleProcessComm(),
                    stream=open(os.devnull, "w"))

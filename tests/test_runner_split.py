@@ -30,7 +30,7 @@ def test_maxlen_uses_only_public_names_of_other_modules():
 
 
 def test_runner_keeps_its_documented_entry_points():
-    from hilbert_hpc.study import measure, runner
+    from hilbert_hpc.study import runner, setup
 
-    assert runner.check_case is measure.check_case
+    assert runner.check_case is setup.check_case
     assert callable(runner.run_case) and callable(runner.run_job)

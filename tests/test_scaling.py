@@ -142,11 +142,11 @@ def test_one_run_covers_every_rank_count_with_identical_results(tmp_path_factory
 
 
 def test_a_wrong_result_is_flagged_before_timing(tmp_path, monkeypatch, capsys):
-    from hilbert_hpc.backends import numpy_backend
+    from hilbert_hpc.backends.numpy_backend import NumpyBackend
     from hilbert_hpc.study.runner import run_job
 
-    right = numpy_backend.serialized_attention
-    monkeypatch.setattr(numpy_backend, "serialized_attention", lambda *a, **k: right(*a, **k) * 1.01)
+    right = NumpyBackend.serialized_attention
+    monkeypatch.setattr(NumpyBackend, "serialized_attention", lambda *a, **k: right(*a, **k) * 1.01)
     job = _job(tmp_path, SCALING.but(save_output=False).text(), 1)
     out = run_job(job, output=str(tmp_path / "bad.h5"), stream=io.StringIO(), progress=io.StringIO())
     assert "exceeds the float64 tolerance" in capsys.readouterr().err

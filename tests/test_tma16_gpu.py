@@ -33,7 +33,7 @@ def _hopper() -> bool:
 def test_split_calls_merge_in_float32_and_leave_unselected_rows_alone(monkeypatch, dtype, d, causal):
     import torch
 
-    from hilbert_hpc.backends.torch_peer import serialized_attention
+    from hilbert_hpc.backends.torch_peer import TorchPeer
     from hilbert_hpc.kernels.selection import SIXTEEN_BIT_ENV, choose
     from hilbert_hpc.kernels.sixteen_bit import launch_local_patterns
     from hilbert_hpc.core.patterns import Pattern
@@ -59,7 +59,7 @@ def test_split_calls_merge_in_float32_and_leave_unselected_rows_alone(monkeypatc
 
     host = [x.float().cpu().numpy().astype(np.float64) for x in (q, k, v)]
     want = dense_dilated_attention(*host, [(p.segment, p.dilation) for p in patterns], causal, scale=scale)
-    peer = serialized_attention(q, k, v, patterns, causal, scale).double().cpu().numpy()
+    peer = TorchPeer().serialized_attention(q, k, v, patterns, causal, scale).double().cpu().numpy()
     got = out.double().cpu().numpy()
     sel = selected.cpu().numpy()
     top = np.abs(want[sel]).max()

@@ -2,40 +2,53 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-import cupy
 import numpy as np
 
-from hilbert_hpc.kernels.providers import ChoosingKernels
-from hilbert_hpc.kernels.selection import choose
-from hilbert_hpc.core.blockwise import attend
+from hilbert_hpc.backends.base import CupyGpuBackend
 from hilbert_hpc.core.dilated import empty_accumulators
 from hilbert_hpc.core.patterns import Pattern
-from hilbert_hpc.backends.cupy_backend import synchronize, to_numpy  # noqa: F401  (same array handling as the cupy backend)
 
-name = "cuda-fp32"
-attend_fn = attend
-on_gpu = True
-#: the ring uses these instead of attend + merge
-kernels = ChoosingKernels("float32")
+if TYPE_CHECKING:
+    from hilbert_hpc.kernels.selection import KernelChoice
 
 
-def kernel_variant(head_dim: int, dtype: str = "float32") -> str:
-    """The FP32 kernel variant this GPU runs for ``head_dim`` (rows aligned to 4 elements), for the results."""
-    return choose("float32", head_dim).name
+class CudaFp32Backend(CupyGpuBackend):
+    """The FP32 fused kernels on CuPy float32 arrays; the ring uses them instead of attend + merge."""
 
+    name = "cuda-fp32"
+    dtypes = ("float32",)
 
-def to_device(x: Any, dtype: Any) -> cupy.ndarray:
-    """Copy to the current GPU as float32 (the only dtype of this backend)."""
-    if np.dtype(dtype) != np.float32:
-        raise ValueError("backend 'cuda-fp32' computes in float32; use dtype = \"float32\" or backend 'cupy'")
-    return cupy.ascontiguousarray(cupy.asarray(x, dtype=np.float32))
+    def kernel_choice(self, head_dim: int, dtype: str, gpu_here: bool = True) -> KernelChoice | None:
+        """The FP32 kernel this GPU runs for ``head_dim`` (:func:`hilbert_hpc.kernels.selection.choose`);
+        ValueError for a head_dim the kernels do not take, RuntimeError for a forced variant this GPU cannot
+        run. Without the GPU (``gpu_here=False``): the choice of the GPU nodes (``planned_choice``)."""
+        from hilbert_hpc.kernels.selection import choose, planned_choice
 
+        return choose("float32", head_dim) if gpu_here else planned_choice("float32", head_dim)
 
-def serialized_attention(qs: cupy.ndarray, ks: cupy.ndarray, vs: cupy.ndarray, patterns: Sequence[Pattern],
-                         causal: bool, scale: float) -> cupy.ndarray:
-    """Dilated attention of a whole serialized sequence with the fused kernel."""
-    out, lse = empty_accumulators(cupy, qs.shape[0], qs.shape[1], vs.shape[-1], qs.dtype)
-    kernels.local_patterns(qs, ks, vs, patterns, causal, scale, out, lse)
-    return out
+    def ring_kernels(self, kernel: KernelChoice | None) -> Any:
+        """The fused kernels of ``kernel`` (local patterns and packed ring blocks)."""
+        from hilbert_hpc.kernels.providers import provider
+
+        return provider(kernel)
+
+    def to_device(self, x: Any, dtype: Any) -> Any:
+        """Copy to the current GPU as float32 (the only dtype of this backend)."""
+        import cupy
+
+        if np.dtype(dtype) != np.float32:
+            raise ValueError("backend 'cuda-fp32' computes in float32; use dtype = \"float32\" or backend 'cupy'")
+        return cupy.ascontiguousarray(cupy.asarray(x, dtype=np.float32))
+
+    def serialized_attention(self, qs: Any, ks: Any, vs: Any, patterns: Sequence[Pattern], causal: bool,
+                             scale: float, kernel: KernelChoice | None = None) -> Any:
+        """Dilated attention of a whole serialized sequence with the fused kernel (``kernel``: the case's choice;
+        None: chosen once here for this call)."""
+        import cupy
+
+        kernel = kernel or self.kernel_choice(int(qs.shape[2]), "float32")
+        out, lse = empty_accumulators(cupy, qs.shape[0], qs.shape[1], vs.shape[-1], qs.dtype)
+        self.ring_kernels(kernel).local_patterns(qs, ks, vs, patterns, causal, scale, out, lse)
+        return out

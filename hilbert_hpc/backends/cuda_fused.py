@@ -15,111 +15,94 @@ packed K/V blocks carry half the bytes of float32, and the running output stays
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-import cupy
 import numpy as np
 
+from hilbert_hpc.backends.cuda_fp32 import CudaFp32Backend
+from hilbert_hpc.backends.torch_peer import device, to_tensor, torch_dtype
 from hilbert_hpc.core.arrays import is_tensor, tensor_to_numpy
 from hilbert_hpc.core.patterns import Pattern
 from hilbert_hpc.core.precision import precision
-from hilbert_hpc.backends import cuda_fp32
 
-name = "cuda"
-on_gpu = True
-#: the ring (float32): the same per-block attention and fused kernels as cuda-fp32
-attend_fn = cuda_fp32.attend_fn
-kernels = cuda_fp32.kernels
+if TYPE_CHECKING:
+    from hilbert_hpc.kernels.selection import KernelChoice
 
 
 def _sixteen_bit(dtype: Any) -> bool:
+    """True for bfloat16 and float16 (a case dtype name or a NumPy dtype): the one test of this backend."""
     return precision(np.dtype(dtype).name if not isinstance(dtype, str) else dtype).sixteen_bit
 
 
-def check_case(head_dim: int, dtype: str, ranks: int) -> None:
-    """Refuse (RuntimeError or ValueError with the reason) what this GPU or backend cannot run: before any work.
+class CudaBackend(CudaFp32Backend):
+    """The fused kernels in the case's dtype: the FP32 kernels for float32, the 16-bit kernels on torch tensors."""
 
-    Every dtype runs on any number of ranks (``ranks`` is part of the backends' common signature)."""
-    if not precision(dtype).sixteen_bit:
-        from hilbert_hpc.kernels.registry import check_head_dim
+    name = "cuda"
+    dtypes = ("float32", "bfloat16", "float16")
 
-        check_head_dim(dtype, head_dim)
-        return
-    from hilbert_hpc.kernels.selection import choose
+    def kernel_choice(self, head_dim: int, dtype: str, gpu_here: bool = True) -> KernelChoice | None:
+        """The kernel this GPU runs for ``head_dim`` and ``dtype`` (:func:`hilbert_hpc.kernels.selection.choose`:
+        the FP32 kernels for float32, the 16-bit ones otherwise; RuntimeError for a GPU without 16-bit tensor
+        cores or a forced variant it cannot run). ``gpu_here=False``: the choice of the GPU nodes."""
+        from hilbert_hpc.kernels.selection import choose, planned_choice
 
-    choose(dtype, head_dim)
+        return choose(dtype, head_dim) if gpu_here else planned_choice(dtype, head_dim)
 
+    def output_itemsize(self, itemsize: int) -> int:
+        """The fused kernels keep a 16-bit output 16-bit."""
+        return itemsize
 
-def kernel_variant(head_dim: int, dtype: str = "float32") -> str:
-    """The kernel this GPU runs for ``head_dim`` and ``dtype``, for the results file."""
-    if precision(dtype).sixteen_bit:
-        from hilbert_hpc.kernels.selection import choose
+    def workspace_bytes(self, shard: int, heads: int, head_dim: int, itemsize: int, qkvo_bytes: int,
+                        kernel: KernelChoice | None) -> int:
+        """tma16's float32 running output of local patterns, one group of heads at a time."""
+        return kernel.scratch_bytes(shard, heads) if kernel else 0
 
-        return choose(dtype, head_dim).name
-    return cuda_fp32.kernel_variant(head_dim)
+    def ring_view(self, x: Any) -> Any:
+        """The array the ring packs and moves: a 16-bit tensor as a CuPy int16 view of its bits (no copy)."""
+        if not is_tensor(x):
+            return x
+        import cupy
+        import torch
 
+        return cupy.asarray(x.view(torch.int16))
 
-def to_device(x: Any, dtype: Any) -> Any:
-    """float32: a contiguous CuPy array; 16 bits: a torch tensor on this GPU, rounded to nearest even."""
-    if _sixteen_bit(dtype):
-        from hilbert_hpc.backends import torch_peer
+    def ring_output(self, out: Any, dtype: str) -> Any:
+        """The ring's running output as the case's array: 16 bits as a tensor of ``dtype`` (a view, no copy)."""
+        if not _sixteen_bit(dtype):
+            return out
+        import torch
 
-        return torch_peer.to_device(x, dtype)
-    return cuda_fp32.to_device(x, dtype)
+        return torch.as_tensor(out, device=device()).view(torch_dtype(dtype))
 
+    def to_device(self, x: Any, dtype: Any) -> Any:
+        """float32: a contiguous CuPy array; 16 bits: a torch tensor on this GPU, rounded to nearest even."""
+        if _sixteen_bit(dtype):
+            return to_tensor(x, dtype)
+        return super().to_device(x, dtype)
 
-def to_numpy(x: Any) -> np.ndarray:
-    """A host copy (bfloat16 as float32, exactly)."""
-    if is_tensor(x):
-        return tensor_to_numpy(x)
-    return cupy.asnumpy(x)
+    def to_numpy(self, x: Any) -> np.ndarray:
+        """A host copy (bfloat16 as float32, exactly)."""
+        if is_tensor(x):
+            return tensor_to_numpy(x)
+        return super().to_numpy(x)
 
+    def synchronize(self) -> None:
+        """Wait for all work queued on this GPU (CuPy launches and torch conversions)."""
+        import cupy
 
-def synchronize() -> None:
-    """Wait for all work queued on this GPU (CuPy launches and torch conversions)."""
-    cupy.cuda.Device().synchronize()
+        cupy.cuda.Device().synchronize()
 
+    def serialized_attention(self, qs: Any, ks: Any, vs: Any, patterns: Sequence[Pattern], causal: bool,
+                             scale: float, kernel: KernelChoice | None = None) -> Any:
+        """Dilated attention of a whole serialized sequence with the fused kernel of its dtype (``kernel``: the
+        case's choice; None: chosen once here for this call)."""
+        if not is_tensor(qs):
+            return super().serialized_attention(qs, ks, vs, patterns, causal, scale, kernel)
+        import torch
 
-def ring_kernels(dtype: str) -> Any:
-    """The fused-kernel provider the ring uses for ``dtype`` (16 bits: on int16 views, 16-bit output)."""
-    if not precision(dtype).sixteen_bit:
-        return kernels
-    from hilbert_hpc.kernels.providers import ChoosingKernels
-
-    return ChoosingKernels(dtype)
-
-
-def ring_view(x: Any) -> Any:
-    """The array the ring packs and moves: a 16-bit tensor as a CuPy int16 view of its bits (no copy)."""
-    if not is_tensor(x):
-        return x
-    import torch
-
-    return cupy.asarray(x.view(torch.int16))
-
-
-def ring_output(out: Any, dtype: str) -> Any:
-    """The ring's running output as the case's array: 16 bits as a tensor of ``dtype`` (a view, no copy)."""
-    if not precision(dtype).sixteen_bit:
+        n, heads, head_dim = qs.shape
+        kernel = kernel or self.kernel_choice(int(head_dim), str(qs.dtype).removeprefix("torch."))
+        out = torch.zeros((n, heads, vs.shape[-1]), dtype=qs.dtype, device=qs.device)
+        lse = torch.full((n, heads), float("-inf"), dtype=torch.float32, device=qs.device)
+        self.ring_kernels(kernel).local_patterns(qs, ks, vs, patterns, causal, scale, out, lse)
         return out
-    import torch
-
-    from hilbert_hpc.backends import torch_peer
-
-    return torch.as_tensor(out, device=torch_peer.device()).view(torch_peer.torch_dtype(dtype))
-
-
-def serialized_attention(qs: Any, ks: Any, vs: Any, patterns: Sequence[Pattern], causal: bool,
-                         scale: float) -> Any:
-    """Dilated attention of a whole serialized sequence with the fused kernel of its dtype."""
-    if not is_tensor(qs):
-        return cuda_fp32.serialized_attention(qs, ks, vs, patterns, causal, scale)
-    import torch
-
-    from hilbert_hpc.kernels.sixteen_bit import launch_local_patterns
-
-    n, heads, _ = qs.shape
-    out = torch.zeros((n, heads, vs.shape[-1]), dtype=qs.dtype, device=qs.device)
-    lse = torch.full((n, heads), float("-inf"), dtype=torch.float32, device=qs.device)
-    launch_local_patterns(qs, ks, vs, patterns, causal, scale, out, lse)
-    return out

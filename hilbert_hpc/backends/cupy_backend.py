@@ -6,36 +6,38 @@ the ring computes with on GPUs until a fused kernel provider takes over.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-import cupy
-import numpy as np
-
-from hilbert_hpc.core.blockwise import attend
+from hilbert_hpc.backends.base import CupyGpuBackend
+from hilbert_hpc.backends.numpy_backend import TILE_ARRAYS
 from hilbert_hpc.core.dilated import local_dilated_attention
 from hilbert_hpc.core.patterns import Pattern
 
-name = "cupy"
-attend_fn = attend
-on_gpu = True
+if TYPE_CHECKING:
+    from hilbert_hpc.kernels.selection import KernelChoice
+
+#: elements of one score tile of the CuPy backend
+CUPY_TILE = 1 << 25
 
 
-def to_device(x: Any, dtype: Any) -> cupy.ndarray:
-    """Copy a host array to the current GPU as a contiguous array of ``dtype``."""
-    return cupy.ascontiguousarray(cupy.asarray(x, dtype=dtype))
+class CupyBackend(CupyGpuBackend):
+    """The array-module algorithm on CuPy device arrays."""
 
+    name = "cupy"
+    dtypes = ("float64", "float32")
 
-def to_numpy(x: cupy.ndarray) -> np.ndarray:
-    """Copy a device array back to host memory."""
-    return cupy.asnumpy(x)
+    def workspace_bytes(self, shard: int, heads: int, head_dim: int, itemsize: int, qkvo_bytes: int,
+                        kernel: KernelChoice | None) -> int:
+        """Score tiles: ``TILE_ARRAYS`` tiles of ``CUPY_TILE`` elements."""
+        return TILE_ARRAYS * CUPY_TILE * max(itemsize, 4)
 
+    def to_device(self, x: Any, dtype: Any) -> Any:
+        """Copy a host array to the current GPU as a contiguous array of ``dtype``."""
+        import cupy
 
-def synchronize() -> None:
-    """Wait for the current stream."""
-    cupy.cuda.get_current_stream().synchronize()
+        return cupy.ascontiguousarray(cupy.asarray(x, dtype=dtype))
 
-
-def serialized_attention(qs: cupy.ndarray, ks: cupy.ndarray, vs: cupy.ndarray, patterns: Sequence[Pattern],
-                         causal: bool, scale: float) -> cupy.ndarray:
-    """Dilated attention of serialized device arrays; output in the accumulator dtype."""
-    return local_dilated_attention(qs, ks, vs, patterns, causal, scale)
+    def serialized_attention(self, qs: Any, ks: Any, vs: Any, patterns: Sequence[Pattern], causal: bool,
+                             scale: float, kernel: KernelChoice | None = None) -> Any:
+        """Dilated attention of serialized device arrays; output in the accumulator dtype."""
+        return local_dilated_attention(qs, ks, vs, patterns, causal, scale)

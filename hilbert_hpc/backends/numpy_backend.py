@@ -2,34 +2,47 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import os
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from hilbert_hpc.core.blockwise import attend
+from hilbert_hpc.backends.base import Backend
 from hilbert_hpc.core.dilated import local_dilated_attention
 from hilbert_hpc.core.patterns import Pattern
 
-name = "numpy"
-attend_fn = attend
-on_gpu = False
+if TYPE_CHECKING:
+    from hilbert_hpc.kernels.selection import KernelChoice
+
+#: blockwise backends: a score tile, its probabilities and one temporary of the same size
+TILE_ARRAYS = 3
+#: elements of one score tile of the NumPy backend (per thread)
+NUMPY_TILE = 1 << 18
 
 
-def to_device(x: Any, dtype: Any) -> np.ndarray:
-    """NumPy arrays stay where they are (converted to ``dtype``)."""
-    return np.ascontiguousarray(x, dtype=dtype)
+class NumpyBackend(Backend):
+    """The array-module algorithm on NumPy arrays, on the host."""
 
+    name = "numpy"
+    dtypes = ("float64", "float32")
 
-def to_numpy(x: Any) -> np.ndarray:
-    """Identity for NumPy arrays."""
-    return np.asarray(x)
+    def workspace_bytes(self, shard: int, heads: int, head_dim: int, itemsize: int, qkvo_bytes: int,
+                        kernel: KernelChoice | None) -> int:
+        """Score tiles: ``TILE_ARRAYS`` tiles per thread, one thread per core."""
+        return TILE_ARRAYS * NUMPY_TILE * max(itemsize, 4) * (os.cpu_count() or 1)
 
+    def to_device(self, x: Any, dtype: Any) -> np.ndarray:
+        """NumPy arrays stay where they are (converted to ``dtype``)."""
+        return np.ascontiguousarray(x, dtype=dtype)
 
-def synchronize() -> None:
-    """Nothing is asynchronous on the CPU."""
+    def to_numpy(self, x: Any) -> np.ndarray:
+        """Identity for NumPy arrays."""
+        return np.asarray(x)
 
+    def synchronize(self) -> None:
+        """Nothing is asynchronous on the CPU."""
 
-def serialized_attention(qs: np.ndarray, ks: np.ndarray, vs: np.ndarray, patterns: Sequence[Pattern],
-                         causal: bool, scale: float) -> np.ndarray:
-    """Dilated attention of serialized arrays; output in the accumulator dtype (>= float32)."""
-    return local_dilated_attention(qs, ks, vs, patterns, causal, scale)
+    def serialized_attention(self, qs: np.ndarray, ks: np.ndarray, vs: np.ndarray, patterns: Sequence[Pattern],
+                             causal: bool, scale: float, kernel: KernelChoice | None = None) -> np.ndarray:
+        """Dilated attention of serialized arrays; output in the accumulator dtype (>= float32)."""
+        return local_dilated_attention(qs, ks, vs, patterns, causal, scale)

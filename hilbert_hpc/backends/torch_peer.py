@@ -8,33 +8,39 @@ backend; it is the baseline every benchmark compares against.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
-import torch
 
+from hilbert_hpc.backends.base import Backend
 from hilbert_hpc.core.patterns import Pattern
 
-name = "torch"
-#: the peer runs on one process: it is the single-device baseline
-attend_fn = None
-on_gpu = torch.cuda.is_available()
+if TYPE_CHECKING:
+    from hilbert_hpc.kernels.selection import KernelChoice
 
-_DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
+#: PyTorch peer: gathered Q/K/V/O copies per pattern and offset, measured (docs/performance.md)
+TORCH_WORKSPACE = 1.25
 
 
-def torch_dtype(name: str) -> torch.dtype:
+def torch_dtype(name: str) -> Any:
     """The torch dtype of a case dtype name ('float32', 'bfloat16', ...)."""
-    return _DTYPES[name]
+    import torch
+
+    return {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
+            "bfloat16": torch.bfloat16}[name]
 
 
-def device() -> torch.device:
+def device() -> Any:
     """The GPU this rank uses if CUDA is available, else the CPU."""
+    import torch
+
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
-def to_device(x: Any, dtype: Any) -> torch.Tensor:
+def to_tensor(x: Any, dtype: Any) -> Any:
     """A NumPy array, a CUDA array (CuPy) or a tensor as a contiguous tensor of ``dtype`` on ``device()``."""
+    import torch
+
     if isinstance(x, torch.Tensor):
         t = x
     elif hasattr(x, "__cuda_array_interface__"):
@@ -44,25 +50,13 @@ def to_device(x: Any, dtype: Any) -> torch.Tensor:
     else:
         t = torch.from_numpy(np.ascontiguousarray(x))
     # float32 -> 16 bits rounds to nearest even, as ml_dtypes does for the float64 reference
-    return t.to(device=device(), dtype=_DTYPES[np.dtype(dtype).name]).contiguous()
+    return t.to(device=device(), dtype=torch_dtype(np.dtype(dtype).name)).contiguous()
 
 
-def to_numpy(x: torch.Tensor) -> np.ndarray:
-    """Copy a tensor back to host memory as a NumPy array (bfloat16 as float32, exactly)."""
-    from hilbert_hpc.core.arrays import tensor_to_numpy
-
-    return tensor_to_numpy(x)
-
-
-def synchronize() -> None:
-    """Wait for queued CUDA work (no-op on the CPU)."""
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def sdpa_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                  scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def sdpa_with_lse(q: Any, k: Any, v: Any, causal: bool, scale: float) -> tuple[Any, Any]:
     """``scaled_dot_product_attention`` on (B, H, L, D) tensors, also returning the log-sum-exp (B, H, L)."""
+    import torch
+
     if q.is_cuda:
         out, lse, *_ = torch.ops.aten._scaled_dot_product_efficient_attention(
             q, k, v, None, True, 0.0, causal, scale=scale)
@@ -72,31 +66,76 @@ def sdpa_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     return out, lse
 
 
-def serialized_attention(qs: torch.Tensor, ks: torch.Tensor, vs: torch.Tensor, patterns: Sequence[Pattern],
-                         causal: bool, scale: float) -> torch.Tensor:
-    """Dilated attention of serialized (N, H, D) tensors -> serialized output (N, H, Dv).
+class TorchPeer(Backend):
+    """The PyTorch peer: SDPA per pattern and head offset, merged by log-sum-exp; one process only."""
 
-    SDPA runs in the input dtype; the merge of patterns, the running output and the log-sum-exp are at
-    least FP32; the output has the input dtype.
-    """
-    n, heads, _ = qs.shape
-    acc = torch.promote_types(qs.dtype, torch.float32)
-    out = torch.zeros((n, heads, vs.shape[-1]), dtype=acc, device=qs.device)
-    lse = torch.full((n, heads), float("-inf"), dtype=acc, device=qs.device)
-    for p in patterns:
-        nseg, m, r = n // p.segment, p.selected, p.dilation
+    name = "torch"
+    dtypes = ("float64", "float32", "bfloat16", "float16")
+    requires = ("torch",)
+    #: the peer runs on one process: it is the single-device baseline
+    attend_fn = None
 
-        def rows(x: torch.Tensor, o: int) -> torch.Tensor:
-            # (segments, heads with offset o, selected rows, D): one SDPA batch entry per segment/head
-            return x.view(nseg, m, r, heads, x.shape[-1])[:, :, o, o::r].permute(0, 2, 1, 3).contiguous()
+    @property
+    def on_gpu(self) -> bool:  # type: ignore[override]
+        """True when torch sees a CUDA device (the peer follows the machine)."""
+        import torch
 
-        for o in range(min(r, heads)):
-            part, part_lse = sdpa_with_lse(rows(qs, o), rows(ks, o), rows(vs, o), causal, scale)
-            dst = out.view(nseg, m, r, heads, -1)[:, :, o, o::r]
-            dst_lse = lse.view(nseg, m, r, heads)[:, :, o, o::r]
-            part = part.permute(0, 2, 1, 3).to(acc)
-            part_lse = part_lse.permute(0, 2, 1).to(acc)
-            new_lse = torch.logaddexp(dst_lse, part_lse)
-            dst.copy_(dst * torch.exp(dst_lse - new_lse)[..., None] + part * torch.exp(part_lse - new_lse)[..., None])
-            dst_lse.copy_(new_lse)
-    return out if out.dtype == qs.dtype else out.to(qs.dtype)      # 16-bit inputs: a 16-bit output
+        return torch.cuda.is_available()
+
+    def workspace_bytes(self, shard: int, heads: int, head_dim: int, itemsize: int, qkvo_bytes: int,
+                        kernel: KernelChoice | None) -> int:
+        """The gathered copies: ``TORCH_WORKSPACE`` times the Q/K/V/O bytes (measured)."""
+        return int(TORCH_WORKSPACE * qkvo_bytes)
+
+    def plan_on_gpu(self, gpu_nodes: bool | None) -> bool:
+        """On GPU nodes (``gpu_nodes``) the peer runs on their GPU; otherwise as on this machine."""
+        return self.require().on_gpu if gpu_nodes is None else gpu_nodes
+
+    def to_device(self, x: Any, dtype: Any) -> Any:
+        """A contiguous tensor of ``dtype`` on ``device()`` (:func:`to_tensor`)."""
+        return to_tensor(x, dtype)
+
+    def to_numpy(self, x: Any) -> np.ndarray:
+        """Copy a tensor back to host memory as a NumPy array (bfloat16 as float32, exactly)."""
+        from hilbert_hpc.core.arrays import tensor_to_numpy
+
+        return tensor_to_numpy(x)
+
+    def synchronize(self) -> None:
+        """Wait for queued CUDA work (no-op on the CPU)."""
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+    def serialized_attention(self, qs: Any, ks: Any, vs: Any, patterns: Sequence[Pattern], causal: bool,
+                             scale: float, kernel: KernelChoice | None = None) -> Any:
+        """Dilated attention of serialized (N, H, D) tensors -> serialized output (N, H, Dv).
+
+        SDPA runs in the input dtype; the merge of patterns, the running output and the log-sum-exp are at
+        least FP32; the output has the input dtype.
+        """
+        import torch
+
+        n, heads, _ = qs.shape
+        acc = torch.promote_types(qs.dtype, torch.float32)
+        out = torch.zeros((n, heads, vs.shape[-1]), dtype=acc, device=qs.device)
+        lse = torch.full((n, heads), float("-inf"), dtype=acc, device=qs.device)
+        for p in patterns:
+            nseg, m, r = n // p.segment, p.selected, p.dilation
+
+            def rows(x: Any, o: int) -> Any:
+                # (segments, heads with offset o, selected rows, D): one SDPA batch entry per segment/head
+                return x.view(nseg, m, r, heads, x.shape[-1])[:, :, o, o::r].permute(0, 2, 1, 3).contiguous()
+
+            for o in range(min(r, heads)):
+                part, part_lse = sdpa_with_lse(rows(qs, o), rows(ks, o), rows(vs, o), causal, scale)
+                dst = out.view(nseg, m, r, heads, -1)[:, :, o, o::r]
+                dst_lse = lse.view(nseg, m, r, heads)[:, :, o, o::r]
+                part = part.permute(0, 2, 1, 3).to(acc)
+                part_lse = part_lse.permute(0, 2, 1).to(acc)
+                new_lse = torch.logaddexp(dst_lse, part_lse)
+                dst.copy_(dst * torch.exp(dst_lse - new_lse)[..., None]
+                          + part * torch.exp(part_lse - new_lse)[..., None])
+                dst_lse.copy_(new_lse)
+        return out if out.dtype == qs.dtype else out.to(qs.dtype)      # 16-bit inputs: a 16-bit output

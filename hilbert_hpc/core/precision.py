@@ -1,4 +1,4 @@
-"""The dtypes a case can compute in, and what follows from each: host dtype, bytes, tolerance, backends.
+"""The dtypes a case can compute in, and what follows from each: host dtype, bytes, tolerance.
 
 ``float64`` and ``float32`` compute in their own precision. ``bfloat16`` and
 ``float16`` keep Q, K, V and the output in 16 bits while scores, softmax, the
@@ -6,6 +6,7 @@ running output and the log-sum-exp stay in FP32 (the PyTorch peer: FP32 merge
 around 16-bit SDPA). On the host a bfloat16 array is NumPy's ``ml_dtypes.bfloat16``;
 inputs are made in float32 and rounded to nearest-even where they reach the
 backend, and the float64 accuracy reference starts from the same rounded values.
+Which backends compute in a dtype is each backend's ``dtypes`` (``hilbert_hpc.backends``).
 """
 
 from __future__ import annotations
@@ -27,8 +28,6 @@ class Precision:
     itemsize: int
     #: largest max-relative error against float64 that counts as correct
     tolerance: float
-    #: backends that compute in it
-    backends: tuple[str, ...]
     #: dtype of saved outputs in HDF5 (which has no bfloat16: stored exactly as float32)
     file_dtype: str
 
@@ -57,10 +56,10 @@ class Precision:
 
 #: bf16 keeps 8 significant bits (unit roundoff 2^-9), fp16 11 (2^-12): a few roundings of the output
 PRECISIONS = {
-    "float64": Precision("float64", 8, 1e-10, ("numpy", "cupy", "torch"), "float64"),
-    "float32": Precision("float32", 4, 1e-4, ("numpy", "cupy", "torch", "cuda-fp32", "cuda"), "float32"),
-    "bfloat16": Precision("bfloat16", 2, 2e-2, ("torch", "cuda"), "float32"),
-    "float16": Precision("float16", 2, 4e-3, ("torch", "cuda"), "float16"),
+    "float64": Precision("float64", 8, 1e-10, "float64"),
+    "float32": Precision("float32", 4, 1e-4, "float32"),
+    "bfloat16": Precision("bfloat16", 2, 2e-2, "float32"),
+    "float16": Precision("float16", 2, 4e-3, "float16"),
 }
 DTYPES = tuple(PRECISIONS)
 
@@ -72,11 +71,3 @@ def precision(name: str, param: str = "dtype") -> Precision:
     except KeyError:
         raise ConfigError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}", param) from None
 
-
-def check_backend(dtype: str, backend: str, param: str) -> None:
-    """Refuse a (dtype, backend) pair that does not compute: one line naming both and what does."""
-    p = precision(dtype)
-    if backend not in p.backends:
-        others = [d for d, q in PRECISIONS.items() if backend in q.backends]
-        raise ConfigError(f"backend {backend!r} does not compute in {dtype} (it takes {', '.join(others)}); "
-                          f"dtype {dtype} runs on backend {' or '.join(p.backends)}", param)

@@ -210,8 +210,9 @@ def ring_dilated_attention(qs: Array, ks: Array, vs: Array, *, patterns: Sequenc
     plain MPI on the arrays as given (host arrays, or a CUDA-aware MPI).
     Counters are added to ``stats`` when given. ``sync_rings`` puts a barrier
     before each ring (timing studies: waits then measure communication, and the
-    barrier time, ``imbalance_s``, the load imbalance). ``kernels`` (e.g.
-    :mod:`hilbert_hpc.kernels.launch`) replaces ``attend_fn`` + merge with fused kernels.
+    barrier time, ``imbalance_s``, the load imbalance). ``kernels`` (a backend's
+    ``ring_kernels``: ``accumulators``, ``local_patterns``, ``ring_block``) replaces ``attend_fn`` + merge
+    with fused kernels.
     """
     import math
 
@@ -223,7 +224,7 @@ def ring_dilated_attention(qs: Array, ks: Array, vs: Array, *, patterns: Sequenc
     scale = 1.0 / math.sqrt(dk) if scale is None else scale
     transport = transport or HostTransport(comm)
     stats = stats if stats is not None else RingStats()
-    if kernels is not None and hasattr(kernels, "accumulators"):
+    if kernels is not None:
         out, lse = kernels.accumulators(xp, shard, heads, dv, qs.dtype)   # the kernels' own output dtype
     else:
         out, lse = empty_accumulators(xp, shard, heads, dv, qs.dtype)

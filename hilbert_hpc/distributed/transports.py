@@ -17,6 +17,7 @@ another from a rank) and later waits for it:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -176,23 +177,49 @@ class StagedExchange(Exchange):
         MPI.Request.Waitall(self.requests)
 
 
-def resolve_transport(name: str, on_gpu: bool, comm: Any) -> tuple[Any, str]:
-    """The transport object for ``name`` and a sentence saying why it was chosen."""
+@dataclass(frozen=True)
+class TransportChoice:
+    """Which transport a case's ring uses and why, decided once before any work (no communicator needed)."""
+
+    #: host, cuda-aware or staged
+    name: str
+    #: the sentence the results record as ``transport_reason``
+    reason: str
+    #: (known to work, evidence) of the MPI library's CUDA-awareness where it was asked (device arrays, auto or
+    #: cuda-aware); None otherwise
+    cuda_aware: tuple[bool, str] | None = None
+
+
+def choose_transport(name: str, on_gpu: bool) -> TransportChoice:
+    """The transport for ``name`` (``TRANSPORTS``) and arrays on a GPU or not, with the reason; the MPI
+    library's CUDA-awareness (:func:`~hilbert_hpc.distributed.cuda_aware.cuda_aware_support`) is asked here only."""
     if name not in TRANSPORTS:
         raise ConfigError(f"unknown transport {name!r}; choose one of {', '.join(TRANSPORTS)}", "transport")
     if not on_gpu:
         if name in ("cuda-aware", "staged"):
-            return HostTransport(comm), f"{name} requested, but the arrays are host (NumPy) arrays: host transport"
-        return HostTransport(comm), "host arrays: plain MPI on host memory"
+            return TransportChoice("host", f"{name} requested, but the arrays are host (NumPy) arrays: host transport")
+        return TransportChoice("host", "host arrays: plain MPI on host memory")
+    if name == "staged":
+        return TransportChoice("staged", "staged requested")
+    if name == "host":
+        raise ConfigError("transport 'host' cannot move device arrays; use staged or cuda-aware", "transport")
     from hilbert_hpc.distributed.cuda_aware import cuda_aware_support
 
     known, why = cuda_aware_support()
-    if name == "auto":
-        if known:
-            return CudaAwareTransport(comm), f"auto: cuda-aware ({why})"
-        return StagedTransport(comm), f"auto: staged ({why})"
     if name == "cuda-aware":
-        return CudaAwareTransport(comm), f"cuda-aware requested ({why})"
-    if name == "staged":
-        return StagedTransport(comm), "staged requested"
-    raise ConfigError("transport 'host' cannot move device arrays; use staged or cuda-aware", "transport")
+        return TransportChoice("cuda-aware", f"cuda-aware requested ({why})", (known, why))
+    if known:
+        return TransportChoice("cuda-aware", f"auto: cuda-aware ({why})", (known, why))
+    return TransportChoice("staged", f"auto: staged ({why})", (known, why))
+
+
+def open_transport(choice: TransportChoice, comm: Any) -> Any:
+    """The transport object of ``choice`` on ``comm``."""
+    kinds = {"host": HostTransport, "cuda-aware": CudaAwareTransport, "staged": StagedTransport}
+    return kinds[choice.name](comm)
+
+
+def resolve_transport(name: str, on_gpu: bool, comm: Any) -> tuple[Any, str]:
+    """The transport object for ``name`` on ``comm`` and a sentence saying why it was chosen."""
+    choice = choose_transport(name, on_gpu)
+    return open_transport(choice, comm), choice.reason

@@ -32,9 +32,9 @@ def print_info() -> None:
         print("gpu:      none visible (CuPy missing or no CUDA device)")
     versions = library_versions()
     print(f"mpi:      {versions.get('mpi_library', 'mpi4py not installed')}")
-    from hilbert_hpc.distributed.cuda_aware import cuda_aware_support
+    from hilbert_hpc.distributed.transports import choose_transport
 
-    known, why = cuda_aware_support()
-    print(f"transport (auto, GPU arrays): {'cuda-aware' if known else 'staged'} ({why})")
+    auto = choose_transport("auto", on_gpu=True)
+    print(f"transport (auto, GPU arrays): {auto.name} ({auto.cuda_aware[1]})")
     print(f"git:      {git_hash()}")
     print("versions: " + json.dumps({k: v for k, v in versions.items() if k != "mpi_library"}))

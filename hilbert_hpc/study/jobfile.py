@@ -44,7 +44,8 @@ from hilbert_hpc.errors import ConfigError, JobFileError
 from hilbert_hpc.core.ordering import ORDERINGS
 from hilbert_hpc.distributed.transports import TRANSPORTS
 from hilbert_hpc.core.patterns import Pattern, check_problem, check_serializable, parse_grid, parse_patterns
-from hilbert_hpc.core.precision import DTYPES, check_backend
+from hilbert_hpc.backends import check_backend
+from hilbert_hpc.core.precision import DTYPES
 
 #: longest job, case or study name (names become file names and HDF5 group names)
 MAX_NAME = 64

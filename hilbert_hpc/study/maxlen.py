@@ -40,7 +40,6 @@ import numpy as np
 from hilbert_hpc.core import device_memory
 from hilbert_hpc.errors import ConfigError, JobFileError, UserError
 from hilbert_hpc.core.patterns import Pattern, parse_patterns
-from hilbert_hpc.core.precision import check_backend, precision
 
 
 @dataclass(frozen=True)
@@ -79,7 +78,7 @@ SEARCH_KEYS = {"name", "output", "backends", "heads", "head_dim", "local_pattern
 
 def load_search(path: str | Path) -> Search:
     """Read and validate a max-length study file; a JobFileError names the problem."""
-    from hilbert_hpc.backends import BACKENDS
+    from hilbert_hpc.backends import BACKENDS, check_backend
     from hilbert_hpc.study.jobfile import check_job_seed, check_name, read_toml
 
     doc, text = read_toml(path)
@@ -141,28 +140,27 @@ def _is_out_of_memory(exc: BaseException) -> bool:
 
 def trial(search: Search, backend: str, tokens: int, check_rows: int = 0) -> dict[str, Any]:
     """One attempt at ``tokens``: fits or not, time, peak bytes, floor bytes, and (optionally) accuracy."""
-    from hilbert_hpc.backends import get_backend
     from hilbert_hpc.study.jobfile import Case
     from hilbert_hpc.core.arrays import RowReader
-    from hilbert_hpc.study.measure import backend_inputs, case_layout, local_accuracy
+    from hilbert_hpc.study.measure import backend_inputs, local_accuracy
+    from hilbert_hpc.study.setup import check_case
 
-    be = get_backend(backend)
     case = Case(case_id=f"{backend}-{tokens}", name=search.name, grid=(tokens,), patterns=search.patterns(tokens),
                 heads=search.heads, head_dim=search.head_dim, backend=backend, dtype=search.dtype)
-    layout = case_layout(case, 1)
-    floor = 4 * tokens * search.heads * search.head_dim * precision(search.dtype).itemsize
+    setup = check_case(case, 1)
+    be, layout = setup.backend, setup.layout
+    floor = 4 * tokens * search.heads * search.head_dim * setup.precision.itemsize
     result = {"backend": backend, "tokens": tokens, "fits": False, "attention_s": np.nan, "peak_bytes": 0,
               "floor_bytes": floor, "memory_ratio": np.nan, "max_rel_err": np.nan}
     device_memory.reset_peak()
     from hilbert_hpc.distributed.mpi import SingleProcessComm
 
     try:
-        qkv = [be.to_device(x, search.dtype)
-               for x in backend_inputs(case, search.seed, layout, SingleProcessComm(), 0, be)]
+        qkv = [be.to_device(x, search.dtype) for x in backend_inputs(setup, search.seed, SingleProcessComm(), 0)]
         be.synchronize()
         device_memory.reset_peak()          # keeps Q, K, V; drops generation temporaries
         t0 = time.perf_counter()
-        out = be.serialized_attention(*qkv, case.patterns, False, case.softmax_scale)
+        out = be.serialized_attention(*qkv, case.patterns, False, case.softmax_scale, setup.kernel)
         be.synchronize()
         result["attention_s"] = time.perf_counter() - t0
         result["peak_bytes"] = device_memory.peak_bytes()

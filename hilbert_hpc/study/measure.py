@@ -1,11 +1,12 @@
-"""Measurement of one case on this rank: validation, inputs, accuracy against float64, timed calls, metrics.
+"""Measurement of one case on this rank: inputs, accuracy against float64, timed calls, metrics.
 
 Each rank makes only its own shard of the inputs (counter-based, a function of
-the seed and the natural position), runs the timed calls (:class:`CaseRun`)
-and measures its share of the sampled accuracy rows; :func:`derive_metrics`
-and :func:`judge_accuracy` turn every rank's figures into the case's numbers.
-The runner (``runner.py``) orchestrates the cases; ``maxlen.py`` reuses the
-inputs and the accuracy check for its trials.
+the seed and the natural position), runs the timed calls (:class:`CaseRun`, with
+the case's setup: backend, kernel, transport, decided once by
+``setup.check_case``) and measures its share of the sampled accuracy rows;
+:func:`derive_metrics` and :func:`judge_accuracy` turn every rank's figures into
+the case's numbers. The runner (``runner.py``) orchestrates the cases;
+``maxlen.py`` reuses the inputs and the accuracy check for its trials.
 """
 
 from __future__ import annotations
@@ -17,10 +18,8 @@ from typing import Any
 import numpy as np
 
 from hilbert_hpc.core import device_memory
-from hilbert_hpc.core.ordering import resolve_ordering
-from hilbert_hpc.backends import get_backend
 from hilbert_hpc.distributed.datafile import read_rows, read_shard
-from hilbert_hpc.errors import ConfigError, UserError
+from hilbert_hpc.errors import UserError
 from hilbert_hpc.core.inputs import random_rows
 from hilbert_hpc.study.jobfile import Case, Job
 from hilbert_hpc.study.record import PHASES, RING_STATS, Timings, names
@@ -28,39 +27,8 @@ from hilbert_hpc.core.patterns import useful_flops
 from hilbert_hpc.core.precision import precision
 from hilbert_hpc.core.reference import reference_rows, sample_selected_rows, selected_heads
 from hilbert_hpc.distributed.ring import RingStats, ring_dilated_attention, ring_transfer_only
-from hilbert_hpc.distributed.sharding import IndexView, Layout, check_distribution
-
-
-def case_layout(case: Case, ranks: int) -> Layout:
-    """The serialization of ``case`` split over ``ranks`` shards (validates the distribution)."""
-    check_distribution(case.tokens, ranks, case.patterns)
-    ordering, segment = resolve_ordering(case.ordering, case.patterns, case.segment)
-    return Layout(case.grid, ordering, ranks, segment)
-
-
-def check_case(case: Case, ranks: int | None = None) -> None:
-    """Everything that can be refused before any work, identically on every rank (``ranks``: case.ranks)."""
-    from hilbert_hpc.backends import require_usable
-
-    ranks = case.ranks if ranks is None else ranks
-    case_layout(case, ranks)
-    be = require_usable(case.backend, f"{case.case_id}.backend")
-    if ranks > 1 and be.on_gpu and case.transport == "cuda-aware":
-        from hilbert_hpc.distributed.cuda_aware import cuda_aware_support
-
-        known, why = cuda_aware_support()
-        if not known:
-            raise ConfigError(f"transport 'cuda-aware' requested but the MPI library is not known to be CUDA-aware "
-                              f"({why}); use staged, or see 'hilbert-hpc cuda-env' "
-                              f"(HILBERT_HPC_CUDA_AWARE=1 forces it)", f"{case.case_id}.transport")
-    if hasattr(be, "check_case"):
-        try:
-            be.check_case(case.head_dim, case.dtype, ranks)
-        except (RuntimeError, ValueError) as exc:
-            raise ConfigError(str(exc), f"{case.case_id}.dtype") from None
-    if ranks > 1 and be.attend_fn is None:
-        raise ConfigError(f"backend {case.backend!r} is the single-process baseline; run it with one rank "
-                          f"or choose numpy/cupy", f"{case.case_id}.backend")
+from hilbert_hpc.distributed.sharding import IndexView, Layout
+from hilbert_hpc.study.setup import CaseSetup
 
 
 def generation_module(on_gpu: bool) -> Any:
@@ -90,8 +58,8 @@ def shard_inputs(case: Case, seed: int, layout: Layout, comm: Any, batch_index: 
             for t in ("q", "k", "v")]
 
 
-def backend_inputs(case: Case, seed: int, layout: Layout, comm: Any, batch_index: int, be: Any) -> list[Any]:
-    """This rank's Q, K, V shard as the backend computes with them (its arrays, the case's dtype).
+def backend_inputs(setup: CaseSetup, seed: int, comm: Any, batch_index: int) -> list[Any]:
+    """This rank's Q, K, V shard as the case's backend computes with them (its arrays, the case's dtype).
 
     16-bit random inputs are made a chunk of rows at a time, each chunk rounded as
     it reaches the backend, so their float32 values never exist whole on the device
@@ -102,8 +70,9 @@ def backend_inputs(case: Case, seed: int, layout: Layout, comm: Any, batch_index
     from hilbert_hpc.core.arrays import concatenate
     from hilbert_hpc.core.inputs import CHUNK_ELEMENTS
 
+    case, layout, be = setup.case, setup.layout, setup.backend
     xp = generation_module(be.on_gpu)
-    if case.input or not precision(case.dtype).sixteen_bit:
+    if case.input or not setup.precision.sixteen_bit:
         return shard_inputs(case, seed, layout, comm, batch_index, xp)
     positions = batch_index * case.tokens + layout.shard_natural(comm.Get_rank())
     step = max(1, CHUNK_ELEMENTS // (case.heads * case.head_dim))
@@ -186,23 +155,18 @@ def judge_accuracy(case: Case, parts: list[dict]) -> dict:
 
 
 class CaseRun:
-    """One case on this rank: the backend, the shard, the transport, and the timed repeats."""
+    """One case on this rank: its setup (backend, kernel, transport), the shard, and the timed repeats."""
 
-    def __init__(self, case: Case, job: Job, comm: Any) -> None:
-        from hilbert_hpc.distributed.transports import resolve_transport
+    def __init__(self, setup: CaseSetup, job: Job, comm: Any) -> None:
+        from hilbert_hpc.distributed.transports import open_transport
 
-        self.case, self.job, self.comm = case, job, comm
+        self.setup, self.case, self.job, self.comm = setup, setup.case, job, comm
         self.rank, self.ranks = comm.Get_rank(), comm.Get_size()
-        self.be = get_backend(case.backend)
-        self.layout = case_layout(case, self.ranks)
-        self.transport, self.transport_reason = (None, "single rank: no communication")
-        if self.ranks > 1:
-            self.transport, self.transport_reason = resolve_transport(case.transport, self.be.on_gpu, comm)
-        #: fused kernels of the ring for this dtype, and the arrays the ring moves (16 bits: int16 views)
-        ring_kernels = getattr(self.be, "ring_kernels", None)
-        self.ring_kernels = ring_kernels(case.dtype) if ring_kernels else getattr(self.be, "kernels", None)
-        self.ring_view = getattr(self.be, "ring_view", lambda x: x)
-        self.ring_output = getattr(self.be, "ring_output", lambda out, dtype: out)
+        self.be = setup.backend
+        self.layout = setup.layout
+        self.transport = open_transport(setup.transport, comm) if self.ranks > 1 else None
+        #: fused kernels of the case's kernel choice for the ring (None: attend_fn + merge)
+        self.ring_kernels = self.be.ring_kernels(setup.kernel)
         #: calls made so far, and the seconds this case's own work took (inputs and calls)
         self.rep, self.elapsed_s = 0, 0.0
 
@@ -210,12 +174,13 @@ class CaseRun:
         """Dilated attention of this rank's shard (the whole sequence on one rank)."""
         c = self.case
         if self.ranks == 1:
-            return self.be.serialized_attention(qs, ks, vs, c.patterns, c.causal, c.softmax_scale)
+            return self.be.serialized_attention(qs, ks, vs, c.patterns, c.causal, c.softmax_scale,
+                                                self.setup.kernel)
         out = ring_dilated_attention(qs, ks, vs, patterns=c.patterns, comm=self.comm, causal=c.causal,
                                      scale=c.softmax_scale, transport=self.transport,
                                      attend_fn=self.be.attend_fn, stats=stats, sync_rings=True,
                                      kernels=self.ring_kernels)
-        return self.ring_output(out, c.dtype)
+        return self.be.ring_output(out, c.dtype)
 
     def run(self) -> tuple[dict, list[np.ndarray], dict]:
         """Warm-up and timed repeats; returns (per-repeat timings, host outputs, accuracy sums).
@@ -246,7 +211,7 @@ class CaseRun:
         """Make this rank's inputs (kept until ``results``) and reset the device memory peak; returns itself."""
         t0 = time.perf_counter()
         c = self.case
-        self.inputs = [backend_inputs(c, self.job.seed, self.layout, self.comm, b, self.be) for b in range(c.batch)]
+        self.inputs = [backend_inputs(self.setup, self.job.seed, self.comm, b) for b in range(c.batch)]
         device_memory.reset_peak()
         self.timings: dict[str, list[float]] = {name: [] for name in names(Timings)}
         self.outputs: list[np.ndarray] = []
@@ -271,7 +236,7 @@ class CaseRun:
             t0 = time.perf_counter()
             qs, ks, vs = (be.to_device(x, c.dtype) for x in (q, k, v))
             if self.ranks > 1:
-                qs, ks, vs = (self.ring_view(x) for x in (qs, ks, vs))
+                qs, ks, vs = (be.ring_view(x) for x in (qs, ks, vs))
             be.synchronize()
             t1 = time.perf_counter()
             out_s = self.attention(qs, ks, vs, stats)

@@ -5,14 +5,15 @@ anything; ``run`` applies the same check to every case before it starts, so a
 case that cannot fit is refused with the numbers instead of dying mid-job.
 Memory counts what the code allocates: the Q, K, V shards of every batch
 element, the output and log-sum-exp, the two ring buffers of the largest
-packed K/V block, and the backend's working memory (score tiles; for the
-PyTorch peer its gathered copies, measured at 1.25x the Q/K/V/O bytes).
+packed K/V block, and the backend's working memory (``Backend.workspace_bytes``:
+score tiles; for the PyTorch peer its gathered copies, measured at 1.25x the
+Q/K/V/O bytes; tma16's float32 running output). The kernel counted is the one
+``run`` chooses (``setup.plan_setup``, the same choice as the results' ``kernel``).
 """
 
 from __future__ import annotations
 
 import math
-import os
 import re
 from dataclasses import dataclass
 from typing import Any, TextIO
@@ -21,16 +22,10 @@ from typing import Any, TextIO
 from hilbert_hpc.errors import ConfigError
 from hilbert_hpc.study.jobfile import Case, Job
 from hilbert_hpc.core.patterns import useful_flops
-from hilbert_hpc.core.precision import precision
 from hilbert_hpc.distributed.ring import RingPattern, ring_schedule
+from hilbert_hpc.study.setup import CaseSetup, plan_setup
 
 GIB = float(1 << 30)
-#: PyTorch peer: gathered Q/K/V/O copies per pattern and offset, measured (docs/performance.md)
-TORCH_WORKSPACE = 1.25
-#: backends whose arrays always live on a GPU (torch's follow the machine, or the plan's target)
-GPU_BACKENDS = ("cupy", "cuda-fp32", "cuda")
-#: blockwise backends: a score tile, its probabilities and one temporary of the same size
-TILE_ARRAYS = 3
 
 
 @dataclass(frozen=True)
@@ -67,39 +62,25 @@ def _ring_bytes(case: Case, shard: int, itemsize: int) -> tuple[int, int]:
     return largest, sent * case.batch
 
 
-def estimate(case: Case, torch_on_gpu: bool | None = None) -> Estimate:
+def estimate(case: Case, torch_on_gpu: bool | None = None, setup: CaseSetup | None = None) -> Estimate:
     """What ``case`` needs on each of its ``case.ranks`` ranks.
 
     ``torch_on_gpu``: whether the PyTorch peer runs on a GPU (None: as on this machine).
+    ``setup``: the case's setup (``run`` passes the one it made), else :func:`~hilbert_hpc.study.setup.plan_setup`'s.
     """
-    from hilbert_hpc.backends import BACKENDS, get_backend
-
+    setup = setup or plan_setup(case)
+    be = setup.backend
     ranks = case.ranks
     shard = case.tokens // ranks
-    itemsize = precision(case.dtype).itemsize
+    itemsize = setup.precision.itemsize
     acc = max(itemsize, 4)
-    out_item = itemsize if case.backend == "cuda" else acc   # the fused kernels keep a 16-bit output 16-bit
     row = case.heads * case.head_dim
-    floor = case.batch * shard * row * (3 * itemsize + out_item)
+    floor = case.batch * shard * row * (3 * itemsize + be.output_itemsize(itemsize))
     memory = floor + shard * case.heads * acc
-    if case.backend == "cuda" and itemsize == 2:
-        from hilbert_hpc.kernels.selection import planned_choice
-
-        # the extra device memory of the kernel run will choose (tma16: its float32 running output of local patterns)
-        choice = planned_choice(case.dtype, case.head_dim)
-        memory += choice.scratch_bytes(shard, case.heads) if choice else 0
+    memory += be.workspace_bytes(shard, case.heads, case.head_dim, itemsize, floor, setup.kernel)
     largest, sent = _ring_bytes(case, shard, itemsize) if ranks > 1 else (0, 0)
     memory += 2 * largest
-    on_gpu = case.backend in GPU_BACKENDS
-    if case.backend == "torch":
-        if torch_on_gpu is None:
-            torch_on_gpu = bool(get_backend("torch").on_gpu) if "torch" in BACKENDS else False
-        on_gpu = torch_on_gpu
-        memory += int(TORCH_WORKSPACE * floor)
-    elif case.backend == "cupy":
-        memory += TILE_ARRAYS * (1 << 25) * acc
-    elif case.backend == "numpy":
-        memory += TILE_ARRAYS * (1 << 18) * acc * (os.cpu_count() or 1)
+    on_gpu = be.plan_on_gpu(torch_on_gpu)
     flops = useful_flops(case.tokens, case.heads, case.head_dim, case.patterns, case.causal, case.batch)
     return Estimate(case.case_id, ranks, shard, on_gpu, int(memory), int(floor), int(sent), int(flops))
 
@@ -206,29 +187,24 @@ def gpu_memory(model: str) -> int:
 
 
 def check_plannable(case: Case) -> bool:
-    """The checks of ``measure.check_case`` this machine can make before planning ``case``; False if some were left.
+    """The checks of ``setup.check_case`` this machine can make before planning ``case``; False if some were left.
 
     All of them for a CPU case, or where a GPU is usable. A GPU case on a
     machine without one (a login node) gets those that need no GPU (the
     distribution of its tokens over its ranks): the kernels and the transport
     are checked by ``run`` on the GPU nodes.
     """
-    from hilbert_hpc.backends import gpu_unusable
-    from hilbert_hpc.study.measure import case_layout, check_case
-
-    if case.backend in GPU_BACKENDS and gpu_unusable() is not None:
-        case_layout(case, case.ranks)
-        return False
-    check_case(case)
-    return True
+    return plan_setup(case).decided
 
 
-def check_job_fits(job: Job, comm: Any) -> None:
-    """Collective: refuse (on every rank) the first case that does not fit the memory of its ranks."""
+def check_job_fits(job: Job, comm: Any, setups: dict[str, CaseSetup]) -> None:
+    """Collective: refuse (on every rank) the first case that does not fit the memory of its ranks.
+
+    ``setups``: every case's setup by case id (``setup.check_case``)."""
     from hilbert_hpc.distributed.mpi import ranks_per_node
 
     per_node = ranks_per_node(comm)
-    ests = [estimate(c) for c in job.cases]
+    ests = [estimate(c, setup=setups[c.case_id]) for c in job.cases]
     limits = {}
     for on_gpu in sorted({e.on_gpu for e in ests}):
         mine = available_bytes(on_gpu, 1 if on_gpu else per_node)

@@ -16,26 +16,27 @@ from typing import Any, Callable, TextIO
 
 import numpy as np
 
-from hilbert_hpc.backends import get_backend
 from hilbert_hpc.study.case_outputs import write_case_outputs
 from hilbert_hpc.errors import ConfigError, UserError
 from hilbert_hpc.study.jobfile import Case, Job
-from hilbert_hpc.study.measure import CaseRun, check_case, derive_metrics, judge_accuracy
+from hilbert_hpc.study.measure import CaseRun, derive_metrics, judge_accuracy
 from hilbert_hpc.core.patterns import useful_flops
 from hilbert_hpc.core.precision import precision
 from hilbert_hpc.study.provenance import provenance
 from hilbert_hpc.study.record import Accuracy, CaseRecord, Metrics, Setup, Timings
 from hilbert_hpc.study.results import ResultsFile
+from hilbert_hpc.study.setup import CaseSetup, check_case
 from hilbert_hpc.study.table import SummaryTable
 
 __all__ = ["CaseLoop", "SubComms", "check_case", "interleave_groups", "interleave_notes", "run_case",
            "run_in_turn", "run_interleaved", "run_job"]
 
 
-def run_case(case: Case, job: Job, comm: Any, results: ResultsFile | None,
+def run_case(setup: CaseSetup, job: Job, comm: Any, results: ResultsFile | None,
              table: SummaryTable | None, results_path: Path | None = None, results_id: str = "",
              measured: CaseRun | None = None) -> CaseRecord | None:
-    """Run one case on every rank of ``comm``; rank 0 writes it and prints its row. Returns the record on rank 0.
+    """Run one case (its ``setup``) on every rank of ``comm``; rank 0 writes it and prints its row. Returns the
+    record on rank 0.
 
     ``results_id`` is the identity of the results file (every rank), which its
     output parts carry. ``measured``: the case's CaseRun whose calls have all run
@@ -44,7 +45,8 @@ def run_case(case: Case, job: Job, comm: Any, results: ResultsFile | None,
     UserError on the ranks that saw it; the case stays incomplete. The caller
     agrees on it with every rank at the next case boundary.
     """
-    run = measured or CaseRun(case, job, comm)
+    case = setup.case
+    run = measured or CaseRun(setup, job, comm)
     t0 = time.perf_counter() - run.elapsed_s           # wall_s: this case's own work, not other cases'
     timings, outputs, accuracy = run.results() if measured else run.run()
     all_timings = comm.gather(timings, root=0)
@@ -56,10 +58,9 @@ def run_case(case: Case, job: Job, comm: Any, results: ResultsFile | None,
         return None
     stacked = {name: np.asarray([t[name] for t in all_timings], dtype=np.float64) for name in timings}
     accuracy = judge_accuracy(case, all_accuracy)
-    kernel = run.be.kernel_variant(case.head_dim, case.dtype) if hasattr(run.be, "kernel_variant") else "none"
     record = CaseRecord(
-        setup=Setup(ranks=run.ranks, transport="none" if run.transport is None else run.transport.name,
-                    kernel=kernel, transport_reason=run.transport_reason, wall_s=time.perf_counter() - t0),
+        setup=Setup(ranks=run.ranks, transport=setup.transport.name, kernel=setup.kernel_name,
+                    transport_reason=setup.transport.reason, wall_s=time.perf_counter() - t0),
         timings=Timings(**stacked), metrics=Metrics(**derive_metrics(case, stacked)), accuracy=Accuracy(**accuracy))
     results.write_case(case, record, parts, (case.batch, case.tokens, case.heads, case.head_dim), run.layout.shard,
                        digests)
@@ -162,8 +163,8 @@ class CaseLoop:
             self.complete += 1
 
 
-def run_in_turn(job: Job, loop: CaseLoop, subs: "SubComms", results: ResultsFile | None,
-                table: SummaryTable | None, stream: TextIO, done: set[str]) -> None:
+def run_in_turn(job: Job, setups: dict[str, CaseSetup], loop: CaseLoop, subs: "SubComms",
+                results: ResultsFile | None, table: SummaryTable | None, stream: TextIO, done: set[str]) -> None:
     """Every case not yet complete, one after another, each with all of its repeats (the default)."""
     for case in job.cases:
         if case.case_id in done:
@@ -173,7 +174,8 @@ def run_in_turn(job: Job, loop: CaseLoop, subs: "SubComms", results: ResultsFile
         loop.boundary()
         sub = subs.get(case.ranks)
         if sub is not None:
-            loop.attempt(lambda: run_case(case, job, sub, results, table, loop.path, loop.results_id))
+            loop.attempt(lambda: run_case(setups[case.case_id], job, sub, results, table, loop.path,
+                                          loop.results_id))
         loop.finished(case)
     loop.errors()
 
@@ -203,8 +205,8 @@ def interleave_notes(job: Job, todo: list[Case]) -> list[str]:
     return notes
 
 
-def run_interleaved(job: Job, loop: CaseLoop, subs: "SubComms", results: ResultsFile | None,
-                    table: SummaryTable | None, stream: TextIO, done: set[str]) -> None:
+def run_interleaved(job: Job, setups: dict[str, CaseSetup], loop: CaseLoop, subs: "SubComms",
+                    results: ResultsFile | None, table: SummaryTable | None, stream: TextIO, done: set[str]) -> None:
     """Cases grouped by rank count; in a group, call ``r`` (warm-ups first) of every case runs before call ``r+1``.
 
     Clock drift then falls on every case of a group alike. Each case's inputs
@@ -222,7 +224,7 @@ def run_interleaved(job: Job, loop: CaseLoop, subs: "SubComms", results: Results
         sub = subs.get(group[0].ranks)
         runs: list[CaseRun] = []
         if sub is not None:
-            loop.attempt(lambda: runs.extend(CaseRun(c, job, sub).start() for c in group))
+            loop.attempt(lambda: runs.extend(CaseRun(setups[c.case_id], job, sub).start() for c in group))
         for _ in range(job.warmup + job.repeats):
             loop.boundary("between interleaved repeats", f" (the {len(group)} case(s) of the group on "
                           f"{group[0].ranks} rank(s) run again)")
@@ -232,8 +234,8 @@ def run_interleaved(job: Job, loop: CaseLoop, subs: "SubComms", results: Results
         for case in group:
             loop.errors()
             if sub is not None:
-                loop.attempt(lambda: run_case(case, job, sub, results, table, loop.path, loop.results_id,
-                                              measured=measured.pop(case.case_id)))
+                loop.attempt(lambda: run_case(setups[case.case_id], job, sub, results, table, loop.path,
+                                              loop.results_id, measured=measured.pop(case.case_id)))
             loop.finished(case)
         del runs, measured
     loop.errors()
@@ -261,13 +263,14 @@ def run_job(job: Job, output: str | None = None, stream: TextIO | None = None, c
 
     comm = comm or world()
     stream = stream or sys.stdout               # looked up now: the caller's stdout, not the one at import
+    setups = {}
     for case in job.cases:
-        check_case(case)
+        setups[case.case_id] = check_case(case)            # the one setup of each case, passed down
         if case.ranks > comm.Get_size():
             raise ConfigError(f"needs {case.ranks} ranks, this run has {comm.Get_size()}", f"{case.case_id}.ranks")
-    if any(get_backend(c.backend).on_gpu for c in job.cases):
+    if any(s.backend.on_gpu for s in setups.values()):
         bind_gpu(comm)
-    check_job_fits(job, comm)
+    check_job_fits(job, comm, setups)
     path = Path(output or job.output)
     rank0 = comm.Get_rank() == 0
     prov = provenance(comm)
@@ -299,7 +302,7 @@ def run_job(job: Job, output: str | None = None, stream: TextIO | None = None, c
                     print(f"hilbert-hpc: note: {note}", file=sys.stderr, flush=True)
                 table.header()
             run_cases = run_interleaved if job.interleave else run_in_turn
-            run_cases(job, loop, subs, results, table, stream, done)
+            run_cases(job, setups, loop, subs, results, table, stream, done)
     finally:
         subs.free()
         if results is not None:

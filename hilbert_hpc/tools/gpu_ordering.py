@@ -54,7 +54,7 @@ def serialization_cost(grid: Sequence[int], heads: int, head_dim: int, patterns:
 
     import cupy
 
-    from hilbert_hpc.backends import cuda_fp32
+    from hilbert_hpc.backends import get_backend
     from hilbert_hpc.core.patterns import parse_patterns
 
     n = int(np.prod(grid))
@@ -62,6 +62,7 @@ def serialization_cost(grid: Sequence[int], heads: int, head_dim: int, patterns:
     rng = cupy.random.default_rng(0)
     q, k, v = (rng.standard_normal((n, heads, head_dim), dtype=cupy.float32) for _ in range(3))
     stream = cupy.cuda.get_current_stream()
+    fused = get_backend("cuda-fp32")
 
     def timed(fn):
         out, times = None, []
@@ -76,7 +77,7 @@ def serialization_cost(grid: Sequence[int], heads: int, head_dim: int, patterns:
     keys, t_keys = timed(lambda: gpu_hilbert_keys(grid))
     perm, t_sort = timed(lambda: cupy.argsort(keys))
     qs, t_perm = timed(lambda: [x[perm] for x in (q, k, v)])
-    _, t_att = timed(lambda: cuda_fp32.serialized_attention(*qs, pats, False, 1.0 / np.sqrt(head_dim)))
+    _, t_att = timed(lambda: fused.serialized_attention(*qs, pats, False, 1.0 / np.sqrt(head_dim)))
     total = t_keys + t_sort + t_perm
     return {"tokens": n, "keys_s": t_keys, "sort_s": t_sort, "permute_s": t_perm, "attention_s": t_att,
             "serialization_share": total / t_att}

@@ -13,7 +13,7 @@ HILBERT_HPC_HALF_KERNEL.
    inputs made by torch in 16 bits on the GPU, ``hilbert_hpc.kernels.sixteen_bit.launch_local_patterns`` into
    out = zeros (16-bit) and lse = -inf (float32), against a float64 dense reference computed (torch, on the
    GPU) from the SAME 16-bit inputs. Printed: max |err| / max |ref| of ours and of the PyTorch peer
-   (``hilbert_hpc.backends.torch_peer.serialized_attention`` in the same 16-bit dtype), and the relative L2
+   (``hilbert_hpc.backends.torch_peer.TorchPeer.serialized_attention`` in the same 16-bit dtype), and the relative L2
    errors. Rule (FlashAttention's): ours <= 2x the peer's max error, and finite. The alternative
    configurations (V transposed into K-major shared memory, other key tiles) are checked on one ragged
    problem as a diagnostic: if only the default (V as MN-major B, imm-trans-b) fails, the MN-major
@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from hilbert_hpc.backends.torch_peer import serialized_attention  # noqa: E402
+from hilbert_hpc.backends.torch_peer import TorchPeer  # noqa: E402
 from hilbert_hpc.kernels import program, registry, sixteen_bit  # noqa: E402
 from hilbert_hpc.kernels.selection import SIXTEEN_BIT_ENV, choose  # noqa: E402
 from hilbert_hpc.core.patterns import Pattern  # noqa: E402
@@ -135,7 +135,7 @@ def accuracy(quick: bool, variant: str) -> tuple[bool, list[str]]:
                                for _ in range(3))
                     scale = 1.0 / math.sqrt(d)
                     want = dense_reference(q, k, v, pats, causal, scale)
-                    peer = serialized_attention(q, k, v, pats, causal, scale)
+                    peer = TorchPeer().serialized_attention(q, k, v, pats, causal, scale)
                     pm, pr = errors(peer, want)
                     line = (f"  {dname:8s} D={d:3d} causal={int(causal)} n={n} H={h} {' '.join(map(str, pats)):18s}"
                             f" | peer {pm:.2e} ({pr:.2e})")
@@ -183,7 +183,7 @@ def diagnostics(variant: str) -> bool:
                         q, k, v = (torch.randn((n, h, d), generator=g, device="cuda").to(dt) for _ in range(3))
                         scale = 1.0 / math.sqrt(d)
                         want = dense_reference(q, k, v, pats, causal, scale)
-                        pm, _ = errors(serialized_attention(q, k, v, pats, causal, scale), want)
+                        pm, _ = errors(TorchPeer().serialized_attention(q, k, v, pats, causal, scale), want)
                         om, _ = errors(ours(q, k, v, pats, causal, scale), want)
                         ok = ok and om <= FACTOR * pm
                         res.append(f"{om:.1e}{'!' if not om <= FACTOR * pm else ''}")
@@ -239,7 +239,7 @@ def timing(quick: bool, sweep: bool, variants: list[str]) -> tuple[bool, list[st
                 lse.fill_(-math.inf)
 
             for causal in (False, True):
-                t_peer = time_ms(lambda: serialized_attention(q, k, v, ANCHOR, causal, scale))
+                t_peer = time_ms(lambda: TorchPeer().serialized_attention(q, k, v, ANCHOR, causal, scale))
                 for variant in variants:
                     if d not in variant_dims(variant):
                         continue

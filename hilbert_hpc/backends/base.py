@@ -1,0 +1,155 @@
+"""The backend contract: what every compute backend is, with the defaults most of them share.
+
+A backend turns serialized (N, H, D) arrays into the serialized output, on one
+rank (``serialized_attention``) or around the ring (``attend_fn`` or its fused
+``ring_kernels``). Its class also says, without importing CuPy or torch, what it
+computes in (``dtypes``), where its arrays live (``on_gpu``), why it cannot run
+here (``usable``), what it refuses before any work (``check``), which kernel it
+runs for a case (``kernel_choice``) and how much memory it needs beyond Q, K, V
+and the output (``workspace_bytes``). The study code asks these methods and
+nothing else: adding a backend is one subclass and one line in ``BACKENDS``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any, Sequence
+
+from hilbert_hpc.core.blockwise import attend
+from hilbert_hpc.core.dilated import AttendFn
+from hilbert_hpc.core.patterns import Pattern
+from hilbert_hpc.errors import ConfigError
+
+if TYPE_CHECKING:
+    from hilbert_hpc.kernels.selection import KernelChoice
+
+
+class Backend:
+    """The base of every backend; a subclass fills in what differs (class attributes and methods).
+
+    Subclasses must set ``name`` and ``dtypes`` and implement ``to_device``,
+    ``to_numpy``, ``synchronize`` and ``serialized_attention``; the other members
+    have defaults that fit a backend computing with the array-module algorithm.
+    """
+
+    #: the name jobs and the API give
+    name: str = ""
+    #: the dtypes it computes in (any other is refused when the job is read)
+    dtypes: tuple[str, ...] = ()
+    #: optional modules it computes with, imported by :meth:`require` (a clear error when missing)
+    requires: tuple[str, ...] = ()
+    #: True when its arrays live on a GPU (the ring then needs a device transport)
+    on_gpu: bool = False
+    #: the per-block attention used by the ring, or None for a single-process-only backend
+    attend_fn: AttendFn | None = staticmethod(attend)
+
+    def require(self, param: str = "backend") -> "Backend":
+        """This backend with its optional modules imported; a ConfigError names the one missing."""
+        try:
+            for module in self.requires:
+                importlib.import_module(module)
+        except ImportError as exc:
+            raise ConfigError(f"backend {self.name!r} is not available here ({exc})", param) from None
+        return self
+
+    def usable(self) -> str | None:
+        """Why this backend cannot run on this machine (the end of a sentence after its name), or None."""
+        return None
+
+    def check(self, head_dim: int, dtype: str, ranks: int) -> KernelChoice | None:
+        """Refuse (RuntimeError or ValueError with the reason) what this backend or GPU cannot run, before any
+        work; returns the kernel the case will run (:meth:`kernel_choice`)."""
+        return self.kernel_choice(head_dim, dtype)
+
+    def kernel_choice(self, head_dim: int, dtype: str, gpu_here: bool = True) -> KernelChoice | None:
+        """The kernel this backend runs for ``head_dim`` and ``dtype`` on this GPU (for the launches, the results
+        and the memory plan; :func:`hilbert_hpc.kernels.selection.choose`), None for a backend without kernels of
+        its own. ``gpu_here=False`` (a plan on a machine without the GPU): the choice the GPU nodes will make
+        (:func:`hilbert_hpc.kernels.selection.planned_choice`)."""
+        return None
+
+    def output_itemsize(self, itemsize: int) -> int:
+        """Bytes per element of the output for inputs of ``itemsize`` bytes (default: at least float32)."""
+        return max(itemsize, 4)
+
+    def workspace_bytes(self, shard: int, heads: int, head_dim: int, itemsize: int, qkvo_bytes: int,
+                        kernel: KernelChoice | None) -> int:
+        """Working memory per rank beyond Q, K, V, O, the log-sum-exp and the ring buffers (for ``plan``).
+
+        ``shard``: tokens per rank; ``qkvo_bytes``: the bytes of Q, K, V and O of
+        every batch element; ``kernel``: what :meth:`kernel_choice` chose.
+        """
+        return 0
+
+    def plan_on_gpu(self, gpu_nodes: bool | None) -> bool:
+        """Whether a plan counts this backend's memory on a GPU; ``gpu_nodes``: the plan is for GPU nodes
+        (True), or for this machine (None)."""
+        return self.on_gpu
+
+    def ring_kernels(self, kernel: KernelChoice | None) -> Any:
+        """The fused-kernel provider of ``kernel`` (the case's choice) that the ring uses instead of
+        ``attend_fn`` + merge, or None."""
+        return None
+
+    def ring_view(self, x: Any) -> Any:
+        """The array the ring packs and moves for the backend array ``x`` (default: the array itself)."""
+        return x
+
+    def ring_output(self, out: Any, dtype: str) -> Any:
+        """The ring's running output as this backend's array of ``dtype`` (default: as it is)."""
+        return out
+
+    def to_device(self, x: Any, dtype: Any) -> Any:
+        """Move a NumPy array to the backend's array type (and device)."""
+        raise NotImplementedError
+
+    def to_numpy(self, x: Any) -> Any:
+        """Bring a backend array back to a NumPy array."""
+        raise NotImplementedError
+
+    def synchronize(self) -> None:
+        """Wait until queued device work has finished (for timing)."""
+        raise NotImplementedError
+
+    def serialized_attention(self, qs: Any, ks: Any, vs: Any, patterns: Sequence[Pattern], causal: bool,
+                             scale: float, kernel: KernelChoice | None = None) -> Any:
+        """Dilated attention of serialized (N, H, D) arrays -> serialized output (N, H, Dv); ``kernel``: the
+        case's kernel choice (None: the backend chooses once for this call)."""
+        raise NotImplementedError
+
+
+def gpu_unusable() -> str | None:
+    """Why CuPy cannot use a GPU here (no CuPy, no driver, no device), or None when one is usable."""
+    try:
+        import cupy
+
+        count = cupy.cuda.runtime.getDeviceCount()
+    except ImportError as exc:
+        return f"CuPy is not installed: {exc}"
+    except Exception as exc:  # noqa: BLE001 - CUDARuntimeError and friends: no driver or no device
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no CUDA driver'}"
+    return None if count > 0 else "CUDA sees no device"
+
+
+class CupyGpuBackend(Backend):
+    """A backend computing on CuPy arrays on an NVIDIA GPU: needs CuPy and a usable device."""
+
+    requires = ("cupy",)
+    on_gpu = True
+
+    def usable(self) -> str | None:
+        """Why CuPy cannot use a GPU here, as "needs an NVIDIA GPU; none is usable here (...)", or None."""
+        reason = gpu_unusable()
+        return f"needs an NVIDIA GPU; none is usable here ({reason})" if reason else None
+
+    def to_numpy(self, x: Any) -> Any:
+        """Copy a device array back to host memory."""
+        import cupy
+
+        return cupy.asnumpy(x)
+
+    def synchronize(self) -> None:
+        """Wait for the current stream."""
+        import cupy
+
+        cupy.cuda.get_current_stream().synchronize()

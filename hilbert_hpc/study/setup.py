@@ -1,0 +1,94 @@
+"""What one case runs with, decided once before any work: precision, backend, kernel, transport.
+
+:func:`check_case` makes every check that can refuse a case before any work
+(identically on every rank) and every choice that follows from the case and
+this machine; the runner, the measurement (``measure.CaseRun``), the ring and the
+results then read the :class:`CaseSetup` instead of deciding again. ``plan``
+builds the same object through :func:`plan_setup`, which differs only where the
+plan's machine cannot decide: no transport (no communicator), and no kernel
+choice where the GPU is missing (a login node).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from hilbert_hpc.backends import Backend, find_backend, require_usable
+from hilbert_hpc.core.ordering import resolve_ordering
+from hilbert_hpc.core.precision import Precision, precision
+from hilbert_hpc.distributed.sharding import Layout, check_distribution
+from hilbert_hpc.distributed.transports import TransportChoice, choose_transport
+from hilbert_hpc.errors import ConfigError
+from hilbert_hpc.kernels.selection import KernelChoice
+from hilbert_hpc.study.jobfile import Case
+
+#: what a case on one rank records as its transport and the reason
+SINGLE_RANK = TransportChoice("none", "single rank: no communication")
+
+
+def case_layout(case: Case, ranks: int) -> Layout:
+    """The serialization of ``case`` split over ``ranks`` shards (validates the distribution)."""
+    check_distribution(case.tokens, ranks, case.patterns)
+    ordering, segment = resolve_ordering(case.ordering, case.patterns, case.segment)
+    return Layout(case.grid, ordering, ranks, segment)
+
+
+@dataclass(frozen=True)
+class CaseSetup:
+    """The decisions of one case on ``ranks`` ranks."""
+
+    case: Case
+    ranks: int
+    #: the serialization split over the ranks
+    layout: Layout
+    precision: Precision
+    backend: Backend
+    #: the kernel the backend runs for the case (its launches take it); None: no kernels of its own
+    kernel: KernelChoice | None
+    #: the ring's transport and why (``SINGLE_RANK`` on one rank); None in a plan (no communicator)
+    transport: TransportChoice | None
+    #: False when the kernel could not be chosen on this machine (a plan without the GPU): ``kernel`` is then the
+    #: choice of the GPU nodes that needs the most memory
+    decided: bool = True
+
+    @property
+    def kernel_name(self) -> str:
+        """The kernel as the results name it (``kernel`` attribute): 'tma16', 'wgmma', ..., or 'none'."""
+        return self.kernel.name if self.kernel else "none"
+
+
+def check_case(case: Case, ranks: int | None = None) -> CaseSetup:
+    """Everything that can be refused before any work, identically on every rank, and what ``case`` on
+    ``ranks`` ranks (default ``case.ranks``) then runs with. A ConfigError names the case's parameter, checked
+    in this order: distribution, backend (usable here), transport, kernel (this GPU), rank count."""
+    ranks = case.ranks if ranks is None else ranks
+    layout = case_layout(case, ranks)
+    be = require_usable(case.backend, f"{case.case_id}.backend")
+    transport = SINGLE_RANK
+    if ranks > 1:
+        transport = choose_transport(case.transport, be.on_gpu)
+        if transport.name == "cuda-aware" and not transport.cuda_aware[0]:
+            raise ConfigError(f"transport 'cuda-aware' requested but the MPI library is not known to be CUDA-aware "
+                              f"({transport.cuda_aware[1]}); use staged, or see 'hilbert-hpc cuda-env' "
+                              f"(HILBERT_HPC_CUDA_AWARE=1 forces it)", f"{case.case_id}.transport")
+    try:
+        kernel = be.check(case.head_dim, case.dtype, ranks)
+    except (RuntimeError, ValueError) as exc:
+        raise ConfigError(str(exc), f"{case.case_id}.dtype") from None
+    if ranks > 1 and be.attend_fn is None:
+        raise ConfigError(f"backend {case.backend!r} is the single-process baseline; run it with one rank "
+                          f"or choose numpy/cupy", f"{case.case_id}.backend")
+    return CaseSetup(case, ranks, layout, precision(case.dtype), be, kernel, transport)
+
+
+def plan_setup(case: Case) -> CaseSetup:
+    """The setup ``run`` will make for ``case`` (:func:`check_case`), without a transport; where this machine
+    cannot run the backend (no usable GPU), only its distribution is checked and the kernel is the one of the
+    GPU nodes that needs the most memory (``decided`` False)."""
+    be = find_backend(case.backend, f"{case.case_id}.backend")
+    if be.usable() is None:
+        return dataclasses.replace(check_case(case), transport=None)
+    layout = case_layout(case, case.ranks)
+    return CaseSetup(case, case.ranks, layout, precision(case.dtype), be,
+                     be.kernel_choice(case.head_dim, case.dtype, gpu_here=False), None, decided=False)
