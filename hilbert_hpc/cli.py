@@ -43,12 +43,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.transport:
         job = job.with_transport(args.transport)
 
-    def check_all() -> None:
-        for case in job.cases:
-            check_case(case)
+    def check_all() -> dict:
+        return {case.case_id: check_case(case) for case in job.cases}
 
-    _collectively(comm, check_all)
-    run_job(job, output=args.output, comm=comm, resume=args.resume, overwrite=args.overwrite)
+    setups = _collectively(comm, check_all)
+    run_job(job, output=args.output, comm=comm, resume=args.resume, overwrite=args.overwrite, setups=setups)
     return 0
 
 
@@ -89,18 +88,19 @@ def _cmd_bandwidth(args: argparse.Namespace) -> int:
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     from hilbert_hpc.study.jobfile import load_job
-    from hilbert_hpc.study.plan import check_plannable, gpu_memory, parse_size, print_plan
+    from hilbert_hpc.study.plan import gpu_model, parse_size, print_plan
+    from hilbert_hpc.study.setup import plan_setup
 
     ranks = _at_least(args.ranks, 1, "-n/--ranks", "a number of ranks")
-    device = (parse_size(args.device_memory) if args.device_memory else
-              gpu_memory(args.gpu) if args.gpu else None)
+    model = gpu_model(args.gpu) if args.gpu else None
+    device = parse_size(args.device_memory) if args.device_memory else model.memory if model else None
     host = parse_size(args.host_memory, "--host-memory") if args.host_memory else None
     job = load_job(args.job, world_size=ranks)
     if args.transport:
         job = job.with_transport(args.transport)
-    checked = [check_plannable(case) for case in job.cases]
-    rows = print_plan(job, ranks, sys.stdout, device, host)
-    if not all(checked):
+    setups = {case.case_id: plan_setup(case, model.cc if model else None) for case in job.cases}
+    rows = print_plan(job, ranks, sys.stdout, device, host, setups)
+    if not all(s.decided for s in setups.values()):
         print("hilbert-hpc: note: no usable GPU here: GPU cases were checked for their distribution over the "
               "ranks only; 'run' checks their kernels and transport on the GPU nodes", file=sys.stderr)
     return 3 if any(fits is False for _, fits in rows) else 0
@@ -143,7 +143,7 @@ def _cmd_cuda_env(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with one sub-command per action."""
-    from hilbert_hpc.study.plan import GPU_MEMORY, SIZE_HELP
+    from hilbert_hpc.study.plan import GPU_MODELS, SIZE_HELP
     from hilbert_hpc.distributed.transports import TRANSPORTS
 
     parser = argparse.ArgumentParser(
@@ -180,8 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
     gpu = plan.add_mutually_exclusive_group()
     gpu.add_argument("--device-memory", help="GPU memory per rank, e.g. 80GiB (else fits is '?' for GPU cases; "
                                              f"sizes: {SIZE_HELP}); no GPU is needed here")
-    gpu.add_argument("--gpu", metavar="MODEL", help="plan for this GPU model's memory: "
-                                                    f"{', '.join(GPU_MEMORY)}; no GPU is needed here")
+    gpu.add_argument("--gpu", metavar="MODEL", help="plan for this GPU model (its memory, and the kernels "
+                                                    "run chooses on it): "
+                                                    f"{', '.join(GPU_MODELS)}; no GPU is needed here")
     plan.add_argument("--host-memory", help="host memory per rank, e.g. 16GiB (else fits is '?' for CPU cases)")
     plan.add_argument("--transport", choices=TRANSPORTS, help="override every case's K/V transport")
     plan.set_defaults(func=_cmd_plan)

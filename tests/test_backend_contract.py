@@ -157,13 +157,13 @@ def test_plan_counts_the_kernel_run_records(hopper, head_dim, variant, scratch):
 def test_plan_without_a_gpu_counts_the_largest_choice(monkeypatch):
     """On a login node the kernel is unknown: tma16's scratch is counted where tma16 may run."""
     from hilbert_hpc.backends import base
-    from hilbert_hpc.study.plan import check_plannable, estimate
+    from hilbert_hpc.study.plan import estimate
     from hilbert_hpc.study.setup import plan_setup
 
     monkeypatch.setattr(base, "gpu_unusable", lambda: "CUDA sees no device")
     for head_dim, scratch in ((64, True), (96, False)):
         case = _cuda_case(head_dim)
-        assert not check_plannable(case) and not plan_setup(case).decided
+        assert not plan_setup(case).decided
         extra = case.tokens * 4 * head_dim * 4 if scratch else 0
         assert estimate(case).memory_bytes == case.tokens * 8 * head_dim * 2 * 4 + case.tokens * 8 * 4 + extra
 
@@ -175,3 +175,20 @@ def test_a_gpu_backend_without_a_gpu_is_refused_in_one_line(monkeypatch):
     monkeypatch.setattr(base, "gpu_unusable", lambda: "CUDA sees no device")
     with pytest.raises(ConfigError, match=r"backend 'cupy' needs an NVIDIA GPU; none is usable here \(CUDA sees"):
         require_usable("cupy")
+
+
+def test_plan_for_a_gpu_model_counts_the_kernel_run_chooses_there(monkeypatch):
+    """``plan --gpu MODEL``: the kernel is the one of that model's compute capability (tma16's scratch on an
+    H100, none with mma16 on an A100), whatever this machine has."""
+    from hilbert_hpc.backends import base
+    from hilbert_hpc.study.plan import estimate, gpu_model
+    from hilbert_hpc.study.setup import plan_setup
+
+    monkeypatch.setattr(base, "gpu_unusable", lambda: "CUDA sees no device")
+    monkeypatch.delenv("HILBERT_HPC_HALF_KERNEL", raising=False)
+    case = _cuda_case(64)
+    hopper, ampere = plan_setup(case, gpu_model("H100").cc), plan_setup(case, gpu_model("a100-80gb").cc)
+    assert (hopper.kernel.name, ampere.kernel.name) == ("tma16", "mma16")
+    scratch = case.tokens * (case.heads // 2) * case.head_dim * 4
+    assert estimate(case, setup=hopper).memory_bytes - estimate(case, setup=ampere).memory_bytes == scratch
+    assert plan_setup(case, gpu_model("V100-16GB").cc).kernel is None      # run refuses bf16 there

@@ -212,12 +212,12 @@ def test_plan_on_a_login_node_without_cupy_or_gpu(tmp_path, capsys, monkeypatch,
 
 def test_plan_for_a_named_gpu_states_its_memory(tmp_path, capsys, monkeypatch):
     from hilbert_hpc.cli import main
-    from hilbert_hpc.study.plan import GPU_MEMORY
+    from hilbert_hpc.study.plan import GPU_MODELS
 
     monkeypatch.setitem(sys.modules, "cupy", None)
     (tmp_path / "j.toml").write_text(plan_job("cuda"))
     assert main(["plan", str(tmp_path / "j.toml"), "-n", "1", "--gpu", "H200"]) == 0
-    assert f"memory per rank: GPU {GPU_MEMORY['H200'] / (1 << 30):.2f} GiB" in capsys.readouterr().out
+    assert f"memory per rank: GPU {GPU_MODELS['H200'].memory / (1 << 30):.2f} GiB" in capsys.readouterr().out
     assert main(["plan", str(tmp_path / "j.toml"), "-n", "1", "--gpu", "B9000"]) == 2
     assert capsys.readouterr().err.startswith("hilbert-hpc: error: --gpu: unknown GPU model 'B9000'; known: H100")
 

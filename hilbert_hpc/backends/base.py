@@ -61,11 +61,12 @@ class Backend:
         work; returns the kernel the case will run (:meth:`kernel_choice`)."""
         return self.kernel_choice(head_dim, dtype)
 
-    def kernel_choice(self, head_dim: int, dtype: str, gpu_here: bool = True) -> KernelChoice | None:
+    def kernel_choice(self, head_dim: int, dtype: str, gpu_here: bool = True,
+                      cc: int | None = None) -> KernelChoice | None:
         """The kernel this backend runs for ``head_dim`` and ``dtype`` on this GPU (for the launches, the results
         and the memory plan; :func:`hilbert_hpc.kernels.selection.choose`), None for a backend without kernels of
-        its own. ``gpu_here=False`` (a plan on a machine without the GPU): the choice the GPU nodes will make
-        (:func:`hilbert_hpc.kernels.selection.planned_choice`)."""
+        its own. ``gpu_here=False`` (a plan): the choice the GPU nodes will make, on a GPU of compute capability
+        ``cc`` when given (:func:`hilbert_hpc.kernels.selection.planned_choice`; None where they refuse it)."""
         return None
 
     def output_itemsize(self, itemsize: int) -> int:

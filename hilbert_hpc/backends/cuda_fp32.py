@@ -20,13 +20,15 @@ class CudaFp32Backend(CupyGpuBackend):
     name = "cuda-fp32"
     dtypes = ("float32",)
 
-    def kernel_choice(self, head_dim: int, dtype: str, gpu_here: bool = True) -> KernelChoice | None:
+    def kernel_choice(self, head_dim: int, dtype: str, gpu_here: bool = True,
+                      cc: int | None = None) -> KernelChoice | None:
         """The FP32 kernel this GPU runs for ``head_dim`` (:func:`hilbert_hpc.kernels.selection.choose`);
         ValueError for a head_dim the kernels do not take, RuntimeError for a forced variant this GPU cannot
-        run. Without the GPU (``gpu_here=False``): the choice of the GPU nodes (``planned_choice``)."""
+        run. Without the GPU (``gpu_here=False``): the choice of the GPU nodes (of compute
+        capability ``cc`` when given; ``planned_choice``)."""
         from hilbert_hpc.kernels.selection import choose, planned_choice
 
-        return choose("float32", head_dim) if gpu_here else planned_choice("float32", head_dim)
+        return choose("float32", head_dim) if gpu_here else planned_choice("float32", head_dim, cc)
 
     def ring_kernels(self, kernel: KernelChoice | None) -> Any:
         """The fused kernels of ``kernel`` (local patterns and packed ring blocks)."""

@@ -40,13 +40,15 @@ class CudaBackend(CudaFp32Backend):
     name = "cuda"
     dtypes = ("float32", "bfloat16", "float16")
 
-    def kernel_choice(self, head_dim: int, dtype: str, gpu_here: bool = True) -> KernelChoice | None:
+    def kernel_choice(self, head_dim: int, dtype: str, gpu_here: bool = True,
+                      cc: int | None = None) -> KernelChoice | None:
         """The kernel this GPU runs for ``head_dim`` and ``dtype`` (:func:`hilbert_hpc.kernels.selection.choose`:
         the FP32 kernels for float32, the 16-bit ones otherwise; RuntimeError for a GPU without 16-bit tensor
-        cores or a forced variant it cannot run). ``gpu_here=False``: the choice of the GPU nodes."""
+        cores or a forced variant it cannot run). ``gpu_here=False``: the choice of the GPU nodes (of
+        compute capability ``cc`` when given)."""
         from hilbert_hpc.kernels.selection import choose, planned_choice
 
-        return choose(dtype, head_dim) if gpu_here else planned_choice(dtype, head_dim)
+        return choose(dtype, head_dim) if gpu_here else planned_choice(dtype, head_dim, cc)
 
     def output_itemsize(self, itemsize: int) -> int:
         """The fused kernels keep a 16-bit output 16-bit."""

@@ -114,11 +114,14 @@ def check_fits(est: Estimate, available: int | None, where: str) -> None:
 
 
 def print_plan(job: Job, world_size: int, stream: TextIO, device_memory: int | None = None,
-               host_memory: int | None = None) -> list[tuple[Estimate, bool | None]]:
+               host_memory: int | None = None,
+               setups: dict[str, CaseSetup] | None = None) -> list[tuple[Estimate, bool | None]]:
     """The plan table of ``job`` on ``world_size`` ranks; returns (estimate, fits or None if unknown) rows.
 
     With ``device_memory`` the plan is for GPU nodes: the PyTorch peer's cases count as GPU cases.
+    ``setups``: each case's setup by case id (:func:`~hilbert_hpc.study.setup.plan_setup`; made here if absent).
     """
+    setups = setups or {}
     rows = []
     print(f"plan: job {job.name!r} on {world_size} rank(s), {len(job.cases)} case(s)", file=stream)
     limits = [f"{kind} {limit / GIB:.2f} GiB" for kind, limit in (("GPU", device_memory), ("host", host_memory))
@@ -130,7 +133,7 @@ def print_plan(job: Job, world_size: int, stream: TextIO, device_memory: int | N
     print(head, file=stream)
     print("-" * len(head), file=stream)
     for case in job.cases:
-        est = estimate(case, True if device_memory is not None else None)
+        est = estimate(case, True if device_memory is not None else None, setups.get(case.case_id))
         limit = device_memory if est.on_gpu else host_memory
         fits = None if limit is None else est.memory_bytes <= limit
         print(f"{case.case_id[:28]:<28} {est.ranks:>5} {est.tokens_per_rank:>12,} {est.memory_bytes / GIB:>12.3f} "
@@ -172,29 +175,28 @@ def parse_size(text: str, flag: str = "--device-memory") -> int:
     return int(value)
 
 
-#: memory of known GPU models (what nvidia-smi reports as total), for ``plan --gpu`` on a machine without one
-GPU_MEMORY = {"H100": 81559 << 20, "H200": 143771 << 20, "A100-80GB": 81920 << 20, "A100-40GB": 40960 << 20,
-              "L40S": 46068 << 20, "V100-32GB": 32768 << 20, "V100-16GB": 16384 << 20}
+@dataclass(frozen=True)
+class GpuModel:
+    """A GPU ``plan --gpu`` knows: its memory (what nvidia-smi reports as total) and compute capability."""
+
+    memory: int
+    cc: int
 
 
-def gpu_memory(model: str) -> int:
-    """Memory of the GPU ``model`` (a key of ``GPU_MEMORY``, any case); a ConfigError names ``--gpu``."""
-    for name, size in GPU_MEMORY.items():
+#: known GPU models, for ``plan --gpu`` (on a machine without one, or for another model than this one)
+GPU_MODELS = {"H100": GpuModel(81559 << 20, 90), "H200": GpuModel(143771 << 20, 90),
+              "A100-80GB": GpuModel(81920 << 20, 80), "A100-40GB": GpuModel(40960 << 20, 80),
+              "L40S": GpuModel(46068 << 20, 89), "V100-32GB": GpuModel(32768 << 20, 70),
+              "V100-16GB": GpuModel(16384 << 20, 70)}
+
+
+def gpu_model(model: str) -> GpuModel:
+    """The GPU ``model`` (a key of ``GPU_MODELS``, any case); a ConfigError names ``--gpu``."""
+    for name, known in GPU_MODELS.items():
         if name.lower() == model.strip().lower():
-            return size
-    raise ConfigError(f"unknown GPU model {model!r}; known: {', '.join(GPU_MEMORY)} (or give --device-memory)",
+            return known
+    raise ConfigError(f"unknown GPU model {model!r}; known: {', '.join(GPU_MODELS)} (or give --device-memory)",
                       "--gpu")
-
-
-def check_plannable(case: Case) -> bool:
-    """The checks of ``setup.check_case`` this machine can make before planning ``case``; False if some were left.
-
-    All of them for a CPU case, or where a GPU is usable. A GPU case on a
-    machine without one (a login node) gets those that need no GPU (the
-    distribution of its tokens over its ranks): the kernels and the transport
-    are checked by ``run`` on the GPU nodes.
-    """
-    return plan_setup(case).decided
 
 
 def check_job_fits(job: Job, comm: Any, setups: dict[str, CaseSetup]) -> None:

@@ -242,7 +242,8 @@ def run_interleaved(job: Job, setups: dict[str, CaseSetup], loop: CaseLoop, subs
 
 
 def run_job(job: Job, output: str | None = None, stream: TextIO | None = None, comm: Any = None,
-            resume: bool = False, progress: TextIO | None = None, overwrite: bool = False) -> Path:
+            resume: bool = False, progress: TextIO | None = None, overwrite: bool = False,
+            setups: dict[str, CaseSetup] | None = None) -> Path:
     """Run every case of ``job`` on the ranks of ``comm`` it asks for; rank 0 writes the file and prints the table.
 
     A case on ``p`` ranks runs on the first ``p`` ranks (a sub-communicator), so
@@ -253,6 +254,7 @@ def run_job(job: Job, output: str | None = None, stream: TextIO | None = None, c
     SIGUSR1/SIGTERM/SIGINT stop the job at the next case boundary (all ranks
     agree) with the file flushed: ``StoppedForRequeue``. An I/O error on any rank
     is agreed at the boundary too, so every rank ends with the same one line.
+    ``setups``: the cases' setups by case id where the caller made them (``check_case``), else made here.
     """
     from hilbert_hpc.study.jobfile import accuracy_rows_notes
     from hilbert_hpc.distributed.mpi import agree
@@ -263,9 +265,10 @@ def run_job(job: Job, output: str | None = None, stream: TextIO | None = None, c
 
     comm = comm or world()
     stream = stream or sys.stdout               # looked up now: the caller's stdout, not the one at import
-    setups = {}
+    setups = dict(setups or {})
     for case in job.cases:
-        setups[case.case_id] = check_case(case)            # the one setup of each case, passed down
+        if case.case_id not in setups:
+            setups[case.case_id] = check_case(case)        # the one setup of each case, passed down
         if case.ranks > comm.Get_size():
             raise ConfigError(f"needs {case.ranks} ranks, this run has {comm.Get_size()}", f"{case.case_id}.ranks")
     if any(s.backend.on_gpu for s in setups.values()):

@@ -82,13 +82,17 @@ def check_case(case: Case, ranks: int | None = None) -> CaseSetup:
     return CaseSetup(case, ranks, layout, precision(case.dtype), be, kernel, transport)
 
 
-def plan_setup(case: Case) -> CaseSetup:
+def plan_setup(case: Case, cc: int | None = None) -> CaseSetup:
     """The setup ``run`` will make for ``case`` (:func:`check_case`), without a transport; where this machine
     cannot run the backend (no usable GPU), only its distribution is checked and the kernel is the one of the
-    GPU nodes that needs the most memory (``decided`` False)."""
+    GPU nodes (Hopper's, which needs the most memory; ``decided`` False). ``cc``: the compute capability of
+    the GPU the plan is for (``plan --gpu MODEL``): the kernel is the one ``run`` chooses there."""
     be = find_backend(case.backend, f"{case.case_id}.backend")
     if be.usable() is None:
-        return dataclasses.replace(check_case(case), transport=None)
-    layout = case_layout(case, case.ranks)
-    return CaseSetup(case, case.ranks, layout, precision(case.dtype), be,
-                     be.kernel_choice(case.head_dim, case.dtype, gpu_here=False), None, decided=False)
+        setup = dataclasses.replace(check_case(case), transport=None)
+    else:
+        setup = CaseSetup(case, case.ranks, case_layout(case, case.ranks), precision(case.dtype), be,
+                          be.kernel_choice(case.head_dim, case.dtype, gpu_here=False), None, decided=False)
+    if cc is None:
+        return setup
+    return dataclasses.replace(setup, kernel=be.kernel_choice(case.head_dim, case.dtype, gpu_here=False, cc=cc))
