@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -128,9 +129,11 @@ def test_plan_command_names_host_memory(tmp_path, capsys):
 
 # --- the run table ----------------------------------------------------------------------------------------------------
 
-def _record() -> dict:
-    return {"metrics": {"median_attention_s": 0.012, "median_total_s": 0.013, "tokens_per_s": 2e5,
-                        "useful_tflops": 0.05}, "accuracy": {"max_rel_err": 1e-7}}
+def _record() -> SimpleNamespace:
+    """The parts of a case record (``study.record.CaseRecord``) the summary table prints."""
+    return SimpleNamespace(metrics=SimpleNamespace(median_attention_s=0.012, median_total_s=0.013, tokens_per_s=2e5,
+                                                   useful_tflops=0.05),
+                           accuracy=SimpleNamespace(max_rel_err=1e-7, selected_pairs=96))
 
 
 def test_table_rows_of_a_scaling_sweep_differ_in_ranks_and_causal():

@@ -52,7 +52,7 @@ def test_installed_kernel_sources_read_from_the_installed_package(wheel, tmp_pat
     """Every kernel source, headers inlined, from the unpacked wheel and nowhere else (no NVRTC needed)."""
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
-    probe = ("import sys, hilbert_hpc.kernels as k\n"
+    probe = ("import sys, hilbert_hpc.kernels.program as k\n"
              "assert k.KERNEL_DIR == __import__('pathlib').Path(sys.argv[1]).resolve() / 'hilbert_hpc' / 'kernels'\n"
              "for cu in sorted(k.KERNEL_DIR.glob('*.cu')):\n"
              "    text = k.source(cu.name)\n"
