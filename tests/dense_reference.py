@@ -55,7 +55,7 @@ def dense_dilated_attention_torch(q, k, v, patterns, causal=False, perm=None, sc
     import torch
 
     n, heads, d = q.shape
-    perm = torch.arange(n) if perm is None else torch.as_tensor(np.asarray(perm))
+    perm = torch.arange(n) if perm is None else torch.tensor(np.asarray(perm))
     scale = 1.0 / np.sqrt(d) if scale is None else scale
     qs, ks, vs = q[perm], k[perm], v[perm]
     heads_out = []
