@@ -37,8 +37,8 @@ def attend_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, lse: np.ndarray
     block's terms of the gradients, in the accumulator dtype. ``causal_shift``:
     query ``i`` sees key ``j`` only if ``j <= i + causal_shift``. Score tiles hold
     at most ``tile_elements`` entries; independent batch chunks run on
-    :func:`~hilbert_hpc.core.threads.cpu_threads` threads (each chunk sums its
-    tiles in a fixed order, so results do not depend on the thread count).
+    :func:`~hilbert_hpc.core.threads.cpu_threads` threads; each chunk owns its
+    rows of dq, dk and dv and sums its tiles in a fixed order (no races, no locks).
     """
     acc = accumulator_dtype(q.dtype)
     *batch, M, D = q.shape
