@@ -59,6 +59,38 @@ def _dtype_kind(x: Any) -> str:
     return np.dtype(dtype).kind if dtype is not None else np.asarray(x).dtype.kind
 
 
+def batch_view(q: Any, k: Any, v: Any) -> tuple[bool, tuple[Any, Any, Any]]:
+    """Check the shapes of q, k, v (ConfigError naming the argument); return whether they are batched and
+    their (B, N, H, D) views (a leading batch axis of 1 added to (N, H, D) inputs)."""
+    batched = getattr(q, "ndim", None) == 4
+    if getattr(q, "ndim", None) not in (3, 4):
+        raise ConfigError(f"q must have shape (N, H, D) or (B, N, H, D), got {tuple(getattr(q, 'shape', ()))}", "q")
+    q4, k4, v4 = (x if batched else x[None] for x in (q, k, v))
+    b, n, h, d = q4.shape
+    if d == 0 or v4.shape[3] == 0:
+        name, x = ("q", q) if d == 0 else ("v", v)
+        raise ConfigError(f"{name} has shape {tuple(x.shape)}, with an empty last (head) dimension: it needs at least "
+                          f"one entry", name)
+    if tuple(k4.shape) != (b, n, h, d):
+        raise ConfigError(f"k has shape {tuple(k.shape)}, expected {tuple(q.shape)}", "k")
+    if tuple(v4.shape[:3]) != (b, n, h):
+        raise ConfigError(f"v has shape {tuple(v.shape)}, expected leading dims {tuple(q.shape[:-1])}", "v")
+    return batched, (q4, k4, v4)
+
+
+def problem_geometry(tokens: int, head_dim: int, patterns: Sequence, grid: Sequence[int] | int | None,
+                     ordering: str, scale: float | None, segment: int | None
+                     ) -> tuple[tuple[Pattern, ...], np.ndarray, float]:
+    """Parse and check the patterns, grid and ordering of a problem of ``tokens`` rows (ConfigError naming the
+    argument); return the patterns, the serialization permutation and the softmax scale (default 1/sqrt(D))."""
+    pats = parse_patterns(patterns)
+    dims = parse_grid(grid, tokens)
+    check_problem(tokens, pats)
+    ordering, seg = resolve_ordering(ordering, pats, segment)
+    perm = problem_order(dims, ordering, seg)
+    return pats, perm, 1.0 / math.sqrt(head_dim) if scale is None else scale
+
+
 def dilated_attention(q: Any, k: Any, v: Any, *, patterns: Sequence, causal: bool = False,
                       grid: Sequence[int] | int | None = None, ordering: str = "natural",
                       scale: float | None = None, backend: str = "numpy", segment: int | None = None) -> Any:
@@ -79,26 +111,9 @@ def dilated_attention(q: Any, k: Any, v: Any, *, patterns: Sequence, causal: boo
     """
     check_arguments(q, k, v, causal, scale)
     be = get_backend(backend)
-    batched = getattr(q, "ndim", None) == 4
-    if getattr(q, "ndim", None) not in (3, 4):
-        raise ConfigError(f"q must have shape (N, H, D) or (B, N, H, D), got {tuple(getattr(q, 'shape', ()))}", "q")
-    q4, k4, v4 = (x if batched else x[None] for x in (q, k, v))
-    b, n, h, d = q4.shape
-    if d == 0 or v4.shape[3] == 0:
-        name, x = ("q", q) if d == 0 else ("v", v)
-        raise ConfigError(f"{name} has shape {tuple(x.shape)}, with an empty last (head) dimension: it needs at least "
-                          f"one entry", name)
-    if tuple(k4.shape) != (b, n, h, d):
-        raise ConfigError(f"k has shape {tuple(k.shape)}, expected {tuple(q.shape)}", "k")
-    if tuple(v4.shape[:3]) != (b, n, h):
-        raise ConfigError(f"v has shape {tuple(v.shape)}, expected leading dims {tuple(q.shape[:-1])}", "v")
-    pats = parse_patterns(patterns)
-    dims = parse_grid(grid, n)
-    check_problem(n, pats)
-    ordering, seg = resolve_ordering(ordering, pats, segment)
-    perm = problem_order(dims, ordering, seg)
-    if scale is None:
-        scale = 1.0 / math.sqrt(d)
+    batched, (q4, k4, v4) = batch_view(q, k, v)
+    pats, perm, scale = problem_geometry(q4.shape[1], q4.shape[3], patterns, grid, ordering, scale, segment)
+    b = q4.shape[0]
 
     is_tensor = type(q).__module__.startswith("torch")
     host = [tensor_to_numpy(x) if is_tensor else np.asarray(x) for x in (q4, k4, v4)]

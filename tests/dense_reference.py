@@ -45,3 +45,26 @@ def dense_dilated_attention(q, k, v, patterns, causal=False, perm=None, scale=No
     out = np.empty_like(out_s)
     out[perm] = out_s
     return out
+
+
+def dense_dilated_attention_torch(q, k, v, patterns, causal=False, perm=None, scale=None):
+    """The same reference as torch operations on natural-order (N, H, D) tensors, differentiable by autograd.
+
+    Each (query, key) logit is ``S + log M`` over the keys with ``M > 0``; rows with no key give 0.
+    """
+    import torch
+
+    n, heads, d = q.shape
+    perm = torch.arange(n) if perm is None else torch.tensor(np.asarray(perm))
+    scale = 1.0 / np.sqrt(d) if scale is None else scale
+    qs, ks, vs = q[perm], k[perm], v[perm]
+    heads_out = []
+    for h in range(heads):
+        mult = torch.as_tensor(multiplicity_mask(n, h, patterns, causal), dtype=q.dtype)
+        live = mult > 0
+        logits = torch.where(live, qs[:, h] @ ks[:, h].T * scale + torch.log(torch.where(live, mult, 1)), -torch.inf)
+        any_key = live.any(dim=1, keepdim=True)
+        weights = torch.softmax(torch.where(any_key, logits, 0.0), dim=1) * any_key
+        heads_out.append(weights @ vs[:, h])
+    out_s = torch.stack(heads_out, dim=1)
+    return out_s[torch.as_tensor(np.argsort(np.asarray(perm)))]

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "hilbert_hpc"
-#: the faces at the top level: the CLI, the public API, the errors
-FACES = {"hilbert_hpc", "hilbert_hpc.__main__", "hilbert_hpc.cli", "hilbert_hpc.attention", "hilbert_hpc.errors"}
+#: the faces at the top level: the CLI, the public API (NumPy and torch autograd), the errors
+FACES = {"hilbert_hpc", "hilbert_hpc.__main__", "hilbert_hpc.cli", "hilbert_hpc.attention", "hilbert_hpc.nn",
+         "hilbert_hpc.errors"}
 #: layer -> the layers its modules may import (errors is a leaf every layer may use)
 ALLOWED = {
     "core": {"core"},

@@ -48,6 +48,17 @@ def _safe_max(m: Array, xp: ModuleType) -> Array:
     return xp.where(xp.isneginf(m), 0, m)
 
 
+def tile_shape(batch: int, queries: int, keys: int, tile_elements: int) -> tuple[int, int, int]:
+    """(batch entries, queries, keys) of one score tile of at most ``tile_elements`` entries (``keys`` > 0).
+
+    Whole key rows up to ``KEY_TILE``; as many queries as fit, then as many batch entries.
+    """
+    tk = min(keys, KEY_TILE)
+    tq = max(1, min(queries, tile_elements // tk))
+    tb = max(1, min(batch, tile_elements // (tq * tk)))
+    return tb, tq, tk
+
+
 def attend(q: Array, k: Array, v: Array, scale: float, causal_shift: int | None = None,
            tile_elements: int | None = None) -> tuple[Array, Array]:
     """Softmax attention of ``q`` over ``k``/``v`` with its log-sum-exp.
@@ -76,9 +87,7 @@ def attend(q: Array, k: Array, v: Array, scale: float, causal_shift: int | None 
     if M == 0 or Nk == 0:
         return out.reshape(*batch, M, Dv), lse.reshape(*batch, M)
 
-    tk = min(Nk, KEY_TILE)
-    tq = max(1, min(M, tile_elements // tk))
-    tb = max(1, min(nb, tile_elements // (tq * tk)))
+    tb, tq, tk = tile_shape(nb, M, Nk, tile_elements)
     scale = q.dtype.type(scale)
 
     def tile(b0: int, b1: int, i0: int, i1: int) -> None:

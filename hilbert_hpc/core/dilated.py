@@ -57,14 +57,23 @@ def empty_accumulators(xp: Any, n: int, heads: int, dv: int, dtype: Any) -> tupl
     return xp.zeros((n, heads, dv), dtype=acc), xp.full((n, heads), -np.inf, dtype=acc)
 
 
-def local_dilated_attention(qs: Array, ks: Array, vs: Array, patterns: Sequence[Pattern], causal: bool,
-                            scale: float, attend_fn: AttendFn = attend) -> Array:
-    """Dilated attention of serialized (N, H, D) arrays; returns the serialized output (N, H, Dv).
+def local_dilated_forward(qs: Array, ks: Array, vs: Array, patterns: Sequence[Pattern], causal: bool,
+                          scale: float, attend_fn: AttendFn = attend) -> tuple[Array, Array]:
+    """Dilated attention of serialized (N, H, D) arrays with its merged log-sum-exp.
 
-    Every pattern acts on every head (offset ``h mod r``); partial results merge by
-    log-sum-exp in the accumulator dtype; positions no pattern selects stay 0.
+    Returns the serialized output (N, H, Dv) and the merged log-sum-exp ``L``
+    (N, H) (docs/semantics.md, section 5), both in the accumulator dtype: every
+    pattern acts on every head (offset ``h mod r``); partial results merge by
+    log-sum-exp; positions no pattern selects stay 0 / -inf. ``L`` is what the
+    backward needs besides the output (section 10).
     """
     xp = array_module(qs)
     out, lse = empty_accumulators(xp, qs.shape[0], qs.shape[1], vs.shape[-1], qs.dtype)
     accumulate_patterns(qs, ks, vs, patterns, causal, scale, out, lse, attend_fn)
-    return out
+    return out, lse
+
+
+def local_dilated_attention(qs: Array, ks: Array, vs: Array, patterns: Sequence[Pattern], causal: bool,
+                            scale: float, attend_fn: AttendFn = attend) -> Array:
+    """The serialized output (N, H, Dv) of :func:`local_dilated_forward`, without its log-sum-exp."""
+    return local_dilated_forward(qs, ks, vs, patterns, causal, scale, attend_fn)[0]
