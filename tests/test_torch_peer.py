@@ -72,3 +72,16 @@ def test_cpu_log_sum_exp_is_the_softmax_normaliser():
     s = s.masked_fill(torch.ones(16, 16, dtype=torch.bool).triu(1), float("-inf"))
     assert torch.allclose(lse, torch.logsumexp(s, -1), atol=1e-12)
     assert torch.allclose(out, torch.softmax(s, -1) @ v, atol=1e-12)
+
+
+def test_the_peer_refuses_inputs_that_need_gradients():
+    """Autograd through SDPA drops the log-sum-exp's gradient, so merged patterns would get wrong dQ and dK."""
+    from hilbert_hpc.backends.torch_peer import TorchPeer
+    from hilbert_hpc.core.patterns import Pattern
+
+    q = torch.randn(64, 2, 8, dtype=torch.float64, requires_grad=True)
+    with pytest.raises(NotImplementedError, match="not differentiable"):
+        TorchPeer().serialized_attention(q, q, q, [Pattern(16, 1), Pattern(32, 2)], False, 0.3)
+    with torch.no_grad():
+        out = TorchPeer().serialized_attention(q, q, q, [Pattern(16, 1), Pattern(32, 2)], False, 0.3)
+    assert out.shape == (64, 2, 8)

@@ -158,9 +158,17 @@ class TorchPeer(Backend):
         """Dilated attention of serialized (N, H, D) tensors -> serialized output (N, H, Dv).
 
         SDPA runs in the input dtype; the merge of patterns, the running output and the log-sum-exp are at
-        least FP32; the output has the input dtype.
+        least FP32; the output has the input dtype. Not differentiable: SDPA's backward ignores the gradient
+        of its log-sum-exp, through which the merge depends on Q and K, so autograd would return dQ and dK
+        silently wrong wherever patterns merge (a third off on a small causal case); inputs that require a
+        gradient are refused.
         """
         import torch
+
+        if torch.is_grad_enabled() and any(x.requires_grad for x in (qs, ks, vs)):
+            raise NotImplementedError("the torch peer's forward is not differentiable through its log-sum-exp "
+                                      "merge (SDPA drops the log-sum-exp's gradient); use hilbert_hpc.nn for "
+                                      "gradients")
 
         n, heads, _ = qs.shape
         acc = torch.promote_types(qs.dtype, torch.float32)
