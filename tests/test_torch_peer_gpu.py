@@ -22,7 +22,7 @@ N, HEADS, D, SCALE = 768, 6, 64, 0.125
 
 
 def rel(a, b) -> float:
-    return float((a.double().cpu() - b).norm() / b.norm())
+    return float((a.detach().double().cpu() - b.detach()).norm() / b.detach().norm())
 
 
 def gradients(dtype, causal: bool):

@@ -108,6 +108,7 @@ def _sdpa_backward(kind: str, dout: Any, q: Any, k: Any, v: Any, out: Any, lse: 
         return aten._scaled_dot_product_flash_attention_backward(
             dout, q, k, v, out, lse.contiguous(), None, None, length, length, 0.0, causal, None, None,
             scale=scale)
+    out = out.transpose(1, 2).contiguous().transpose(1, 2)   # its 16-bit kernel reads the output as (B, L, H, D)
     padded = -(-length // EFFICIENT_LSE_ROWS) * EFFICIENT_LSE_ROWS       # as the forward allocates it
     lse_padded = torch.full((*lse.shape[:2], padded), float("inf"), dtype=torch.float32, device=lse.device)
     lse_padded[..., :length] = lse
