@@ -4,7 +4,9 @@ Gather the dilated rows of each pattern and head offset, run
 ``scaled_dot_product_attention``'s fastest kernel that also returns the
 log-sum-exp (cuDNN, else flash, for 16 bits; memory-efficient for float32 and
 float64), and merge patterns by log-sum-exp in at least FP32. Same semantics as every other
-backend; it is the baseline every benchmark compares against.
+backend; it is the baseline every benchmark compares against. Gradients: the same kernel's SDPA
+backward op per pattern and head offset, given the merged output and log-sum-exp (ring-flash-attention
+style), in an autograd Function.
 """
 
 from __future__ import annotations
