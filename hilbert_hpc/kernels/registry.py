@@ -11,8 +11,9 @@ configuration and the alternatives CI compiles and ``tests/scripts/*_probe.py --
 FP32 families (float32 inputs): ``wgmma`` (split-TF32 warpgroup MMA, Hopper), ``tf32x3`` (split-TF32
 ``mma.sync``, compute capability 8.0+), ``tiled128`` / ``tiled64`` (register-tiled FP32 FMA) and ``warp``
 (FP32 FMA, any row alignment). 16-bit families (bfloat16, float16): ``tma16`` (warp-specialized, TMA loads,
-Hopper), ``wgmma16`` (Hopper) and ``mma16`` (``mma.sync``, compute capability 8.0+). ``docs/kernels.md``
-describes each and the measurements behind the defaults.
+Hopper), ``wgmma16`` (Hopper) and ``mma16`` (``mma.sync``, compute capability 8.0+). Backward families
+(``direction`` "backward", never picked by the forward selection): ``fma_bwd`` (FP32 FMA, every dtype, any row
+alignment). ``docs/kernels.md`` describes each and the measurements behind the defaults.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ HOPPER_SHARED = 227 * 1024
 #: the architecture-specific target of the Hopper families
 HOPPER_ARCH = "sm_90a"
 HEAD_DIMS = (32, 64, 96, 128)
+#: what a family computes: the attention (and its log-sum-exp merge) or the gradients of it
+FORWARD, BACKWARD = "forward", "backward"
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,8 @@ class KernelFamily:
     float32_output: bool = False
     #: whether a configuration is one the source supports (a forced configuration is checked against it)
     valid: Callable[[Config], bool] = lambda cfg: True
+    #: FORWARD (DILATED_FWD_PARAMS) or BACKWARD (DILATED_BWD_PARAMS, block_queries: keys per block)
+    direction: str = FORWARD
 
     @property
     def head_dims(self) -> tuple[int, ...]:
@@ -275,8 +280,32 @@ MMA16 = KernelFamily(
     # oldest compute capability with bf16/fp16 mma.sync m16n8k16
     min_cc=80, valid=lambda c: c[0] % 16 == 0 and 16 <= c[0] <= 128)
 
-#: every family, FP32 ones fastest first (measured on an H200, docs/performance.md), then the 16-bit ones
-FAMILIES = {f.name: f for f in (WGMMA, TF32X3, TILED128, TILED64, WARP, WGMMA16, TMA16, MMA16)}
+# ---- backward families ----------------------------------------------------------------------------------
+
+BWD_WARPS = 4
+
+
+def fma_bwd_shared_bytes(head_dim: int, keys: int, queries: int) -> int:
+    """Dynamic shared memory of one fma_bwd block (dilated_bwd_fma.cu): K and V of its keys (rows padded to
+    D + 1), Q and dO of a query tile, its P and dS, L and delta (float32)."""
+    return 4 * (2 * keys * (head_dim + 1) + 2 * queries * head_dim + 2 * queries * keys + 2 * queries)
+
+
+#: per head dim: (keys per block BK, query tile BQ), template arguments of dilated_bwd_fma<T, D, BK, BQ>: dK and
+#: dV of BK / 4 keys per thread in 2 D / 32 x BK / 4 <= 64 registers, every block within Pascal's 48 KiB. A
+#: query's dQ row gets one atomicAdd per key block: larger BK, fewer atomics. Not timed yet.
+FMA_BWD = KernelFamily(
+    "fma_bwd", "dilated_bwd_fma.cu", (FLOAT32, *SIXTEEN_BIT),
+    lambda t, d, c, o: f"dilated_bwd_fma<{t},{d},{c[0]},{c[1]}>", ("BK", "BQ"),
+    lambda d, c: fma_bwd_shared_bytes(d, *c), lambda c: 32 * BWD_WARPS, lambda d, c: c[0], 1,
+    defaults={32: (128, 8), 64: (64, 8), 96: (32, 16), 128: (32, 8)},
+    alternatives={32: ((64, 16),), 64: ((32, 16),), 96: ((32, 8),), 128: ((32, 4),)},
+    valid=lambda c: c[0] in (32, 64, 128) and c[1] % BWD_WARPS == 0 and BWD_WARPS <= c[1] <= 32,
+    direction=BACKWARD)
+
+#: every family: the forward ones (FP32 fastest first, measured on an H200, docs/performance.md; then the 16-bit
+#: ones), then the backward ones, preferred first (the backward choice takes the first that runs)
+FAMILIES = {f.name: f for f in (WGMMA, TF32X3, TILED128, TILED64, WARP, WGMMA16, TMA16, MMA16, FMA_BWD)}
 
 
 def family(name: str) -> KernelFamily:
@@ -286,10 +315,11 @@ def family(name: str) -> KernelFamily:
     return FAMILIES[name]
 
 
-def families_for(dtype: Any) -> list[KernelFamily]:
-    """The families that take ``dtype``, in the registry's order (FP32: fastest first)."""
+def families_for(dtype: Any, direction: str = FORWARD) -> list[KernelFamily]:
+    """The families of ``direction`` (FORWARD or BACKWARD) that take ``dtype``, in the registry's order (FP32
+    forward: fastest first; backward: preferred first)."""
     name = dtype_name(dtype)
-    return [f for f in FAMILIES.values() if name in f.dtypes]
+    return [f for f in FAMILIES.values() if name in f.dtypes and f.direction == direction]
 
 
 def check_head_dim(dtype: Any, head_dim: int) -> None:

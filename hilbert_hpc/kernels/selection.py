@@ -13,6 +13,12 @@ An override forces a family, optionally with a configuration (its template argum
 them): ``HILBERT_HPC_FP32_KERNEL`` for float32 (e.g. ``tf32x3``, ``wgmma:64,2,1``), ``HILBERT_HPC_HALF_KERNEL``
 for the 16-bit kernels (``wgmma16``, ``wgmma16:BK,WG,VMODE``, ``tma16``, ``tma16:BK,NC,STAGES,PIPE``, ``mma16``
 or ``mma16:BK``); a forced family the GPU cannot run is one clear error.
+
+The backward (:func:`choose_backward`, the registry's ``direction`` BACKWARD families, which the forward never
+picks): the first backward family of the registry's order that takes the dtype and head dim, runs on the GPU and
+fits its shared memory (``fma_bwd`` runs everywhere); rows not aligned for it fall back, launch by launch, to the
+next (``KernelChoice.for_alignment``). 16-bit gradients need compute capability 8.0 as the 16-bit forward does.
+``HILBERT_HPC_BWD_KERNEL`` forces one (``fma_bwd`` or ``fma_bwd:BK,BQ``), for every dtype.
 """
 
 from __future__ import annotations
@@ -23,10 +29,11 @@ from typing import Any
 
 import hilbert_hpc.kernels.program as program
 import hilbert_hpc.kernels.registry as registry
-from hilbert_hpc.kernels.registry import FLOAT32, KernelFamily, Variant
+from hilbert_hpc.kernels.registry import BACKWARD, FLOAT32, FORWARD, KernelFamily, Variant
 
 FP32_ENV = "HILBERT_HPC_FP32_KERNEL"
 SIXTEEN_BIT_ENV = "HILBERT_HPC_HALF_KERNEL"
+BACKWARD_ENV = "HILBERT_HPC_BWD_KERNEL"
 #: oldest compute capability with 16-bit tensor cores (bf16/fp16 mma.sync m16n8k16)
 SIXTEEN_BIT_MIN_CC = 80
 #: the 16-bit families on compute capability 9.0, preferred first (the first with the head dim runs)
@@ -51,13 +58,18 @@ class KernelChoice:
     variant: Variant
     #: the override that forced it ('' when none did)
     forced: str = ""
-    #: FP32: the variants that may run, in order, for rows of other alignments (``for_alignment``)
+    #: FP32 and backward: the variants that may run, in order, for rows of other alignments (``for_alignment``)
     candidates: tuple[Variant, ...] = ()
 
     @property
     def name(self) -> str:
         """The family name recorded in results files (``kernel`` attribute): 'tma16', 'wgmma', ..."""
         return self.variant.variant
+
+    @property
+    def direction(self) -> str:
+        """FORWARD or BACKWARD: what the chosen family computes."""
+        return registry.family(self.name).direction
 
     @property
     def sixteen_bit(self) -> bool:
@@ -70,9 +82,9 @@ class KernelChoice:
             if align % v.align == 0:
                 return v
         if self.forced:
-            raise RuntimeError(f"{_env(self.dtype)}={self.forced}: rows are not aligned to {self.variant.align} "
+            raise RuntimeError(f"{_env(self.dtype, self.direction)}={self.forced}: rows are not aligned to {self.variant.align} "
                                f"elements")
-        raise RuntimeError(f"no {self.dtype} kernel reads rows aligned to {align} elements")
+        raise RuntimeError(f"no {self.dtype} {self.direction} kernel reads rows aligned to {align} elements")
 
     def accumulating(self) -> Variant:
         """The instantiation of the chosen configuration that merges into a float32 running output (tma16)."""
@@ -93,20 +105,23 @@ class KernelChoice:
         return rows * self.scratch_heads(heads) * self.head_dim * 4
 
 
-def _env(dtype: str) -> str:
+def _env(dtype: str, direction: str = FORWARD) -> str:
+    if direction == BACKWARD:
+        return BACKWARD_ENV
     return FP32_ENV if dtype == FLOAT32 else SIXTEEN_BIT_ENV
 
 
-def forced_family(dtype: str, forced: str) -> tuple[KernelFamily, tuple | None]:
-    """(family, configuration or None for its default) of an override value such as 'tma16:64,4,3,1'."""
-    env = _env(dtype)
-    families = registry.families_for(dtype)
+def forced_family(dtype: str, forced: str, direction: str = FORWARD) -> tuple[KernelFamily, tuple | None]:
+    """(family, configuration or None for its default) of an override value such as 'tma16:64,4,3,1', among
+    the ``direction`` families of ``dtype``."""
+    env = _env(dtype, direction)
+    families = registry.families_for(dtype, direction)
     head, _, rest = forced.strip().partition(":")
     known = {f.name: f for f in families}
     if head not in known:
         spelled = ", ".join(f"{f.name} or {f.name}:{','.join(f.config_fields)}" if f.config_fields else f.name
                             for f in families)
-        kind = "FP32" if dtype == FLOAT32 else "16-bit"
+        kind = ("FP32" if dtype == FLOAT32 else "16-bit") + (" backward" if direction == BACKWARD else "")
         raise RuntimeError(f"{env}={forced}: unknown {kind} kernel variant {head!r}; use {spelled}")
     fam = known[head]
     if not rest:
@@ -131,34 +146,71 @@ def choose(dtype: Any, head_dim: int, cc: int | None = None, override: str | Non
     can run (a ValueError: an unsupported head dim or dtype)."""
     name = registry.dtype_name(dtype)
     registry.check_head_dim(name, head_dim)
-    if cc is None:
-        cc = program.compute_capability()
-        shared_limit = program.shared_limit() if shared_limit is None else shared_limit
-    elif shared_limit is None:
-        shared_limit = SHARED_OPTIN[max([c for c in SHARED_OPTIN if c <= cc] or [min(SHARED_OPTIN)])]
+    cc, shared_limit = _device(cc, shared_limit)
     forced = (os.environ.get(_env(name), "") if override is None else override).strip()
     if name == FLOAT32:
         return _choose_fp32(head_dim, cc, forced, shared_limit)
     return _choose_16(name, head_dim, cc, forced, shared_limit)
 
 
+def choose_backward(dtype: Any, head_dim: int, cc: int | None = None, override: str | None = None,
+                    shared_limit: int | None = None) -> KernelChoice:
+    """THE decision of which backward kernel runs for ``dtype`` and ``head_dim`` on a GPU of compute capability
+    ``cc`` (None: the current GPU's): the first of the registry's backward families (preferred first) that
+    takes them, runs on the GPU and fits its shared memory; the others that do are the choice's fallbacks for
+    rows it cannot read (``for_alignment``). ``override``: a forced family (``[name][:config]``); None reads
+    ``HILBERT_HPC_BWD_KERNEL``, '' forces nothing. A RuntimeError says why nothing can run (a ValueError: an
+    unsupported dtype, or a head dim of a forced family)."""
+    name = registry.dtype_name(dtype)
+    cc, shared_limit = _device(cc, shared_limit)
+    if name != FLOAT32:
+        _check_sixteen_bit(name, cc)
+    forced = (os.environ.get(BACKWARD_ENV, "") if override is None else override).strip()
+    if forced:
+        fam, cfg = forced_family(name, forced, BACKWARD)
+        chosen = _checked_forced(BACKWARD_ENV, forced, fam, fam.variant(head_dim, name, cfg), cc, shared_limit)
+        return KernelChoice(name, head_dim, cc, chosen, forced, (chosen,))
+    fits = tuple(v for f in registry.families_for(name, BACKWARD) if head_dim in f.head_dims
+                 for v in [f.variant(head_dim, name)] if v.shared_bytes <= _limit(f, shared_limit) and v.runs_on(cc))
+    if not fits:
+        dims = sorted({d for f in registry.families_for(name, BACKWARD) for d in f.head_dims})
+        raise RuntimeError(f"no {name} backward kernel runs head_dim {head_dim} on compute capability "
+                           f"{cc / 10:.1f} (head dims {dims})")
+    return KernelChoice(name, head_dim, cc, fits[0], "", fits)
+
+
+def _device(cc: int | None, shared_limit: int | None) -> tuple[int, int]:
+    """(compute capability, opt-in shared memory per block): the current GPU's where ``cc`` is None, else
+    ``SHARED_OPTIN``'s for ``cc`` unless ``shared_limit`` is given."""
+    if cc is None:
+        return program.compute_capability(), program.shared_limit() if shared_limit is None else shared_limit
+    if shared_limit is None:
+        shared_limit = SHARED_OPTIN[max([c for c in SHARED_OPTIN if c <= cc] or [min(SHARED_OPTIN)])]
+    return cc, shared_limit
+
+
 def _limit(fam: KernelFamily, shared_limit: int) -> int:
     return fam.max_shared or shared_limit
+
+
+def _checked_forced(env: str, forced: str, fam: KernelFamily, chosen: Variant, cc: int, shared_limit: int) -> Variant:
+    """``chosen``, the variant an override forced, where the GPU runs it; one clear RuntimeError otherwise."""
+    if chosen.min_cc > cc:
+        raise RuntimeError(f"{env}={forced}: needs compute capability {chosen.min_cc / 10:.1f} or newer, "
+                           f"this GPU has {cc / 10:.1f}")
+    if cc > chosen.max_cc:
+        raise RuntimeError(f"{env}={forced}: code for {chosen.arch} runs on compute capability "
+                           f"{chosen.max_cc / 10:.1f} only, this GPU has {cc / 10:.1f}")
+    if chosen.shared_bytes > _limit(fam, shared_limit):
+        raise RuntimeError(f"{env}={forced}: needs {chosen.shared_bytes} bytes of shared memory per "
+                           f"block for head_dim {chosen.head_dim}, this GPU allows {_limit(fam, shared_limit)}")
+    return chosen
 
 
 def _choose_fp32(head_dim: int, cc: int, forced: str, shared_limit: int) -> KernelChoice:
     if forced:
         fam, cfg = forced_family(FLOAT32, forced)
-        chosen = fam.variant(head_dim, FLOAT32, cfg)
-        if chosen.min_cc > cc:
-            raise RuntimeError(f"{FP32_ENV}={forced}: needs compute capability {chosen.min_cc / 10:.1f} or newer, "
-                               f"this GPU has {cc / 10:.1f}")
-        if cc > chosen.max_cc:
-            raise RuntimeError(f"{FP32_ENV}={forced}: code for {chosen.arch} runs on compute capability "
-                               f"{chosen.max_cc / 10:.1f} only, this GPU has {cc / 10:.1f}")
-        if chosen.shared_bytes > _limit(fam, shared_limit):
-            raise RuntimeError(f"{FP32_ENV}={forced}: needs {chosen.shared_bytes} bytes of shared memory per "
-                               f"block for head_dim {head_dim}, this GPU allows {_limit(fam, shared_limit)}")
+        chosen = _checked_forced(FP32_ENV, forced, fam, fam.variant(head_dim, FLOAT32, cfg), cc, shared_limit)
         return KernelChoice(FLOAT32, head_dim, cc, chosen, forced, (chosen,))
     fits = tuple(v for f in registry.families_for(FLOAT32) for v in [f.variant(head_dim)]
                  if v.shared_bytes <= _limit(f, shared_limit) and v.runs_on(cc))
@@ -167,10 +219,15 @@ def _choose_fp32(head_dim: int, cc: int, forced: str, shared_limit: int) -> Kern
     return KernelChoice(FLOAT32, head_dim, cc, fits[0], "", fits)
 
 
-def _choose_16(dtype: str, head_dim: int, cc: int, forced: str, shared_limit: int) -> KernelChoice:
+def _check_sixteen_bit(dtype: str, cc: int) -> None:
+    """16-bit inputs need 16-bit tensor cores (the forward's; the backward's gradients go with it)."""
     if cc < SIXTEEN_BIT_MIN_CC:
         raise RuntimeError(f"dtype {dtype} needs 16-bit tensor cores (compute capability 8.0 or newer); "
                            f"this GPU has {cc / 10:.1f}")
+
+
+def _choose_16(dtype: str, head_dim: int, cc: int, forced: str, shared_limit: int) -> KernelChoice:
+    _check_sixteen_bit(dtype, cc)
     if forced:
         fam, cfg = forced_family(dtype, forced)
         if not fam.min_cc <= cc <= fam.max_cc:

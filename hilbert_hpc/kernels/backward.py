@@ -1,0 +1,112 @@
+"""The backward provider: the registry's backward families launched with the forward's geometry.
+
+:class:`BackwardKernels` runs one backward :class:`~hilbert_hpc.kernels.selection.KernelChoice`
+(:func:`~hilbert_hpc.kernels.selection.choose_backward`) on the launches of
+:func:`hilbert_hpc.kernels.launch.local_launches` (the same element-offset geometry as the forward): each adds
+its pattern's terms of dQ, dK and dV (float32 accumulators shaped like Q, K and V) from Q, K, V, dO, the merged
+log-sum-exp L and delta = rowsum(dO * O) (``DILATED_BWD_PARAMS`` in ``common.cuh``, docs/semantics.md section
+10). Arrays are CuPy arrays, torch tensors or device pointers (ints); 16-bit data are passed as pointers.
+Grid: x = the launch's problems, y = the key blocks of one problem; a problem with more key blocks than a grid
+allows along y is split into key chunks (:func:`key_chunks`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from hilbert_hpc.kernels.launch import MAX_GRID_Y, local_launches
+from hilbert_hpc.kernels.program import compiled
+from hilbert_hpc.kernels.registry import BACKWARD
+from hilbert_hpc.kernels.selection import KernelChoice
+from hilbert_hpc.kernels.sixteen_bit import device_pointer
+
+#: the arrays of a backward launch, in the kernels' order (``DILATED_BWD_PARAMS``)
+ARRAYS = ("q", "k", "v", "dout", "lse", "delta", "dq", "dk", "dv")
+#: the inputs held in the choice's dtype (16 bits for a 16-bit choice); the others are float32
+INPUTS = ("q", "k", "v", "dout")
+
+
+def key_chunks(kg: tuple, vg: tuple, mk: int, shift: int | None, block_keys: int,
+               max_blocks: int = MAX_GRID_Y) -> list[tuple[tuple, tuple, int, int | None]]:
+    """``(kg, vg, mk, shift)`` of launches that together cover ``mk`` key rows with at most ``max_blocks`` key
+    blocks each: a chunk starting at key ``c`` moves the K/dK and V/dV bases by ``c`` rows and the causal
+    shift by ``-c`` (key ``j`` of the chunk is key ``c + j`` of the problem, seen by query ``i`` when
+    ``c + j <= i + shift``)."""
+    rows = max_blocks * block_keys
+    return [((kg[0] + c * kg[3], *kg[1:]), (vg[0] + c * vg[3], *vg[1:]), min(rows, mk - c),
+             None if shift is None else shift - c) for c in range(0, mk, rows)]
+
+
+def check_arrays(choice: KernelChoice, shape: Sequence[int] | None = None, **arrays: Any) -> None:
+    """One clear ValueError for what the backward kernels would misread: q, k, v, dout that are not
+    C-contiguous arrays of the choice's dtype (2-byte items for 16 bits); lse, delta, dq, dk, dv that are not
+    C-contiguous float32; gradients not shaped like their inputs, lse / delta not (n, H) for (n, H, D) inputs.
+    Raw pointers (ints) are not checked."""
+    for name, x in arrays.items():
+        if x is None or isinstance(x, (int, np.integer)):
+            continue
+        sixteen = choice.sixteen_bit and name in INPUTS
+        contiguous = x.is_contiguous() if hasattr(x, "is_contiguous") else bool(x.flags.c_contiguous)
+        itemsize = x.element_size() if hasattr(x, "element_size") else int(x.dtype.itemsize)
+        ok = itemsize == 2 if sixteen else "float32" in str(x.dtype)
+        if not (contiguous and ok):
+            wanted = f"{choice.dtype} (2-byte items)" if sixteen else "float32"
+            raise ValueError(f"the backward kernel needs {name} C-contiguous {wanted}, got {x.dtype}"
+                             f"{'' if contiguous else ', not contiguous'}")
+    shapes = {n: tuple(x.shape) for n, x in arrays.items() if hasattr(x, "shape")}
+    if shape is not None:
+        shapes.setdefault("q", tuple(int(s) for s in shape))
+    for grad, of in (("dq", "q"), ("dk", "k"), ("dv", "v"), ("dout", "q")):
+        if grad in shapes and of in shapes and shapes[grad] != shapes[of]:
+            raise ValueError(f"{grad} must have the shape of {of} {shapes[of]}, got {shapes[grad]}")
+    for name in ("lse", "delta"):
+        if name in shapes and "q" in shapes and shapes[name] != shapes["q"][:2]:
+            raise ValueError(f"{name} must have shape {shapes['q'][:2]} (n, H), got {shapes[name]}")
+
+
+class BackwardKernels:
+    """Launches of one backward kernel choice. ``max_key_blocks``: most key blocks of one launch along grid y
+    (more are split into key chunks; tests force small chunks)."""
+
+    def __init__(self, choice: KernelChoice, max_key_blocks: int = MAX_GRID_Y) -> None:
+        if choice.direction != BACKWARD:
+            raise ValueError(f"BackwardKernels runs backward choices (choose_backward), not {choice.name}")
+        self.choice = choice
+        self.max_key_blocks = max_key_blocks
+
+    def local_patterns(self, q: Any, k: Any, v: Any, dout: Any, lse: Any, delta: Any, dq: Any, dk: Any, dv: Any,
+                       patterns: Sequence[Any], causal: bool, scale: float,
+                       shape: Sequence[int] | None = None) -> None:
+        """Add the gradient terms of ``patterns`` (``Pattern`` or ``(segment, dilation)``, segments inside these
+        (n, H, D) arrays) to ``dq``, ``dk``, ``dv``. ``lse``: the merged log-sum-exp of every pattern (n, H),
+        ``delta``: rowsum(dout * out) (n, H). ``shape`` is read from ``q`` unless given (raw pointers)."""
+        if shape is None and not hasattr(q, "shape"):
+            raise ValueError("give shape=(n, H, D) with raw pointers")
+        check_arrays(self.choice, shape, q=q, k=k, v=v, dout=dout, lse=lse, delta=delta, dq=dq, dk=dk, dv=dv)
+        n, heads, d = (int(x) for x in (q.shape if shape is None else shape))
+        for geometry in local_launches(patterns, causal, scale, n, heads, d):
+            self.launch(q, k, v, dout, lse, delta, dq, dk, dv, **geometry)
+
+    def launch(self, q: Any, k: Any, v: Any, dout: Any, lse: Any, delta: Any, dq: Any, dk: Any, dv: Any, *,
+               qg: tuple, kg: tuple, vg: tuple, lg: tuple, segments: int, heads: int, mq: int, mk: int,
+               shift: int | None, scale: float, head_dim: int) -> None:
+        """One launch geometry (``launch.local_launches``' keyword arguments: base, segment, head and row
+        strides in elements; dO and dQ addressed like Q, dK like K, dV like V, delta like L) over
+        ``segments x heads`` problems, split into key chunks where needed."""
+        if segments == 0 or heads == 0 or mq == 0 or mk == 0:
+            return
+        if head_dim != self.choice.head_dim:
+            raise ValueError(f"the kernel was chosen for head_dim {self.choice.head_dim}, got {head_dim}")
+        if not scale > 0:
+            raise ValueError(f"the backward kernel needs scale > 0, got {scale}")
+        chosen = self.choice.for_alignment(math.gcd(*qg, *kg, *vg, 16))
+        fn = compiled(chosen)
+        pointers = tuple(np.uint64(device_pointer(x)) for x in (q, k, v, dout, lse, delta, dq, dk, dv))
+        for kc, vc, mc, sc in key_chunks(kg, vg, mk, shift, chosen.block_queries, self.max_key_blocks):
+            grid = (segments * heads, -(-mc // chosen.block_queries))
+            args = (*pointers, *(np.int64(x) for x in (*qg, *kc, *vc, *lg)), np.int32(heads), np.int32(mq),
+                    np.int32(mc), np.int32(sc is not None), np.int32(sc or 0), np.float32(scale))
+            fn(grid, (chosen.threads,), args, shared_mem=chosen.shared_bytes)

@@ -1,0 +1,127 @@
+"""The backward kernels on a GPU against the exact float64 CPU backward on the same (rounded) inputs.
+
+O and L come from the float64 forward of the rounded Q, K, V; dO is rounded like them; the kernels get L and
+delta = rowsum(dO * O) in float32. Errors are max |got - want| / max |want| per gradient: FP32 <= 1e-5,
+16 bits <= 2e-2 (FP32 arithmetic on 16-bit inputs; the gradients are float32 accumulators).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import gpu_available
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("cupy")
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not (gpu_available() and torch.cuda.is_available()),
+                                 reason="needs an NVIDIA GPU (CuPy and torch with CUDA)")]
+
+from hilbert_hpc.core.backward import local_dilated_backward  # noqa: E402
+from hilbert_hpc.core.dilated import local_dilated_forward  # noqa: E402
+from hilbert_hpc.core.patterns import Pattern  # noqa: E402
+from hilbert_hpc.kernels import program, registry  # noqa: E402
+from hilbert_hpc.kernels.backward import BackwardKernels  # noqa: E402
+from hilbert_hpc.kernels.selection import choose_backward  # noqa: E402
+
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2, "float16": 2e-2}
+#: overlapping patterns (every row of (144, 1) is in the others' segments, some in all three), selected rows not
+#: multiples of the key blocks or query tiles, several segments per launch, head offsets 1..3 of (2304, 6)
+N = 2304
+PATTERNS = [Pattern(144, 1), Pattern(576, 3), Pattern(2304, 6)]
+HEADS = 4
+
+
+def problem(dtype: str, head_dim: int, causal: bool, patterns=PATTERNS, n: int = N, heads: int = HEADS,
+            seed: int = 0) -> dict:
+    """Rounded inputs on the GPU, L and delta in float32 on the GPU, and the float64 gradients they give."""
+    rng = np.random.default_rng(seed)
+    tdt = TORCH_DTYPES[dtype]
+    scale = head_dim ** -0.5
+    dev = [torch.from_numpy(rng.standard_normal((n, heads, head_dim))).to(tdt).cuda() for _ in range(4)]
+    q, k, v, do = (x.double().cpu().numpy() for x in dev)
+    out, lse = local_dilated_forward(q, k, v, patterns, causal, scale)
+    want = local_dilated_backward(q, k, v, out, lse, do, patterns, causal, scale)
+    delta = np.einsum("nhd,nhd->nh", do, out)
+    f32 = [torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).cuda() for x in (lse, delta)]
+    return dict(inputs=dev, lse=f32[0], delta=f32[1], want=want, scale=scale, patterns=patterns, causal=causal)
+
+
+def run(kernels: BackwardKernels, p: dict) -> tuple:
+    """dQ, dK, dV of the kernels (float64 NumPy arrays)."""
+    q, k, v, do = p["inputs"]
+    grads = [torch.zeros(x.shape, dtype=torch.float32, device="cuda") for x in (q, k, v)]
+    kernels.local_patterns(q, k, v, do, p["lse"], p["delta"], *grads, p["patterns"], p["causal"], p["scale"])
+    torch.cuda.synchronize()
+    return tuple(g.double().cpu().numpy() for g in grads)
+
+
+def max_rel(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+def skip_unless_runs(dtype: str) -> None:
+    cc = program.compute_capability()
+    if dtype != "float32" and cc < 80:
+        pytest.skip(f"16-bit dtypes need compute capability 8.0, this GPU has {cc / 10:.1f}")
+
+
+def backward_instantiations() -> list:
+    """(family, dtype, head dim) of every backward family's default instantiations."""
+    return [(f.name, t, d) for f in registry.FAMILIES.values() if f.direction == registry.BACKWARD
+            for t in f.dtypes for d in f.head_dims]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("family,dtype,head_dim", backward_instantiations())
+def test_every_backward_instantiation_matches_float64(family, dtype, head_dim, causal):
+    skip_unless_runs(dtype)
+    p = problem(dtype, head_dim, causal)
+    got = run(BackwardKernels(choose_backward(dtype, head_dim, override=family)), p)
+    for name, g, w in zip(("dq", "dk", "dv"), got, p["want"]):
+        assert np.isfinite(g).all(), name
+        assert max_rel(g, w) <= TOLERANCE[dtype], (name, max_rel(g, w))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_rows_no_pattern_selects_get_zero_gradients(dtype):
+    """One head, dilation 2: the odd rows are in no pattern (L = -inf, delta = 0): zero, never NaN."""
+    skip_unless_runs(dtype)
+    p = problem(dtype, 64, True, patterns=[Pattern(256, 2)], n=1024, heads=1)
+    got = run(BackwardKernels(choose_backward(dtype, 64, override="")), p)
+    for g, w in zip(got, p["want"]):
+        assert np.isfinite(g).all() and not g[1::2].any()
+        assert max_rel(g, w) <= TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [32, 128])
+def test_key_chunks_give_the_unchunked_gradients(head_dim, causal):
+    """One key block per launch (many chunks, causal shifts moved by each chunk) against one launch: dK and dV
+    are the same sums in the same order, dQ the same terms added in another order."""
+    p = problem("float32", head_dim, causal, seed=3)
+    choice = choose_backward("float32", head_dim, override="")
+    whole = run(BackwardKernels(choice), p)
+    chunked = run(BackwardKernels(choice, max_key_blocks=1), p)
+    assert np.array_equal(chunked[1], whole[1]) and np.array_equal(chunked[2], whole[2])
+    assert max_rel(chunked[0], whole[0]) <= 1e-6
+
+
+def test_cupy_float32_arrays_and_raw_pointers():
+    """float32 CuPy arrays, and raw pointers with shape=, give the gradients of torch tensors."""
+    import cupy
+
+    p = problem("float32", 64, False, n=576, patterns=[Pattern(144, 1), Pattern(576, 3)])
+    kernels = BackwardKernels(choose_backward("float32", 64, override=""))
+    want = run(kernels, p)
+    arrays = [cupy.asarray(x.cpu().numpy()) for x in (*p["inputs"], p["lse"], p["delta"])]
+    grads = [cupy.zeros(x.shape, dtype=cupy.float32) for x in arrays[:3]]
+    kernels.local_patterns(*arrays, *grads, p["patterns"], False, p["scale"])
+    assert all(max_rel(cupy.asnumpy(g), w) <= 1e-6 for g, w in zip(grads, want))
+    grads = [cupy.zeros(x.shape, dtype=cupy.float32) for x in arrays[:3]]
+    kernels.local_patterns(*(int(x.data.ptr) for x in (*arrays, *grads)), p["patterns"], False, p["scale"],
+                           shape=arrays[0].shape)
+    assert all(max_rel(cupy.asnumpy(g), w) <= 1e-6 for g, w in zip(grads, want))

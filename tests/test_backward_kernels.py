@@ -1,0 +1,160 @@
+"""The backward kernels without a GPU: registry entries, the backward choice, the key chunks, the array checks.
+
+The compile check (tests/test_kernel_sources.py, hilbert_hpc.kernels.check) compiles every backward
+instantiation with the registry's others; the float one (and the 16-bit ones) for compute_61 too.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from hilbert_hpc.kernels import registry
+from hilbert_hpc.kernels.backward import BackwardKernels, check_arrays, key_chunks
+from hilbert_hpc.kernels.check import CHECK_ARCHS, archs_for
+from hilbert_hpc.kernels.registry import BACKWARD, FMA_BWD, FORWARD, HEAD_DIMS
+from hilbert_hpc.kernels.selection import BACKWARD_ENV, choose, choose_backward
+
+from nvrtc_probe import needs_nvrtc
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def test_backward_families_are_never_forward_choices():
+    backward = {f.name for f in registry.FAMILIES.values() if f.direction == BACKWARD}
+    assert backward == {"fma_bwd"}
+    for dtype in DTYPES:
+        assert not backward & {f.name for f in registry.families_for(dtype)}
+        assert [f.name for f in registry.families_for(dtype, BACKWARD)] == ["fma_bwd"]
+        for cc in (61, 80, 90):
+            for d in HEAD_DIMS:
+                try:
+                    assert registry.family(choose(dtype, d, cc=cc, override="").name).direction == FORWARD
+                except RuntimeError:                       # 16 bits before compute capability 8.0
+                    assert dtype != "float32" and cc < 80
+    with pytest.raises(RuntimeError, match="unknown FP32 kernel variant 'fma_bwd'"):
+        choose("float32", 64, cc=90, override="fma_bwd")
+
+
+@pytest.mark.parametrize("cc", [61, 70, 80, 86, 90, 100])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_choose_backward_per_gpu(cc, dtype):
+    for d in HEAD_DIMS:
+        if dtype != "float32" and cc < 80:
+            with pytest.raises(RuntimeError, match=f"dtype {dtype} needs 16-bit tensor cores"):
+                choose_backward(dtype, d, cc=cc, override="")
+            continue
+        c = choose_backward(dtype, d, cc=cc, override="")
+        assert c.name == "fma_bwd" and c.direction == BACKWARD and c.forced == ""
+        assert c.variant == FMA_BWD.variant(d, dtype) and c.for_alignment(1) == c.variant
+
+
+def test_backward_override(monkeypatch):
+    monkeypatch.setenv(BACKWARD_ENV, "fma_bwd:64,16")
+    c = choose_backward("bfloat16", 32, cc=90)
+    assert c.variant.name == "dilated_bwd_fma<bf16_t,32,64,16>" and c.forced == "fma_bwd:64,16"
+    assert choose_backward("bfloat16", 32, cc=90, override="").variant.config == FMA_BWD.defaults[32]
+    with pytest.raises(RuntimeError, match="HILBERT_HPC_BWD_KERNEL=tma16: unknown 16-bit backward kernel variant"):
+        choose_backward("float16", 64, cc=90, override="tma16")
+    with pytest.raises(RuntimeError, match="HILBERT_HPC_BWD_KERNEL=fma_bwd:64: fma_bwd takes BK,BQ"):
+        choose_backward("float32", 64, cc=90, override="fma_bwd:64")
+    with pytest.raises(ValueError, match=r"fma_bwd configuration \(BK, BQ\)"):
+        choose_backward("float32", 64, cc=90, override="fma_bwd:48,8")
+    with pytest.raises(RuntimeError, match="HILBERT_HPC_BWD_KERNEL=fma_bwd:128,32: needs .* bytes of shared"):
+        choose_backward("float32", 128, cc=61, override="fma_bwd:128,32")
+    with pytest.raises(ValueError, match="head_dim"):
+        choose_backward("float32", 48, cc=90, override="fma_bwd")
+    with pytest.raises(RuntimeError, match="no float32 backward kernel runs head_dim 48"):
+        choose_backward("float32", 48, cc=90, override="")
+
+
+def test_fma_bwd_defaults_fit_pascal_and_compile_for_compute_61():
+    assert all(FMA_BWD.variant(d).shared_bytes <= 48 * 1024 for d in HEAD_DIMS)
+    assert all(FMA_BWD.variant(d, "float16").align == 1 for d in HEAD_DIMS)
+    assert archs_for(FMA_BWD.source) == CHECK_ARCHS
+    names = {v.name for v in registry.instantiations() if v.source == FMA_BWD.source}
+    assert names == {f"dilated_bwd_fma<{t},{d},{c[0]},{c[1]}>" for t in ("float", "bf16_t", "f16_t")
+                     for d in HEAD_DIMS for c in FMA_BWD.configurations(d)}
+
+
+@needs_nvrtc
+def test_fma_bwd_has_no_spills_on_pascal_and_hopper():
+    """ptxas for sm_61 and sm_90 (through NVRTC, no GPU): no local memory in any instantiation; float atomics."""
+    import re
+
+    from hilbert_hpc.kernels.program import DEVICE_OPTIONS, Program, build
+
+    names = tuple(v.name for v in FMA_BWD.instantiations())
+    for arch in ("sm_61", "sm_90"):
+        built = build(Program(FMA_BWD.source, names, (*DEVICE_OPTIONS, "--ptxas-options=-v")), arch)
+        spills = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", built.log)
+        assert len(spills) == len(names) and all(s == ("0", "0", "0") for s in spills), built.log
+    ptx = build(Program(FMA_BWD.source, names[:1]), "compute_61", "ptx").binary.decode()
+    assert "red.global.add.f32" in ptx or "atom.global.add.f32" in ptx
+
+
+def pairs(mq: int, mk: int, shift: int | None) -> set:
+    return {(i, j) for i in range(mq) for j in range(mk) if shift is None or j <= i + shift}
+
+
+@pytest.mark.parametrize("shift", [None, 0, 5, -7])
+@pytest.mark.parametrize("mk,block,max_blocks", [(100, 8, 3), (96, 32, 1), (5, 64, 2), (64, 32, 2)])
+def test_key_chunks_cover_every_visible_pair_once(mk, block, max_blocks, shift):
+    kg, vg = (10, 1000, 64, 256), (20, 1000, 64, 512)
+    chunks = key_chunks(kg, vg, mk, shift, block, max_blocks)
+    assert all(-(-m // block) <= max_blocks and m > 0 for _, _, m, _ in chunks)
+    seen = []
+    for kc, vc, m, s in chunks:
+        c = (kc[0] - kg[0]) // kg[3]
+        assert kc == (kg[0] + c * kg[3], *kg[1:]) and vc == (vg[0] + c * vg[3], *vg[1:])
+        seen += [(i, c + j) for i, j in pairs(40, m, s)]
+    assert len(seen) == len(set(seen)) and set(seen) == pairs(40, mk, shift)
+    assert key_chunks(kg, vg, mk, shift, block) == [(kg, vg, mk, shift)]
+
+
+class Array:
+    """An array's metadata as the checks read it (no GPU)."""
+
+    def __init__(self, shape, dtype="float32", itemsize=4, contiguous=True):
+        self.shape, self.dtype = tuple(shape), dtype
+        self.flags = type("Flags", (), {"c_contiguous": contiguous})()
+        self.dtype = type("Dtype", (), {"itemsize": itemsize, "__str__": lambda s: dtype})()
+
+
+def arrays(n=64, h=2, d=32, sixteen=False, **changed):
+    x = dict(q=Array((n, h, d)), k=Array((n, h, d)), v=Array((n, h, d)), dout=Array((n, h, d)),
+             lse=Array((n, h)), delta=Array((n, h)), dq=Array((n, h, d)), dk=Array((n, h, d)), dv=Array((n, h, d)))
+    if sixteen:
+        x.update({k: Array((n, h, d), "bfloat16", 2) for k in ("q", "k", "v", "dout")})
+    return x | changed
+
+
+def test_array_checks_name_the_argument():
+    fp32, bf16 = (choose_backward(t, 32, cc=90, override="") for t in ("float32", "bfloat16"))
+    check_arrays(fp32, **arrays())
+    check_arrays(bf16, **arrays(sixteen=True))
+    check_arrays(bf16, (64, 2, 32), **{k: 4096 for k in arrays()})          # raw pointers
+    with pytest.raises(ValueError, match="needs q C-contiguous float32, got bfloat16"):
+        check_arrays(fp32, **arrays(sixteen=True))
+    with pytest.raises(ValueError, match=r"needs dq C-contiguous float32, got float16"):
+        check_arrays(bf16, **arrays(sixteen=True, dq=Array((64, 2, 32), "float16", 2)))
+    with pytest.raises(ValueError, match="needs k C-contiguous bfloat16 .2-byte items., got float32"):
+        check_arrays(bf16, **arrays(sixteen=True, k=Array((64, 2, 32))))
+    with pytest.raises(ValueError, match="needs v C-contiguous float32, got float32, not contiguous"):
+        check_arrays(fp32, **arrays(v=Array((64, 2, 32), contiguous=False)))
+    with pytest.raises(ValueError, match=r"dk must have the shape of k \(64, 2, 32\), got \(64, 2, 16\)"):
+        check_arrays(fp32, **arrays(dk=Array((64, 2, 16))))
+    with pytest.raises(ValueError, match=r"delta must have shape \(64, 2\) \(n, H\), got \(64,\)"):
+        check_arrays(fp32, **arrays(delta=Array((64,))))
+
+
+def test_the_provider_takes_backward_choices_only():
+    with pytest.raises(ValueError, match="runs backward choices"):
+        BackwardKernels(choose("float32", 64, cc=90, override=""))
+    kernels = BackwardKernels(choose_backward("float32", 64, cc=90, override=""))
+    with pytest.raises(ValueError, match="give shape"):
+        kernels.local_patterns(*range(9), [(64, 1)], False, 0.125)
+    kernels.launch(*range(9), qg=(0, 0, 0, 1), kg=(0, 0, 0, 1), vg=(0, 0, 0, 1), lg=(0, 0, 0, 1), segments=0,
+                   heads=1, mq=4, mk=4, shift=None, scale=0.1, head_dim=64)           # nothing to launch
+    with pytest.raises(ValueError, match="chosen for head_dim 64, got 32"):
+        kernels.launch(*range(9), qg=(0, 0, 0, 1), kg=(0, 0, 0, 1), vg=(0, 0, 0, 1), lg=(0, 0, 0, 1), segments=1,
+                       heads=1, mq=4, mk=4, shift=None, scale=0.1, head_dim=32)
