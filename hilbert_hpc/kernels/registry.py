@@ -293,7 +293,9 @@ def fma_bwd_shared_bytes(head_dim: int, keys: int, queries: int) -> int:
 
 #: per head dim: (keys per block BK, query tile BQ), template arguments of dilated_bwd_fma<T, D, BK, BQ>: dK and
 #: dV of BK / 4 keys per thread in 2 D / 32 x BK / 4 <= 64 registers, every block within Pascal's 48 KiB. A
-#: query's dQ row gets one atomicAdd per key block: larger BK, fewer atomics. Not timed yet.
+#: query's dQ row gets one atomicAdd per key block: larger BK, fewer atomics. Measured on an H100 (N = 262,144,
+#: patterns (2048,1) (4096,2) (8192,4), ms non-causal / causal): D = 64 (H = 12): (64, 8) 349 / 179, (32, 16)
+#: 351 / 178; D = 128 (H = 8): (32, 8) 507 / 256, (32, 4) 630 / 318. D = 32 and 96: not timed yet.
 FMA_BWD = KernelFamily(
     "fma_bwd", "dilated_bwd_fma.cu", (FLOAT32, *SIXTEEN_BIT),
     lambda t, d, c, o: f"dilated_bwd_fma<{t},{d},{c[0]},{c[1]}>", ("BK", "BQ"),
