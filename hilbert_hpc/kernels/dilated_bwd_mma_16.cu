@@ -11,7 +11,7 @@
 //   dS^T (16-bit)        BK * 2 (BQ + 8)
 //   L, delta, two stages 16 * BQ
 //   total = 4 (D + 8) (BK + 2 BQ) + 2 BK (BQ + 8) + 16 BQ
-//   (BK = 64: D 32: 40960, 64: 65536, 96: 58880, 128: 75264; BK = 128: 61440, 93184, 90624, 115200)
+//   (BK = 64: D 32: 40960, 64: 65536, 96: 58880, 128: 75264; BK = 128: 60416, 93184, 90624, 115200)
 //
 // Per query tile (Q, dO, L, delta staged by cp.async and registers one tile ahead), each warp with its 16 keys:
 //   S^T = K Q^T (A: K rows, ldmatrix; B: Q rows, ldmatrix) -> P^T = exp2(scale log2e S^T - L log2e), 0 for
