@@ -24,9 +24,15 @@ Tensor = Any
 
 @contextmanager
 def tensor_stream(x: Tensor) -> Iterator[None]:
-    """CuPy's current device and stream set to ``x``'s GPU and torch's current stream on it."""
-    import cupy
+    """CuPy's current device and stream set to ``x``'s GPU and torch's current stream on it (RuntimeError
+    naming the package when CuPy is not installed)."""
     import torch
+
+    try:
+        import cupy
+    except ImportError as exc:
+        raise RuntimeError(f"hilbert_hpc.nn computes CUDA tensors with CuPy, which is not importable here ({exc}); "
+                           f"install the extra of the CUDA version: pip install 'hilbert-hpc[cuda12]' or '[cuda13]'") from None
 
     index = x.device.index if x.device.index is not None else torch.cuda.current_device()
     with cupy.cuda.Device(index):
