@@ -106,7 +106,29 @@ def backward(qs: Tensor, ks: Tensor, vs: Tensor, out: Tensor, lse: Tensor, dout:
         from hilbert_hpc.kernels.selection import choose_backward
 
         choice = choose_backward(_dtype_name(qs.dtype), d)
-        delta = torch.einsum("nhd,nhd->nh", dout.float(), out.float()).contiguous()
         grads = [torch.zeros(x.shape, dtype=torch.float32, device=x.device) for x in (qs, ks, vs)]
-        BackwardKernels(choice).local_patterns(qs, ks, vs, dout, lse, delta, *grads, patterns, causal, scale)
-        return tuple(g if g.dtype == qs.dtype else g.to(qs.dtype) for g in grads)
+        BackwardKernels(choice).local_patterns(qs, ks, vs, dout, lse, row_dot(dout, out), *grads, patterns, causal,
+                                               scale)
+        if qs.dtype == torch.float32:
+            return tuple(grads)
+        rounded = []
+        while grads:                   # each float32 gradient is freed as soon as it is rounded
+            rounded.append(grads.pop(0).to(qs.dtype))
+        return tuple(rounded)
+
+
+#: elements of the float32 temporaries of one chunk of :func:`row_dot`
+ROW_DOT_CHUNK = 1 << 24
+
+
+def row_dot(a: Tensor, b: Tensor) -> Tensor:
+    """rowsum(a * b) over the last dimension of (N, H, D) tensors, in float32, a chunk of rows at a time (the
+    float32 temporaries stay small beside the tensors)."""
+    import torch
+
+    n, heads, d = a.shape
+    out = torch.empty((n, heads), dtype=torch.float32, device=a.device)
+    step = max(1, ROW_DOT_CHUNK // max(1, heads * d))
+    for r in range(0, n, step):
+        out[r:r + step] = (a[r:r + step].float() * b[r:r + step].float()).sum(-1)
+    return out
