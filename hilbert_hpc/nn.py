@@ -7,11 +7,13 @@ attention is two ``torch.library`` custom ops, ``hilbert_hpc::dilated_forward``
 ``torch.library.register_autograd`` and given fake (meta) implementations, so
 autograd differentiates it and ``torch.compile(fullgraph=True)`` keeps it in one
 graph. The orderings are ``index_select`` permutations around the ops: their
-gradients flow back through torch. CPU tensors only, for now: float64 and
-float32 compute in their own dtype; bfloat16, float16 and integer inputs compute
-in float32, and 16-bit outputs (and so their gradients) are cast back to the
-input's dtype. CUDA tensors are refused (never copied to the host) until the GPU
-backward kernels exist.
+gradients flow back through torch. CPU tensors: float64 and float32 compute in
+their own dtype; bfloat16, float16 and integer inputs compute in float32, and
+16-bit outputs (and so their gradients) are cast back to the input's dtype.
+CUDA tensors stay on their GPU (:mod:`hilbert_hpc.backends.cuda_autograd`):
+float32, bfloat16 and float16 run the fused forward and backward kernels in
+their dtype, float64 the exact blockwise computation; integer inputs compute in
+float32.
 """
 
 import operator
@@ -26,8 +28,10 @@ from hilbert_hpc.core.dilated import local_dilated_forward
 from hilbert_hpc.core.ordering import inverse_order, resolve_ordering
 from hilbert_hpc.core.patterns import Pattern, parse_patterns
 
-#: input dtypes computed in float32 and cast back (the CPU has no 16-bit attention here)
+#: input dtypes computed in float32 and cast back on the CPU (it has no 16-bit attention here)
 CAST_BACK = (torch.bfloat16, torch.float16)
+#: dtypes a CUDA tensor is computed in as it is (others in float32)
+CUDA_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
 
 
 def _patterns(segments: list[int], dilations: list[int]) -> tuple[Pattern, ...]:
@@ -49,6 +53,15 @@ def dilated_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments:
             torch.from_numpy(np.stack([p[1] for p in parts]).reshape(q.shape[:3])))
 
 
+@dilated_forward.register_kernel("cuda")
+def _dilated_forward_cuda(q, k, v, segments, dilations, causal, scale):
+    from hilbert_hpc.backends.cuda_autograd import forward
+
+    pats = _patterns(segments, dilations)
+    parts = [forward(q[i], k[i], v[i], pats, causal, scale) for i in range(q.shape[0])]
+    return torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts])
+
+
 @dilated_forward.register_fake
 def _dilated_forward_fake(q, k, v, segments, dilations, causal, scale):
     return q.new_empty((*q.shape[:3], v.shape[3])), q.new_empty(q.shape[:3])
@@ -64,6 +77,15 @@ def dilated_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: tor
              for i in range(q.shape[0])]
     return tuple(torch.from_numpy(np.stack([p[j] for p in parts]).reshape(x.shape))
                  for j, x in enumerate((q, k, v)))
+
+
+@dilated_backward.register_kernel("cuda")
+def _dilated_backward_cuda(q, k, v, out, lse, dout, segments, dilations, causal, scale):
+    from hilbert_hpc.backends.cuda_autograd import backward
+
+    pats = _patterns(segments, dilations)
+    parts = [backward(q[i], k[i], v[i], out[i], lse[i], dout[i], pats, causal, scale) for i in range(q.shape[0])]
+    return tuple(torch.stack([p[j] for p in parts]) for j in range(3))
 
 
 @dilated_backward.register_fake
@@ -88,16 +110,17 @@ torch.library.register_autograd("hilbert_hpc::dilated_forward", _backward, setup
 
 
 def _check_tensors(q, k, v) -> None:
-    """q, k, v must be torch tensors on the CPU (TypeError / NotImplementedError naming the argument)."""
+    """q, k, v must be torch tensors on the CPU or on one CUDA device (TypeError / ValueError /
+    NotImplementedError naming the argument)."""
     for name, x in zip("qkv", (q, k, v)):
         if not isinstance(x, torch.Tensor):
             kind = type(x)
             raise TypeError(f"{name}: expected a torch tensor, got {kind.__module__.split('.')[0]}.{kind.__name__} "
                             f"(hilbert_hpc.dilated_attention takes NumPy arrays)")
-        if x.device.type != "cpu":
-            raise NotImplementedError(
-                f"{name}: is on {x.device}; hilbert_hpc.nn computes on CPU tensors only until its GPU backward "
-                f"kernels exist (a later step), and it does not copy device tensors to the host")
+        if x.device.type not in ("cpu", "cuda"):
+            raise NotImplementedError(f"{name}: is on {x.device}; hilbert_hpc.nn computes on CPU and CUDA tensors")
+        if x.device != q.device:
+            raise ValueError(f"{name}: is on {x.device}, q on {q.device}; q, k and v must be on one device")
 
 
 @torch.compiler.assume_constant_result
@@ -122,14 +145,15 @@ def dilated_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, patt
     ``patterns`` a list of ``(segment, dilation)``, ``grid`` the natural
     order's shape (default ``(N,)``), ``ordering`` ``natural``, ``hilbert`` or
     ``hilbert-segment`` (with ``segment``), ``scale`` default 1/sqrt(D). Returns
-    the output in natural order, the input's leading shape, on the CPU: float64
-    for float64 inputs, the input's dtype for bfloat16/float16 (computed in
-    float32), float32 otherwise. Gradients reach q, k and v.
+    the output in natural order, the input's leading shape, on the input's device:
+    float64 for float64 inputs, the input's dtype for bfloat16/float16 (on the
+    CPU computed in float32, on a GPU by the 16-bit kernels), float32 otherwise.
+    Gradients reach q, k and v.
 
     Raises TypeError for arguments that are not torch tensors (and the API
     misuse :func:`hilbert_hpc.attention.check_arguments` refuses), ValueError
-    (``ConfigError``) for shapes and problems, NotImplementedError for tensors
-    that are not on the CPU.
+    (``ConfigError``) for shapes and problems and for q, k, v on different devices,
+    NotImplementedError for tensors that are neither on the CPU nor on a CUDA GPU.
     """
     check_arguments(q, k, v, causal, scale)
     _check_tensors(q, k, v)
@@ -137,12 +161,17 @@ def dilated_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, patt
     # operator.index: under torch.compile, the geometry specializes on the sequence length and head dimension
     segments, dilations, scale, order, inverse = _geometry(operator.index(q4.shape[1]), operator.index(q4.shape[3]),
                                                            patterns, grid, ordering, scale, segment)
-    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    if order is not None and q.device.type != "cpu":
+        order, inverse = order.to(q.device), inverse.to(q.device)
+    if q.device.type == "cuda":
+        compute = q.dtype if q.dtype in CUDA_DTYPES else torch.float32
+    else:
+        compute = torch.float64 if q.dtype == torch.float64 else torch.float32
     qs, ks, vs = ((x if order is None else x.index_select(1, order)).to(compute).contiguous() for x in (q4, k4, v4))
     out, _ = dilated_forward(qs, ks, vs, segments, dilations, bool(causal), scale)
     if inverse is not None:
         out = out.index_select(1, inverse)
-    if q.dtype in CAST_BACK:
+    if out.dtype != q.dtype and q.dtype in CAST_BACK:
         out = out.to(q.dtype)
     return out if batched else out[0]
 

@@ -142,9 +142,9 @@ def test_arrays_and_mixed_inputs_are_type_errors():
         hnn.dilated_attention(q, k.numpy(), v, patterns=[(8, 1)])
 
 
-def test_tensors_off_the_cpu_are_refused_without_a_copy():
+def test_tensors_off_the_cpu_and_cuda_are_refused_without_a_copy():
     q, k, v = (torch.empty((16, 2, 4), device="meta") for _ in range(3))
-    with pytest.raises(NotImplementedError, match="q: is on meta; hilbert_hpc.nn computes on CPU tensors only"):
+    with pytest.raises(NotImplementedError, match="q: is on meta; hilbert_hpc.nn computes on CPU and CUDA tensors"):
         hnn.dilated_attention(q, k, v, patterns=[(8, 1)])
 
 

@@ -1,0 +1,134 @@
+"""Forward (output and merged log-sum-exp) and backward of serialized dilated attention on CUDA torch tensors.
+
+The GPU side of :mod:`hilbert_hpc.nn`: everything runs on the tensors' GPU and on torch's current stream
+there, and nothing goes to the host. float32, bfloat16 and float16 run the fused kernels (the forward kernel
+of :func:`hilbert_hpc.kernels.selection.choose`, the backward kernel of
+:func:`hilbert_hpc.kernels.selection.choose_backward`, each chosen once per call); float64, and float32 head
+dimensions the fused kernels do not have, run the exact blockwise computation of
+:mod:`hilbert_hpc.core.dilated` and :mod:`hilbert_hpc.core.backward` on CuPy views of the tensors.
+The backward kernels add their terms to float32 gradients (docs/kernels.md); 16-bit gradients are rounded
+from them once, at the end.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
+
+from hilbert_hpc.core.backward import local_dilated_backward
+from hilbert_hpc.core.dilated import local_dilated_forward
+from hilbert_hpc.core.patterns import Pattern
+
+Tensor = Any
+
+
+@contextmanager
+def tensor_stream(x: Tensor) -> Iterator[None]:
+    """CuPy's current device and stream set to ``x``'s GPU and torch's current stream on it (RuntimeError
+    naming the package when CuPy is not installed)."""
+    import torch
+
+    try:
+        import cupy
+    except ImportError as exc:
+        raise RuntimeError(f"hilbert_hpc.nn computes CUDA tensors with CuPy, which is not importable here ({exc}); "
+                           f"install the extra of the CUDA version: pip install 'hilbert-hpc[cuda12]' or '[cuda13]'") from None
+
+    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    with cupy.cuda.Device(index):
+        with cupy.cuda.ExternalStream(torch.cuda.current_stream(index).cuda_stream, index):
+            yield
+
+
+def fused(dtype: Any, head_dim: int) -> bool:
+    """Whether the fused kernels compute this dtype and head dim (else the exact blockwise path does)."""
+    import torch
+
+    from hilbert_hpc.kernels.registry import HEAD_DIMS
+
+    if dtype in (torch.bfloat16, torch.float16):
+        return True               # the 16-bit kernels refuse other head dims with a message naming them
+    return dtype == torch.float32 and head_dim in HEAD_DIMS
+
+
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _cupy(*xs: Tensor) -> list[Any]:
+    import cupy
+
+    return [cupy.asarray(x) for x in xs]
+
+
+def _tensors(xs: Sequence[Any], device: Any) -> tuple[Tensor, ...]:
+    import torch
+
+    return tuple(torch.as_tensor(x, device=device) for x in xs)
+
+
+def forward(qs: Tensor, ks: Tensor, vs: Tensor, patterns: Sequence[Pattern], causal: bool,
+            scale: float) -> tuple[Tensor, Tensor]:
+    """Output (N, H, Dv) and merged log-sum-exp (N, H) of C-contiguous (N, H, D) CUDA tensors of one dtype.
+
+    The output is in the input's dtype; the log-sum-exp in float32 (float64 for float64 inputs), natural log,
+    -inf where no pattern selects the (row, head)."""
+    import torch
+
+    with tensor_stream(qs):
+        n, heads, d = (int(x) for x in qs.shape)
+        if not fused(qs.dtype, d):
+            return _tensors(local_dilated_forward(*_cupy(qs, ks, vs), patterns, causal, scale), qs.device)
+        from hilbert_hpc.kernels.providers import provider
+        from hilbert_hpc.kernels.selection import choose
+
+        choice = choose(_dtype_name(qs.dtype), d)
+        out = torch.zeros((n, heads, vs.shape[-1]), dtype=qs.dtype, device=qs.device)
+        lse = torch.full((n, heads), float("-inf"), dtype=torch.float32, device=qs.device)
+        arrays = (qs, ks, vs) if choice.sixteen_bit else _cupy(qs, ks, vs)
+        accumulators = (out, lse) if choice.sixteen_bit else _cupy(out, lse)
+        provider(choice).local_patterns(*arrays, patterns, causal, scale, *accumulators)
+        return out, lse
+
+
+def backward(qs: Tensor, ks: Tensor, vs: Tensor, out: Tensor, lse: Tensor, dout: Tensor,
+             patterns: Sequence[Pattern], causal: bool, scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients (dQ, dK, dV) in the inputs' dtype, from the output and log-sum-exp of :func:`forward` and the
+    output's gradient ``dout`` (C-contiguous, like the output)."""
+    import torch
+
+    with tensor_stream(qs):
+        d = int(qs.shape[2])
+        if not fused(qs.dtype, d):
+            grads = local_dilated_backward(*_cupy(qs, ks, vs, out, lse, dout), patterns, causal, scale)
+            return _tensors(grads, qs.device)
+        from hilbert_hpc.kernels.backward import BackwardKernels
+        from hilbert_hpc.kernels.selection import choose_backward
+
+        choice = choose_backward(_dtype_name(qs.dtype), d)
+        grads = [torch.zeros(x.shape, dtype=torch.float32, device=x.device) for x in (qs, ks, vs)]
+        BackwardKernels(choice).local_patterns(qs, ks, vs, dout, lse, row_dot(dout, out), *grads, patterns, causal,
+                                               scale)
+        if qs.dtype == torch.float32:
+            return tuple(grads)
+        rounded = []
+        while grads:                   # each float32 gradient is freed as soon as it is rounded
+            rounded.append(grads.pop(0).to(qs.dtype))
+        return tuple(rounded)
+
+
+#: elements of the float32 temporaries of one chunk of :func:`row_dot`
+ROW_DOT_CHUNK = 1 << 24
+
+
+def row_dot(a: Tensor, b: Tensor) -> Tensor:
+    """rowsum(a * b) over the last dimension of (N, H, D) tensors, in float32, a chunk of rows at a time (the
+    float32 temporaries stay small beside the tensors)."""
+    import torch
+
+    n, heads, d = a.shape
+    out = torch.empty((n, heads), dtype=torch.float32, device=a.device)
+    step = max(1, ROW_DOT_CHUNK // max(1, heads * d))
+    for r in range(0, n, step):
+        out[r:r + step] = (a[r:r + step].float() * b[r:r + step].float()).sum(-1)
+    return out

@@ -1,0 +1,174 @@
+"""Forward and backward of dilated attention on one GPU: hilbert_hpc.nn against the peers, in one process.
+
+Each contender runs as a torch autograd user calls it: ``out = f(q, k, v)`` with inputs that require
+gradients, then ``out.backward(dout)``; both phases are timed with CUDA events (median of ``--repeat`` after
+``--warmup``). Contenders: ``ours`` (hilbert_hpc.nn.dilated_attention, natural order), ``torch`` (the torch peer:
+gather, SDPA with log-sum-exp, FP32 merge; its backward op per pattern with the merged O and L) and ``flash``
+(the same with FlashAttention-4) where it can run. Useful FLOPs: forward 4 N' M D per pattern and head (N' the
+selected rows, M the keys each sees; halved for causal), backward 2.5 times the forward's. Peak memory is
+also given over the bytes of Q, K, V, O, dO, dQ, dK, dV. Gradient errors
+(max |err| / max |ref| of dQ, dK, dV) are measured on a small case of the same shape family against the
+float64 CPU computation of the same rounded inputs.
+
+    python tests/scripts/backward_probe.py --case bf16-d64 --case bf16-d64-causal
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+import torch
+
+from hilbert_hpc import nn as hnn
+from hilbert_hpc.backends import get_backend
+from hilbert_hpc.core.patterns import Pattern
+
+ANCHOR = [(2048, 1), (4096, 2), (8192, 4)]
+#: name -> (dtype, N, H, D, causal)
+CASES = {
+    "bf16-d64": (torch.bfloat16, 262144, 12, 64, False),
+    "bf16-d64-causal": (torch.bfloat16, 262144, 12, 64, True),
+    "bf16-d128": (torch.bfloat16, 262144, 8, 128, False),
+    "bf16-d128-causal": (torch.bfloat16, 262144, 8, 128, True),
+    "fp16-d96": (torch.float16, 262144, 8, 96, False),
+    "fp32-d64": (torch.float32, 262144, 12, 64, False),
+}
+
+
+def useful_flops(n: int, heads: int, d: int, patterns, causal: bool) -> float:
+    """Forward FLOPs of the useful work: per pattern, every head, 4 m^2 d per segment (halved when causal)."""
+    total = 0.0
+    for w, r in patterns:
+        m = w // r
+        total += (n // w) * heads * 4.0 * m * m * d * (0.5 if causal else 1.0)
+    return total
+
+
+def contenders(dtype):
+    """(name, f(q, k, v) in natural order) of every contender that runs these inputs here."""
+    found = [("ours", lambda q, k, v, causal: hnn.dilated_attention(q, k, v, patterns=ANCHOR, causal=causal))]
+    pats = [Pattern(w, r) for w, r in ANCHOR]
+    for name in ("torch", "flash"):
+        try:
+            backend = get_backend(name)
+        except Exception as exc:          # not installed, not registered, or cannot run here
+            print(f"# {name}: not run ({exc})", file=sys.stderr)
+            continue
+        if str(dtype).removeprefix("torch.") not in backend.dtypes:
+            continue
+        scale_of = lambda q: q.shape[-1] ** -0.5  # noqa: E731
+        found.append((name, lambda q, k, v, causal, b=backend:
+                      b.serialized_attention(q, k, v, pats, causal, scale_of(q))))
+    return found
+
+
+def timed(fn, warmup: int, repeat: int) -> float:
+    """Median milliseconds of ``fn()`` by CUDA events."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def measure(name: str, f, dtype, n: int, heads: int, d: int, causal: bool, warmup: int, repeat: int) -> dict:
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, dout = (torch.randn((n, heads, d), generator=gen, device="cuda", dtype=torch.float32).to(dtype)
+                     for _ in range(4))
+    q, k, v = (x.requires_grad_(True) for x in (q, k, v))
+    state = {}
+
+    def forward():
+        state["out"] = f(q, k, v, causal)
+
+    def backward():
+        for x in (q, k, v):
+            x.grad = None
+        state["out"].backward(dout)
+
+    def both():
+        forward()
+        backward()
+
+    fwd = timed(forward, warmup, repeat)
+    forward()
+    torch.cuda.synchronize()
+
+    def fresh_backward():      # each backward needs its own graph: the forward runs outside the events
+        forward()
+        torch.cuda.synchronize()
+
+    bwd_times = []
+    for i in range(warmup + repeat):
+        fresh_backward()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        backward()
+        b.record()
+        b.synchronize()
+        if i >= warmup:
+            bwd_times.append(a.elapsed_time(b))
+    bwd = statistics.median(bwd_times)
+    total = timed(both, warmup, repeat)
+    peak = torch.cuda.max_memory_allocated()
+    flops = useful_flops(n, heads, d, ANCHOR, causal)
+    return dict(contender=name, fwd_ms=fwd, bwd_ms=bwd, fwd_bwd_ms=total, fwd_tflops=flops / fwd / 1e9,
+                bwd_tflops=2.5 * flops / bwd / 1e9, fwd_bwd_tflops=3.5 * flops / total / 1e9,
+                peak_gib=peak / 2**30, peak_over_tensors=peak / (8 * q.numel() * q.element_size()))
+
+
+def errors(f, dtype, heads: int, d: int, causal: bool) -> dict:
+    """max |err| / max |ref| of dQ, dK, dV on a 16,384-row case against float64 on the CPU."""
+    n = 16384
+    gen = torch.Generator().manual_seed(1)
+    q, k, v, dout = (torch.randn((n, heads, d), generator=gen, dtype=torch.float32).to(dtype) for _ in range(4))
+
+    def grads(device, cast):
+        xs = [x.to(device=device, dtype=cast or x.dtype).requires_grad_(True) for x in (q, k, v)]
+        out = f(*xs, causal) if device == "cuda" else hnn.dilated_attention(*xs, patterns=ANCHOR, causal=causal)
+        out.backward(dout.to(device=device, dtype=out.dtype))
+        return [x.grad.double().cpu() for x in xs]
+
+    got, want = grads("cuda", None), grads("cpu", torch.float64)
+    return {f"err_d{x}": float((g - w).abs().max() / w.abs().max()) for x, g, w in zip("qkv", got, want)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--case", action="append", choices=sorted(CASES), help="cases (default: all)")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--json", help="also write the rows to this file")
+    args = parser.parse_args()
+    rows = []
+    print(f"# {torch.cuda.get_device_name()}, patterns {ANCHOR}")
+    for case in args.case or list(CASES):
+        dtype, n, heads, d, causal = CASES[case]
+        for name, f in contenders(dtype):
+            torch.cuda.reset_peak_memory_stats()
+            try:
+                row = dict(case=case, **measure(name, f, dtype, n, heads, d, causal, args.warmup, args.repeat),
+                           **errors(f, dtype, heads, d, causal))
+            except Exception as exc:       # one contender failing must not hide the others' rows
+                print(f"# {case} {name}: failed: {type(exc).__name__}: {exc}", flush=True)
+                continue
+            rows.append(row)
+            print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
+                  flush=True)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(rows, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
