@@ -11,7 +11,7 @@ import pytest
 from hilbert_hpc.kernels import registry
 from hilbert_hpc.kernels.backward import BackwardKernels, check_arrays, key_chunks
 from hilbert_hpc.kernels.check import CHECK_ARCHS, archs_for
-from hilbert_hpc.kernels.registry import BACKWARD, FMA_BWD, FORWARD, HEAD_DIMS
+from hilbert_hpc.kernels.registry import BACKWARD, FMA_BWD, FORWARD, HEAD_DIMS, MMA16_BWD
 from hilbert_hpc.kernels.selection import BACKWARD_ENV, choose, choose_backward
 
 from nvrtc_probe import needs_nvrtc
@@ -21,10 +21,11 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 def test_backward_families_are_never_forward_choices():
     backward = {f.name for f in registry.FAMILIES.values() if f.direction == BACKWARD}
-    assert backward == {"fma_bwd"}
+    assert backward == {"mma16_bwd", "fma_bwd"}
     for dtype in DTYPES:
         assert not backward & {f.name for f in registry.families_for(dtype)}
-        assert [f.name for f in registry.families_for(dtype, BACKWARD)] == ["fma_bwd"]
+        preferred = ["fma_bwd"] if dtype == "float32" else ["mma16_bwd", "fma_bwd"]
+        assert [f.name for f in registry.families_for(dtype, BACKWARD)] == preferred
         for cc in (61, 80, 90):
             for d in HEAD_DIMS:
                 try:
@@ -44,15 +45,23 @@ def test_choose_backward_per_gpu(cc, dtype):
                 choose_backward(dtype, d, cc=cc, override="")
             continue
         c = choose_backward(dtype, d, cc=cc, override="")
-        assert c.name == "fma_bwd" and c.direction == BACKWARD and c.forced == ""
-        assert c.variant == FMA_BWD.variant(d, dtype) and c.for_alignment(1) == c.variant
+        assert c.direction == BACKWARD and c.forced == ""
+        if dtype == "float32":
+            assert c.name == "fma_bwd" and c.variant == FMA_BWD.variant(d, dtype) and c.for_alignment(1) == c.variant
+            continue
+        # 16 bits: the tensor-core kernel, BK = 64 where BK = 128 does not fit (D = 128 on 8.6), FMA for odd rows
+        bk = 64 if (d == 128 and cc == 86) else 128
+        assert c.name == "mma16_bwd" and c.variant == MMA16_BWD.variant(d, dtype, (bk,))
+        assert c.for_alignment(8) == c.variant and c.for_alignment(4) == FMA_BWD.variant(d, dtype)
 
 
 def test_backward_override(monkeypatch):
     monkeypatch.setenv(BACKWARD_ENV, "fma_bwd:64,16")
     c = choose_backward("bfloat16", 32, cc=90)
     assert c.variant.name == "dilated_bwd_fma<bf16_t,32,64,16>" and c.forced == "fma_bwd:64,16"
-    assert choose_backward("bfloat16", 32, cc=90, override="").variant.config == FMA_BWD.defaults[32]
+    assert choose_backward("float32", 32, cc=90, override="").variant.config == FMA_BWD.defaults[32]
+    assert choose_backward("bfloat16", 64, cc=90, override="mma16_bwd:64").variant.name == \
+        "dilated_bwd_mma_16<bf16_t,64,64>"
     with pytest.raises(RuntimeError, match="HILBERT_HPC_BWD_KERNEL=tma16: unknown 16-bit backward kernel variant"):
         choose_backward("float16", 64, cc=90, override="tma16")
     with pytest.raises(RuntimeError, match="HILBERT_HPC_BWD_KERNEL=fma_bwd:64: fma_bwd takes BK,BQ"):

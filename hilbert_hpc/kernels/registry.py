@@ -291,6 +291,26 @@ def fma_bwd_shared_bytes(head_dim: int, keys: int, queries: int) -> int:
     return 4 * (2 * keys * (head_dim + 1) + 2 * queries * head_dim + 2 * queries * keys + 2 * queries)
 
 
+def mma16_bwd_shared_bytes(head_dim: int, keys: int) -> int:
+    """Dynamic shared memory of one mma16_bwd block (dilated_bwd_mma_16.cu): K and V of its keys, Q and dO of
+    two query-tile stages (rows padded to D + 8), dS^T in 16 bits, L and delta of two stages; the query tile
+    is 64 rows for D <= 64, 32 above."""
+    queries = 64 if head_dim <= 64 else 32
+    return 4 * (head_dim + 8) * (keys + 2 * queries) + 2 * keys * (queries + 8) + 16 * queries
+
+
+#: mma16_bwd per head dim: keys per block BK (a warp per 16 keys), template argument of
+#: dilated_bwd_mma_16<T, D, BK>; no spills with ptxas for sm_80 and sm_90. Measured on an H100 (N = 262,144,
+#: patterns (2048,1) (4096,2) (8192,4), bf16, useful TFLOP/s, BK = 128 / 64): D = 64 (H = 12) 191 / 126, causal
+#: 168 / 117; D = 32 142 / 113; D = 96 184 / 124; D = 128 (H = 8) 198 / 129, causal 178 / 121. The backward
+#: choice takes the first configuration that fits the GPU's shared memory: BK = 64 where D = 128's 115,200
+#: bytes at BK = 128 do not (compute capability 8.6 / 8.9).
+MMA16_BWD = KernelFamily(
+    "mma16_bwd", "dilated_bwd_mma_16.cu", SIXTEEN_BIT, lambda t, d, c, o: f"dilated_bwd_mma_16<{t},{d},{c[0]}>",
+    ("BK",), lambda d, c: mma16_bwd_shared_bytes(d, c[0]), lambda c: 2 * c[0], lambda d, c: c[0],
+    SIXTEEN_BIT_ALIGN, defaults={d: (128,) for d in HEAD_DIMS}, alternatives={d: ((64,),) for d in HEAD_DIMS},
+    min_cc=80, valid=lambda c: c[0] in (64, 128), direction=BACKWARD)
+
 #: per head dim: (keys per block BK, query tile BQ), template arguments of dilated_bwd_fma<T, D, BK, BQ>: dK and
 #: dV of BK / 4 keys per thread in 2 D / 32 x BK / 4 <= 64 registers, every block within Pascal's 48 KiB. A
 #: query's dQ row gets one atomicAdd per key block: larger BK, fewer atomics. Measured on an H100 (N = 262,144,
@@ -307,7 +327,8 @@ FMA_BWD = KernelFamily(
 
 #: every family: the forward ones (FP32 fastest first, measured on an H200, docs/performance.md; then the 16-bit
 #: ones), then the backward ones, preferred first (the backward choice takes the first that runs)
-FAMILIES = {f.name: f for f in (WGMMA, TF32X3, TILED128, TILED64, WARP, WGMMA16, TMA16, MMA16, FMA_BWD)}
+FAMILIES = {f.name: f for f in (WGMMA, TF32X3, TILED128, TILED64, WARP, WGMMA16, TMA16, MMA16, MMA16_BWD,
+                                FMA_BWD)}
 
 
 def family(name: str) -> KernelFamily:

@@ -157,7 +157,7 @@ def choose_backward(dtype: Any, head_dim: int, cc: int | None = None, override: 
                     shared_limit: int | None = None) -> KernelChoice:
     """THE decision of which backward kernel runs for ``dtype`` and ``head_dim`` on a GPU of compute capability
     ``cc`` (None: the current GPU's): the first of the registry's backward families (preferred first) that
-    takes them, runs on the GPU and fits its shared memory; the others that do are the choice's fallbacks for
+    takes them, runs on the GPU and fits its shared memory (its first configuration that does); the others that do are the choice's fallbacks for
     rows it cannot read (``for_alignment``). ``override``: a forced family (``[name][:config]``); None reads
     ``HILBERT_HPC_BWD_KERNEL``, '' forces nothing. A RuntimeError says why nothing can run (a ValueError: an
     unsupported dtype, or a head dim of a forced family)."""
@@ -171,12 +171,22 @@ def choose_backward(dtype: Any, head_dim: int, cc: int | None = None, override: 
         chosen = _checked_forced(BACKWARD_ENV, forced, fam, fam.variant(head_dim, name, cfg), cc, shared_limit)
         return KernelChoice(name, head_dim, cc, chosen, forced, (chosen,))
     fits = tuple(v for f in registry.families_for(name, BACKWARD) if head_dim in f.head_dims
-                 for v in [f.variant(head_dim, name)] if v.shared_bytes <= _limit(f, shared_limit) and v.runs_on(cc))
+                 for v in [_first_fitting(f, head_dim, name, cc, shared_limit)] if v is not None)
     if not fits:
         dims = sorted({d for f in registry.families_for(name, BACKWARD) for d in f.head_dims})
         raise RuntimeError(f"no {name} backward kernel runs head_dim {head_dim} on compute capability "
                            f"{cc / 10:.1f} (head dims {dims})")
     return KernelChoice(name, head_dim, cc, fits[0], "", fits)
+
+
+def _first_fitting(fam: KernelFamily, head_dim: int, dtype: str, cc: int, shared_limit: int) -> Variant | None:
+    """The first configuration of ``fam`` for ``head_dim`` (default, then alternatives) that the GPU runs and
+    whose block fits its shared memory; None if none does."""
+    for cfg in fam.configurations(head_dim):
+        v = fam.variant(head_dim, dtype, cfg)
+        if v.runs_on(cc) and v.shared_bytes <= _limit(fam, shared_limit):
+            return v
+    return None
 
 
 def _device(cc: int | None, shared_limit: int | None) -> tuple[int, int]:
