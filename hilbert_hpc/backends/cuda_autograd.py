@@ -35,8 +35,10 @@ def tensor_stream(x: Tensor) -> Iterator[None]:
                            f"install the extra of the CUDA version: pip install 'hilbert-hpc[cuda12]' or '[cuda13]'") from None
 
     index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    stream = torch.cuda.current_stream(index)
     with cupy.cuda.Device(index):
-        with cupy.cuda.ExternalStream(torch.cuda.current_stream(index).cuda_stream, index):
+        with cupy.cuda.Stream.from_external(stream) if hasattr(stream, "__cuda_stream__") else \
+                cupy.cuda.ExternalStream(stream.cuda_stream, index):
             yield
 
 
@@ -58,7 +60,7 @@ def _dtype_name(dtype: Any) -> str:
 def _cupy(*xs: Tensor) -> list[Any]:
     import cupy
 
-    return [cupy.asarray(x) for x in xs]
+    return [cupy.asarray(x.detach()) for x in xs]
 
 
 def _tensors(xs: Sequence[Any], device: Any) -> tuple[Tensor, ...]:
