@@ -20,6 +20,9 @@ from hilbert_hpc.core.dilated import AttendFn
 from hilbert_hpc.core.patterns import Pattern
 from hilbert_hpc.errors import ConfigError
 
+#: what a study case computes (its ``pass`` key): the forward alone, or the forward and then the backward
+PASSES = ("forward", "forward+backward")
+
 if TYPE_CHECKING:
     from hilbert_hpc.kernels.selection import KernelChoice
 
@@ -42,6 +45,9 @@ class Backend:
     on_gpu: bool = False
     #: the per-block attention used by the ring, or None for a single-process-only backend
     attend_fn: AttendFn | None = staticmethod(attend)
+    #: the passes it computes (of ``PASSES``): "forward+backward" needs :meth:`serialized_forward` and
+    #: :meth:`serialized_backward`
+    passes: tuple[str, ...] = ("forward",)
 
     def require(self, param: str = "backend") -> "Backend":
         """This backend with its optional modules imported; a ConfigError names the one missing."""
@@ -116,6 +122,19 @@ class Backend:
                              scale: float, kernel: KernelChoice | None = None) -> Any:
         """Dilated attention of serialized (N, H, D) arrays -> serialized output (N, H, Dv); ``kernel``: the
         case's kernel choice (None: the backend chooses once for this call)."""
+        raise NotImplementedError
+
+    def serialized_forward(self, qs: Any, ks: Any, vs: Any, patterns: Sequence[Pattern], causal: bool,
+                           scale: float, kernel: KernelChoice | None = None) -> tuple[Any, Any]:
+        """The serialized output (N, H, Dv) and its merged log-sum-exp (N, H), what the backward starts from
+        (backends whose ``passes`` hold "forward+backward")."""
+        raise NotImplementedError
+
+    def serialized_backward(self, qs: Any, ks: Any, vs: Any, out: Any, lse: Any, dout: Any,
+                            patterns: Sequence[Pattern], causal: bool, scale: float,
+                            kernel: KernelChoice | None = None) -> tuple[Any, Any, Any]:
+        """Serialized gradients (dQ, dK, dV) from the inputs, the output and log-sum-exp of
+        :meth:`serialized_forward` and the output's gradient ``dout`` (docs/semantics.md, section 10)."""
         raise NotImplementedError
 
 

@@ -23,12 +23,19 @@ from typing import Any, ClassVar, Iterator
 import numpy as np
 
 
-def entry(unit: str, meaning: str, default: Any = dataclasses.MISSING, kind: str = "", column: str = "") -> Any:
+def entry(unit: str, meaning: str, default: Any = dataclasses.MISSING, kind: str = "", column: str = "",
+          key: str = "") -> Any:
     """A field of the record: its ``unit`` ("-" for text and flags, "1" for plain numbers), a one-line
-    ``meaning``, an optional ``default``, a ``kind`` (timings: phase, ring, transfer, memory) and the
-    ``column`` of report's cases table (and CSV) that shows it, if any."""
+    ``meaning``, an optional ``default``, a ``kind`` (timings: phase, ring, transfer, memory), the
+    ``column`` of report's cases table (and CSV) that shows it, if any, and its ``key`` in the file when that
+    differs from the field's name (a Python keyword: ``pass``)."""
     return dataclasses.field(default=default, metadata={"unit": unit, "meaning": meaning, "kind": kind,
-                                                        "column": column})
+                                                        "column": column, "key": key})
+
+
+def key(f: dataclasses.Field) -> str:
+    """The name of a record field in the file (and in ``params_json``)."""
+    return f.metadata["key"] or f.name
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,7 @@ class Parameters:
     input: str = entry("-", "input data file (empty: random inputs from the seed)")
     ranks: int = entry("1", "ranks the case runs on")
     scaling: str = entry("-", "scaling series the case belongs to (strong or weak)")
+    pass_: str = entry("-", "forward, or forward+backward (files without it: forward)", key="pass")
 
     @classmethod
     def of(cls, case: Any) -> "Parameters":
@@ -62,7 +70,7 @@ class Parameters:
                    patterns=[[p.segment, p.dilation] for p in case.patterns], batch=case.batch, heads=case.heads,
                    head_dim=case.head_dim, causal=case.causal, ordering=case.ordering, segment=case.segment or 0,
                    dtype=case.dtype, backend=case.backend, scale=case.softmax_scale, transport=case.transport,
-                   input=case.input or "", ranks=case.ranks, scaling=case.scaling)
+                   input=case.input or "", ranks=case.ranks, scaling=case.scaling, pass_=case.pass_)
 
 
 @dataclass(frozen=True)
@@ -182,12 +190,12 @@ def unit(f: dataclasses.Field) -> str:
 def values(group: Any) -> Iterator[tuple[str, Any]]:
     """``(name, value)`` of every field of a record group instance, in field order."""
     for f in dataclasses.fields(group):
-        yield f.name, getattr(group, f.name)
+        yield key(f), getattr(group, f.name)
 
 
 def names(group: type, kind: str = "") -> tuple[str, ...]:
     """The field names of a record group (of one ``kind`` when given)."""
-    return tuple(f.name for f in dataclasses.fields(group) if not kind or f.metadata["kind"] == kind)
+    return tuple(key(f) for f in dataclasses.fields(group) if not kind or f.metadata["kind"] == kind)
 
 
 #: the timings that measure phases of a call, and what the ring counts (``distributed.ring.RingStats``)
@@ -199,7 +207,7 @@ RING_TIMES = tuple(f.name for f in dataclasses.fields(Timings) if f.metadata["ki
 
 def units(group: type) -> dict[str, str]:
     """Field name -> unit of a record group (``metrics`` stores this as JSON in its ``units`` attribute)."""
-    return {f.name: unit(f) for f in dataclasses.fields(group)}
+    return {key(f): unit(f) for f in dataclasses.fields(group)}
 
 
 def read(group: type, attrs: Any, plain: Any) -> Any:
@@ -207,7 +215,7 @@ def read(group: type, attrs: Any, plain: Any) -> Any:
     other field as a float (NaN when absent or not a number); ``plain`` makes an attribute a Python value."""
     found = {}
     for f in dataclasses.fields(group):
-        value = plain(attrs[f.name]) if f.name in attrs else None
+        value = plain(attrs[key(f)]) if key(f) in attrs else None
         if f.type in ("str", str):
             found[f.name] = "" if value is None else str(value)
             continue
@@ -226,5 +234,5 @@ def columns(*groups: Any) -> dict[str, Any]:
 
 def doc_rows() -> list[tuple[str, str, str, str, str]]:
     """(where, field, type, unit, meaning) of every field: the table of docs/results.md."""
-    return [(g.PLACE, f.name, str(f.type), unit(f), f.metadata["meaning"])
+    return [(g.PLACE, key(f), str(f.type), unit(f), f.metadata["meaning"])
             for g in GROUPS for f in dataclasses.fields(g)]
