@@ -106,10 +106,11 @@ class Timings:
     PLACE: ClassVar[str] = "timings/<name>"
 
     serialize: np.ndarray = entry("s", "copy of Q, K, V to the device (and ring views)", kind="phase")
-    attention: np.ndarray = entry("s", "the attention call", kind="phase")
+    attention: np.ndarray = entry("s", "the attention call (the forward)", kind="phase")
+    backward: np.ndarray = entry("s", "the backward call (pass = forward+backward; 0 otherwise)", kind="phase")
     unserialize: np.ndarray = entry("s", "copy of the output to the host (only when outputs are saved)",
                                     kind="phase")
-    total: np.ndarray = entry("s", "serialize + attention + unserialize", kind="phase")
+    total: np.ndarray = entry("s", "serialize + attention + backward + unserialize", kind="phase")
     local_s: np.ndarray = entry("s", "ring: attention of the rank's own block", kind="ring")
     compute_s: np.ndarray = entry("s", "ring: attention of the blocks received", kind="ring")
     wait_s: np.ndarray = entry("s", "ring: waiting for blocks to arrive", kind="ring")
@@ -137,6 +138,10 @@ class Metrics:
     bytes_sent_per_rank: float = entry("B", "bytes the busiest rank sent per call")
     peak_device_bytes: float = entry("B", "GPU allocator high-water mark of the busiest rank")
     memory_ratio: float = entry("1", "peak / this rank's Q, K, V, O bytes")
+    median_backward_s: float = entry("s", "median backward time (NaN for pass = forward)")
+    backward_useful_tflops: float = entry("TFLOP/s", "2.5 x useful FLOPs / median backward time")
+    median_forward_backward_s: float = entry("s", "median of attention + backward (NaN for pass = forward)")
+    forward_backward_useful_tflops: float = entry("TFLOP/s", "3.5 x useful FLOPs / median_forward_backward_s")
 
 
 @dataclass(frozen=True)
@@ -151,9 +156,16 @@ class Accuracy:
     rel_l2_err: float = entry("1", "L2 norm of the error / L2 norm of the reference", column="rel_l2_err")
     selected_pairs: int = entry("1", "the sampled (row, head) pairs that some pattern selects",
                                 column="checked_pairs")
-    nonfinite: int = entry("1", "NaN/Inf values in the whole output")
-    tolerance: float = entry("1", "max_rel_err allowed for the dtype")
-    within_tolerance: bool = entry("-", "no NaN/Inf and max_rel_err within tolerance")
+    nonfinite: int = entry("1", "NaN/Inf values in the whole output (and gradients)")
+    tolerance: float = entry("1", "max_rel_err (and grad_*_max_rel_err) allowed for the dtype")
+    within_tolerance: bool = entry("-", "no NaN/Inf, max_rel_err and every grad_*_max_rel_err within tolerance")
+    grad_q_max_rel_err: float = entry("1", "dQ of the sampled rows: largest absolute error / largest absolute "
+                                           "float64 value (NaN for pass = forward)")
+    grad_q_rel_l2_err: float = entry("1", "dQ of the sampled rows: L2 norm of the error / of the float64 value")
+    grad_k_max_rel_err: float = entry("1", "dK, as grad_q_max_rel_err")
+    grad_k_rel_l2_err: float = entry("1", "dK, as grad_q_rel_l2_err")
+    grad_v_max_rel_err: float = entry("1", "dV, as grad_q_max_rel_err")
+    grad_v_rel_l2_err: float = entry("1", "dV, as grad_q_rel_l2_err")
 
 
 @dataclass(frozen=True)

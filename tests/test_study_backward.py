@@ -1,0 +1,127 @@
+"""Studies of the backward pass (pass = "forward+backward", numpy backend, one rank)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from jobtext import JobSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+
+JOB = JobSpec({"name": "bwd", "repeats": 2, "warmup": 1, "accuracy_rows": 8},
+              defaults={"heads": 4, "head_dim": 16, "backend": "numpy"},
+              cases=[{"name": "g", "grid": [32, 32], "patterns": [[64, 1], [256, 4]],
+                      "sweep": {"pass": ["forward", "forward+backward"], "dtype": ["float32", "float64"],
+                                "causal": [False, True]}}])
+
+
+def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HDF5_USE_FILE_LOCKING="FALSE")
+    done = subprocess.run([sys.executable, "-m", "hilbert_hpc", *args], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("bwd")
+    (tmp / "job.toml").write_text(JOB.text())
+    _cli(tmp, "run", "job.toml", "-o", "r.h5")
+    return tmp / "r.h5"
+
+
+def test_backward_is_its_own_phase_with_useful_flops_and_gradient_accuracy(results):
+    with h5py.File(results) as f:
+        cases = list(f["cases"].values())
+        assert len(cases) == 8
+        for g in cases:
+            acc, met, tim = g["accuracy"].attrs, g["metrics"].attrs, g["timings"]
+            grads = [acc[f"grad_{t}_{e}"] for t in "qkv" for e in ("max_rel_err", "rel_l2_err")]
+            assert np.allclose(tim["total"][()], tim["serialize"][()] + tim["attention"][()] + tim["backward"][()]
+                               + tim["unserialize"][()])
+            if g.attrs["pass"] == "forward":
+                assert not tim["backward"][()].any() and np.isnan(grads).all()
+                assert np.isnan(met["median_backward_s"]) and np.isnan(met["backward_useful_tflops"])
+                continue
+            assert (tim["backward"][()] > 0).all() and acc["within_tolerance"]
+            bound = 1e-15 if g.attrs["dtype"] == "float64" else 1e-5          # float32: the issue's goal
+            assert max(grads) <= bound
+            bwd = float(np.median(tim["backward"][()].max(axis=0)))
+            assert met["median_backward_s"] == pytest.approx(bwd)
+            assert met["backward_useful_tflops"] == pytest.approx(2.5 * met["useful_flops"] / bwd / 1e12)
+            both = float(np.median((tim["attention"][()] + tim["backward"][()]).max(axis=0)))
+            assert met["forward_backward_useful_tflops"] == pytest.approx(3.5 * met["useful_flops"] / both / 1e12)
+
+
+def _case(**changes):
+    from hilbert_hpc.study.jobfile import load_job
+
+    job = load_job("job.toml", text=JOB.text(), world_size=1)
+    case = next(c for c in job.cases if c.pass_ == "forward+backward" and c.dtype == "float32" and c.causal)
+    return dataclasses.replace(case, **changes)
+
+
+class _OneRank:
+    def Get_rank(self) -> int:
+        return 0
+
+
+def test_dout_has_its_own_stream_and_the_check_sees_a_wrong_gradient():
+    from hilbert_hpc.core.inputs import random_rows
+    from hilbert_hpc.study.gradients import dout_shard, gradient_accuracy, gradient_fields
+    from hilbert_hpc.study.measure import shard_inputs
+    from hilbert_hpc.study.setup import check_case
+
+    setup = check_case(_case())
+    case = setup.case
+    dout = dout_shard(setup, 7, _OneRank(), 0)
+    natural = setup.layout.shard_natural(0)
+    assert np.array_equal(dout, random_rows(7, "do", natural, case.heads, case.head_dim, np.float32))
+    inputs = shard_inputs(case, 7, setup.layout, _OneRank(), 0)
+    assert not any(np.allclose(dout, x) for x in inputs)
+    out, lse = setup.backend.serialized_forward(*inputs, case.patterns, case.causal, case.softmax_scale)
+    grads = list(setup.backend.serialized_backward(*inputs, out, lse, dout, case.patterns, case.causal,
+                                                   case.softmax_scale))
+    good = gradient_fields(gradient_accuracy(setup, 7, 8, inputs, dout, grads))
+    assert max(good.values()) < 1e-5
+    grads[1] = grads[1] * 1.01                                         # dK 1% off
+    bad = gradient_fields(gradient_accuracy(setup, 7, 8, inputs, dout, grads))
+    assert bad["grad_k_max_rel_err"] > 5e-3 and bad["grad_q_max_rel_err"] < 1e-5
+
+
+def test_backward_on_several_ranks_is_refused_in_one_line():
+    from hilbert_hpc.errors import ConfigError
+    from hilbert_hpc.study.setup import check_case
+
+    with pytest.raises(ConfigError) as err:
+        check_case(_case(), ranks=2)
+    assert err.value.param.endswith(".pass") and "one rank" in str(err.value)
+
+
+def test_results_without_pass_resume_as_forward(tmp_path):
+    """A file written before the case key ``pass`` existed: its cases are forward cases, kept by --resume."""
+    job = JOB.but(cases=[{"name": "g", "grid": [32, 32], "patterns": [[64, 1], [256, 4]]}])
+    (tmp_path / "job.toml").write_text(job.text())
+    _cli(tmp_path, "run", "job.toml", "-o", "r.h5")
+    with h5py.File(tmp_path / "r.h5", "r+") as f:
+        (g,) = f["cases"].values()
+        params = json.loads(g.attrs["params_json"])
+        del params["pass"]
+        g.attrs["params_json"] = json.dumps(params, sort_keys=True)
+        del g.attrs["pass"]
+        finished = g.attrs["finished_utc"]
+    _cli(tmp_path, "run", "job.toml", "-o", "r.h5", "--resume")
+    with h5py.File(tmp_path / "r.h5") as f:
+        (g,) = f["cases"].values()
+        assert g.attrs["finished_utc"] == finished
+    _cli(tmp_path, "report", "r.h5")                                   # reads it as forward
