@@ -125,3 +125,13 @@ def test_results_without_pass_resume_as_forward(tmp_path):
         (g,) = f["cases"].values()
         assert g.attrs["finished_utc"] == finished
     _cli(tmp_path, "report", "r.h5")                                   # reads it as forward
+
+
+def test_plan_counts_the_backward_memory():
+    from hilbert_hpc.study.plan import estimate
+
+    fwd, both = _case(pass_="forward"), _case()
+    n, row, heads = both.tokens, both.heads * both.head_dim, both.heads
+    extra = n * row * 4 + n * (3 * row + heads) * 4 + n * (8 * row + 2 * heads) * 8    # dO; dQ dK dV, delta; check
+    assert estimate(both).memory_bytes - estimate(fwd).memory_bytes == extra
+    assert estimate(both).floor_bytes == estimate(fwd).floor_bytes
