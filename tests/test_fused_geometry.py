@@ -118,13 +118,12 @@ def test_scratch_heads_keep_the_scratch_small():
 
 def test_sixteen_bit_provider_keeps_a_16bit_output():
     """The 16-bit provider's ring accumulators: the output as 16-bit storage (zero bits = +0.0), LSE float32."""
-    from hilbert_hpc.kernels.providers import ChoosingKernels, provider
+    from hilbert_hpc.kernels.providers import provider
     from hilbert_hpc.kernels.selection import choose
 
-    out, lse = provider(choose("bfloat16", 64, cc=90, override="")).accumulators(np, 4, 3, 8, np.int16)
-    assert out.dtype == np.int16 and not out.any() and lse.dtype == np.float32 and np.isneginf(lse).all()
-    out, lse = ChoosingKernels("bfloat16").accumulators(np, 4, 3, 8, np.int16)
-    assert out.dtype == np.int16 and not out.any() and lse.dtype == np.float32 and np.isneginf(lse).all()
+    for cc in (90, 80):   # tma16 and mma16
+        out, lse = provider(choose("bfloat16", 64, cc=cc, override="")).accumulators(np, 4, 3, 8, np.int16)
+        assert out.dtype == np.int16 and not out.any() and lse.dtype == np.float32 and np.isneginf(lse).all()
 
 
 @pytest.mark.mpi(min_size=2)

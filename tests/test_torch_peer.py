@@ -74,14 +74,88 @@ def test_cpu_log_sum_exp_is_the_softmax_normaliser():
     assert torch.allclose(out, torch.softmax(s, -1) @ v, atol=1e-12)
 
 
-def test_the_peer_refuses_inputs_that_need_gradients():
-    """Autograd through SDPA drops the log-sum-exp's gradient, so merged patterns would get wrong dQ and dK."""
-    from hilbert_hpc.backends.torch_peer import TorchPeer
+#: (patterns, causal, heads): keys shared by patterns, causal, dilations > 1 with heads not divisible by r,
+#: and a dilation above the head count
+GRADIENT_CASES = [
+    ([(16, 1), (32, 2), (64, 4)], True, 3),
+    ([(16, 1), (16, 2)], False, 5),
+    ([(8, 1), (32, 4), (64, 8)], True, 6),
+    ([(32, 2), (64, 8)], False, 3),
+    ([(32, 1)], False, 2),
+]
+
+
+def peer_and_dense_gradients(patterns, causal, heads, n=128, d=8, scale=0.3):
+    """(gradients of the peer, of plain autograd through its merge, of the dense reference) for one dO."""
+    from dense_reference import dense_dilated_attention_torch
+
+    from hilbert_hpc.core.patterns import Pattern
+
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(n, heads, d, dtype=torch.float64, generator=gen, requires_grad=True) for _ in range(3))
+    dout = torch.randn(n, heads, d, dtype=torch.float64, generator=gen)
+    pats = [Pattern(*p) for p in patterns]
+    peer = torch_peer.TorchPeer().serialized_attention(q, k, v, pats, causal, scale)
+    naive, _ = torch_peer.merged_attention(q, k, v, pats, causal, scale)      # autograd through SDPA and the merge
+    dense = dense_dilated_attention_torch(q, k, v, patterns, causal, scale=scale)
+    return tuple(torch.autograd.grad(out, (q, k, v), dout) for out in (peer, naive, dense))
+
+
+def rel(a, b) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.mark.parametrize("patterns, causal, heads", GRADIENT_CASES)
+def test_peer_gradients_match_the_dense_reference(patterns, causal, heads):
+    peer, _, dense = peer_and_dense_gradients(patterns, causal, heads)
+    for name, got, want in zip("qkv", peer, dense):
+        assert rel(got, want) <= 1e-10, f"d{name}"
+
+
+def test_plain_autograd_through_the_merge_is_wrong_where_patterns_merge():
+    """What the peer's Function replaces: SDPA's backward drops its log-sum-exp's gradient, so dQ and dK come out
+    wrong (dV is right: it does not depend on the log-sum-exp)."""
+    _, naive, dense = peer_and_dense_gradients(*GRADIENT_CASES[0])
+    assert rel(naive[0], dense[0]) > 1e-2 and rel(naive[1], dense[1]) > 1e-2
+    assert rel(naive[2], dense[2]) <= 1e-10
+
+
+def test_gradcheck_of_the_peer():
+    from hilbert_hpc.core.patterns import Pattern
+
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(32, 3, 4, dtype=torch.float64, generator=gen, requires_grad=True) for _ in range(3))
+    pats = [Pattern(8, 1), Pattern(16, 2), Pattern(32, 4)]
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: torch_peer.TorchPeer().serialized_attention(q, k, v, pats, True, 0.5), (q, k, v))
+
+
+def test_the_forward_keeps_nothing_without_gradients():
     from hilbert_hpc.core.patterns import Pattern
 
     q = torch.randn(64, 2, 8, dtype=torch.float64, requires_grad=True)
-    with pytest.raises(NotImplementedError, match="not differentiable"):
-        TorchPeer().serialized_attention(q, q, q, [Pattern(16, 1), Pattern(32, 2)], False, 0.3)
+    pats = [Pattern(16, 1), Pattern(32, 2)]
     with torch.no_grad():
-        out = TorchPeer().serialized_attention(q, q, q, [Pattern(16, 1), Pattern(32, 2)], False, 0.3)
-    assert out.shape == (64, 2, 8)
+        out = torch_peer.TorchPeer().serialized_attention(q, q, q, pats, False, 0.3)
+    assert out.grad_fn is None
+    assert torch_peer.TorchPeer().serialized_attention(q.detach(), q.detach(), q.detach(), pats, False,
+                                                       0.3).grad_fn is None
+    with_grad = torch_peer.TorchPeer().serialized_attention(q, q, q, pats, False, 0.3)
+    assert with_grad.grad_fn is not None and torch.equal(with_grad.detach(), out)
+
+
+def test_bfloat16_gradients_on_the_cpu_are_rounded_once():
+    """16-bit CPU inputs: the flash CPU backward per pattern, accumulated in FP32; close to float64."""
+    from hilbert_hpc.core.patterns import Pattern
+
+    gen = torch.Generator().manual_seed(5)
+    x64 = [torch.randn(128, 3, 16, generator=gen).bfloat16().double() for _ in range(4)]    # the same inputs
+    pats = [Pattern(16, 1), Pattern(32, 2), Pattern(64, 4)]
+    grads = []
+    for dtype in (torch.bfloat16, torch.float64):
+        q, k, v = (x.to(dtype).requires_grad_() for x in x64[:3])
+        out = torch_peer.TorchPeer().serialized_attention(q, k, v, pats, True, 0.25)
+        assert out.dtype == dtype
+        grads.append(torch.autograd.grad(out, (q, k, v), x64[3].to(dtype)))
+    for got, want in zip(*grads):
+        assert got.dtype == torch.bfloat16 and rel(got.double(), want) < 3e-2

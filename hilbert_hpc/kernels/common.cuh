@@ -36,6 +36,25 @@
     long long l_base, long long l_seg, long long l_head, long long l_row,                                 \
     int heads, int mq, int mk, int causal, int causal_shift, float scale
 
+// The arguments of every backward kernel (T: float, bf16_t or f16_t), docs/semantics.md section 10. Q, K, V
+// and the output gradient dO in T; the merged log-sum-exp L (natural-log units, as the forward stores it) and
+// delta = rowsum(dO * O) in float32; dQ, dK, dV float32 accumulators that the kernel adds its terms to.
+// Geometry as DILATED_FWD_PARAMS: dO and dQ are addressed like Q (q_*), dK like K, dV like V, delta like L.
+// For the visible pairs (query i, key j) of a problem (j < mk and, if causal, j <= i + causal_shift), with
+// P = exp(scale q_i.k_j - L_i) and dS = P (dO_i.v_j - delta_i):
+//   dQ_i += scale sum_j dS k_j,   dK_j += scale sum_i dS q_i,   dV_j += sum_i P dO_i.
+// A launch's problems address disjoint rows; within a problem a key belongs to one block (dK, dV: plain
+// read-add-write) while a query's dQ row gets terms from every key block (atomicAdd).
+#define DILATED_BWD_PARAMS(T)                                                                             \
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,                            \
+    const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,           \
+    float* __restrict__ dq, float* __restrict__ dk, float* __restrict__ dv,                               \
+    long long q_base, long long q_seg, long long q_head, long long q_row,                                 \
+    long long k_base, long long k_seg, long long k_head, long long k_row,                                 \
+    long long v_base, long long v_seg, long long v_head, long long v_row,                                 \
+    long long l_base, long long l_seg, long long l_head, long long l_row,                                 \
+    int heads, int mq, int mk, int causal, int causal_shift, float scale
+
 // max / sum over groups of WIDTH consecutive lanes (WIDTH a power of two <= 32)
 template <int WIDTH>
 __device__ __forceinline__ float lanes_max(float x) {

@@ -91,11 +91,10 @@ def plan_setup(case: Case, cc: int | None = None) -> CaseSetup:
     GPU nodes (Hopper's, which needs the most memory; ``decided`` False). ``cc``: the compute capability of
     the GPU the plan is for (``plan --gpu MODEL``): the kernel is the one ``run`` chooses there."""
     be = find_backend(case.backend, f"{case.case_id}.backend")
-    if be.usable() is None:
-        setup = dataclasses.replace(check_case(case), transport=None)
-    else:
-        setup = CaseSetup(case, case.ranks, case_layout(case, case.ranks), precision(case.dtype), be,
-                          be.kernel_choice(case.head_dim, case.dtype, gpu_here=False), None, decided=False)
+    if be.usable() is not None:
+        return CaseSetup(case, case.ranks, case_layout(case, case.ranks), precision(case.dtype), be,
+                         be.kernel_choice(case.head_dim, case.dtype, gpu_here=False, cc=cc), None, decided=False)
+    setup = dataclasses.replace(check_case(case), transport=None)
     if cc is None:
         return setup
     return dataclasses.replace(setup, kernel=be.kernel_choice(case.head_dim, case.dtype, gpu_here=False, cc=cc))

@@ -5,7 +5,7 @@
     python3 tests/scripts/wgmma_probe.py --long     # also 4,096-token segments in the accuracy part
 
 1. For every head dimension (32, 64, 96, 128), causal and not: random problems through
-   ``hilbert_hpc.kernels.providers.ChoosingKernels("float32").local_patterns`` with ``HILBERT_HPC_FP32_KERNEL=wgmma`` (and tf32x3 for comparison)
+   ``provider(choose("float32", D)).local_patterns`` (``hilbert_hpc.kernels``) with ``HILBERT_HPC_FP32_KERNEL=wgmma`` (and tf32x3 for comparison)
    against the float64 dense reference (tests/dense_reference.py): relative L2 error (the project's measure)
    and the largest element error relative to max |reference|.
 2. Timing (CUDA events, median of 5 after 2 warm-ups) of wgmma and tf32x3 on the anchor
@@ -36,7 +36,8 @@ import cupy  # noqa: E402
 
 from dense_reference import dense_dilated_attention  # noqa: E402
 from hilbert_hpc.kernels import program, registry  # noqa: E402
-from hilbert_hpc.kernels.providers import ChoosingKernels  # noqa: E402
+from hilbert_hpc.kernels.providers import provider  # noqa: E402
+from hilbert_hpc.kernels.selection import choose  # noqa: E402
 from hilbert_hpc.kernels.selection import FP32_ENV  # noqa: E402
 from hilbert_hpc.core.patterns import Pattern  # noqa: E402
 
@@ -58,7 +59,7 @@ def run(variant: str, q, k, v, patterns, causal: bool):
     n, h, d = q.shape
     out = cupy.zeros((n, h, d), dtype=cupy.float32)
     lse = cupy.full((n, h), -np.inf, dtype=cupy.float32)
-    ChoosingKernels("float32").local_patterns(q, k, v, patterns, causal, 1.0 / math.sqrt(d), out, lse)
+    provider(choose("float32", d)).local_patterns(q, k, v, patterns, causal, 1.0 / math.sqrt(d), out, lse)
     return out
 
 
@@ -117,13 +118,14 @@ def time_case(variant: str, q, k, v, patterns, causal: bool, reps: int = 5, warm
     n, h, d = q.shape
     out = cupy.zeros((n, h, d), dtype=cupy.float32)
     lse = cupy.full((n, h), -np.inf, dtype=cupy.float32)
+    kernels = provider(choose("float32", d))        # chosen once, outside the timed calls
     times = []
     for i in range(warm + reps):
         out.fill(0)
         lse.fill(-np.inf)
         start, stop = cupy.cuda.Event(), cupy.cuda.Event()
         start.record()
-        ChoosingKernels("float32").local_patterns(q, k, v, patterns, causal, 1.0 / math.sqrt(d), out, lse)
+        kernels.local_patterns(q, k, v, patterns, causal, 1.0 / math.sqrt(d), out, lse)
         stop.record()
         stop.synchronize()
         if i >= warm:
