@@ -135,3 +135,32 @@ def test_plan_counts_the_backward_memory():
     extra = n * row * 4 + n * (3 * row + heads) * 4 + n * (8 * row + 2 * heads) * 8    # dO; dQ dK dV, delta; check
     assert estimate(both).memory_bytes - estimate(fwd).memory_bytes == extra
     assert estimate(both).floor_bytes == estimate(fwd).floor_bytes
+
+
+def test_the_default_forward_returns_the_merged_log_sum_exp_for_kernels_and_array_modules():
+    """Backend.serialized_forward: the array-module algorithm, or a fused provider's local patterns into an
+    output of the input's type; a backend computing the backward needs only ``passes`` and the backward."""
+    from hilbert_hpc.backends import NumpyBackend
+    from hilbert_hpc.backends.base import Backend
+    from hilbert_hpc.core.dilated import accumulate_patterns, local_dilated_forward
+
+    assert "serialized_forward" not in vars(NumpyBackend)
+    case = _case()
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((case.tokens, case.heads, case.head_dim)).astype(np.float32) for _ in "qkv")
+    args = (case.patterns, case.causal, case.softmax_scale)
+    out, lse = local_dilated_forward(q, k, v, *args)
+    got = NumpyBackend().serialized_forward(q, k, v, *args)
+    assert all(np.array_equal(a, b) for a, b in zip(got, (out, lse)))
+
+    class Provider:
+        def local_patterns(self, qs, ks, vs, patterns, causal, scale, out, lse):
+            accumulate_patterns(qs, ks, vs, patterns, causal, scale, out, lse)
+
+    class Fused(Backend):
+        def ring_kernels(self, kernel):
+            return Provider()
+
+    fused = Fused().serialized_forward(q, k, v, *args)
+    assert fused[0].dtype == np.float32 and fused[1].shape == (case.tokens, case.heads)
+    assert all(np.array_equal(a, b) for a, b in zip(fused, (out, lse)))

@@ -9,7 +9,7 @@ import numpy as np
 
 from hilbert_hpc.backends.base import Backend
 from hilbert_hpc.core.backward import local_dilated_backward
-from hilbert_hpc.core.dilated import local_dilated_attention, local_dilated_forward
+from hilbert_hpc.core.dilated import local_dilated_attention
 from hilbert_hpc.core.patterns import Pattern
 
 if TYPE_CHECKING:
@@ -48,12 +48,6 @@ class NumpyBackend(Backend):
                              causal: bool, scale: float, kernel: KernelChoice | None = None) -> np.ndarray:
         """Dilated attention of serialized arrays; output in the accumulator dtype (>= float32)."""
         return local_dilated_attention(qs, ks, vs, patterns, causal, scale)
-
-    def serialized_forward(self, qs: np.ndarray, ks: np.ndarray, vs: np.ndarray, patterns: Sequence[Pattern],
-                           causal: bool, scale: float,
-                           kernel: KernelChoice | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Output and merged log-sum-exp (:func:`hilbert_hpc.core.dilated.local_dilated_forward`)."""
-        return local_dilated_forward(qs, ks, vs, patterns, causal, scale)
 
     def serialized_backward(self, qs: np.ndarray, ks: np.ndarray, vs: np.ndarray, out: np.ndarray,
                             lse: np.ndarray, dout: np.ndarray, patterns: Sequence[Pattern], causal: bool,
