@@ -26,9 +26,6 @@ from hilbert_hpc.study.setup import CaseSetup
 
 #: the gradients checked and saved, named after their inputs (``grad_q`` ...)
 GRADIENTS = ("q", "k", "v")
-#: useful FLOPs of the backward per useful FLOP of the forward (dV, dP, dQ, dK: four products, plus the
-#: recomputed scores; the convention of FlashAttention's benchmarks, docs/results.md)
-BACKWARD_FLOPS = 2.5
 
 
 def backward_pass(case: Case) -> bool:

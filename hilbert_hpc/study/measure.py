@@ -23,13 +23,12 @@ from hilbert_hpc.errors import UserError
 from hilbert_hpc.core.inputs import random_rows
 from hilbert_hpc.study.jobfile import Case, Job
 from hilbert_hpc.study.record import PHASES, RING_STATS, Timings, names
-from hilbert_hpc.core.patterns import useful_flops
+from hilbert_hpc.core.patterns import BACKWARD_FLOPS, useful_flops
 from hilbert_hpc.core.precision import precision
 from hilbert_hpc.core.reference import reference_rows, sample_selected_rows, selected_heads
 from hilbert_hpc.distributed.ring import RingStats, ring_dilated_attention, ring_transfer_only
 from hilbert_hpc.distributed.sharding import IndexView, Layout
-from hilbert_hpc.study.gradients import (BACKWARD_FLOPS, backward_pass, dout_shard, gradient_accuracy,
-                                         gradient_fields)
+from hilbert_hpc.study.gradients import backward_pass, dout_shard, gradient_accuracy, gradient_fields
 from hilbert_hpc.study.setup import CaseSetup
 
 
