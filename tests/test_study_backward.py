@@ -164,3 +164,45 @@ def test_the_default_forward_returns_the_merged_log_sum_exp_for_kernels_and_arra
     fused = Fused().serialized_forward(q, k, v, *args)
     assert fused[0].dtype == np.float32 and fused[1].shape == (case.tokens, case.heads)
     assert all(np.array_equal(a, b) for a, b in zip(fused, (out, lse)))
+
+
+def test_saved_outputs_hold_the_gradients_in_natural_order(tmp_path):
+    """save_output = true: grad_q, grad_k, grad_v beside output (natural order, checked like it); forward cases
+    save the output alone."""
+    from hilbert_hpc.core.backward import local_dilated_backward
+    from hilbert_hpc.core.dilated import local_dilated_forward
+    from hilbert_hpc.core.inputs import random_rows
+    from hilbert_hpc.study.jobfile import load_job
+    from hilbert_hpc.study.parts import output_problem
+    from hilbert_hpc.study.setup import check_case
+
+    job = JOB.but(save_output=True, repeats=1, warmup=0, seed=5,
+                  cases=[{"name": "g", "grid": [32, 32], "patterns": [[64, 1], [256, 4]], "ordering": "hilbert",
+                          "causal": True, "sweep": {"pass": ["forward", "forward+backward"]}}])
+    (tmp_path / "job.toml").write_text(job.text())
+    _cli(tmp_path, "run", "job.toml", "-o", "r.h5")
+    case = next(c for c in load_job("job.toml", text=job.text(), world_size=1).cases if c.pass_ != "forward")
+    serial = check_case(case).layout.shard_natural(0)              # the natural position of each serialized row
+    assert not np.array_equal(serial, np.arange(case.tokens))
+    q, k, v, do = (random_rows(5, t, serial, case.heads, case.head_dim, np.float32).astype(np.float64)
+                   for t in ("q", "k", "v", "do"))
+    out, lse = local_dilated_forward(q, k, v, case.patterns, True, case.softmax_scale)
+    grads = local_dilated_backward(q, k, v, out, lse, do, case.patterns, True, case.softmax_scale)
+    with h5py.File(tmp_path / "r.h5") as f:
+        fwd, both = (f["cases"][cid] for cid in sorted(f["cases"]))
+        assert "grad_q" not in fwd and fwd["output"].dtype == np.float32
+        for name, ref in zip(("grad_q", "grad_k", "grad_v"), grads):
+            saved = both[name][()]
+            assert saved.shape == (1, case.tokens, case.heads, case.head_dim) and saved.dtype == np.float32
+            want = np.empty_like(ref)
+            want[serial] = ref
+            assert np.abs(saved[0] - want).max() <= 1e-5 * np.abs(want).max(), name
+            assert len(json.loads(both[name].attrs["part_sha256"])) == 1 and both[name].attrs["order"] == "natural"
+        assert output_problem(both, tmp_path / "r.h5", f.attrs["results_id"]) is None
+        cid = both.name.rsplit("/", 1)[-1]
+    with h5py.File(tmp_path / "r.h5.parts" / cid / "rank00000.h5", "r+") as part:
+        part["grad_k"][0, 5, 1, 2] += 1.0
+    with h5py.File(tmp_path / "r.h5") as f:
+        problem = output_problem(f["cases"][cid], tmp_path / "r.h5", f.attrs["results_id"])
+    assert problem == (f"output part r.h5.parts/{cid}/rank00000.h5 (grad_k) is damaged (its data does not match "
+                       f"the SHA-256 the case recorded)")

@@ -22,7 +22,7 @@ from hilbert_hpc.distributed.datafile import read_rows, read_shard
 from hilbert_hpc.errors import UserError
 from hilbert_hpc.core.inputs import random_rows
 from hilbert_hpc.study.jobfile import Case, Job
-from hilbert_hpc.study.record import PHASES, RING_STATS, Timings, names
+from hilbert_hpc.study.record import PHASES, RING_STATS, SAVED, Timings, names
 from hilbert_hpc.core.patterns import BACKWARD_FLOPS, useful_flops
 from hilbert_hpc.core.precision import precision
 from hilbert_hpc.core.reference import reference_rows, sample_selected_rows, selected_heads
@@ -192,15 +192,17 @@ class CaseRun:
                                      kernels=self.ring_kernels)
         return self.be.ring_output(out, c.dtype)
 
-    def run(self) -> tuple[dict, list[np.ndarray], dict]:
+    def run(self) -> tuple[dict, dict[str, list[np.ndarray]], dict]:
         """Warm-up and timed repeats; returns (per-repeat timings, host outputs, accuracy sums).
 
         The accuracy check comes first: the output of the first call (a warm-up
         when there is one) is compared with float64 on the sampled rows, and all
         of it is checked for NaN/Inf, before the timed repeats run. Outputs stay
         where the backend made them: only the sampled rows come to the host, and
-        the whole output only when the job saves it (then every repeat copies it,
-        timed as ``unserialize``; the host outputs returned are the last repeat's).
+        the whole output (and the gradients of a forward+backward case) only when
+        the job saves it (then every repeat copies them, timed as ``unserialize``;
+        the host outputs returned are the last repeat's, by name of ``record.SAVED``,
+        one array per batch element).
         """
         self.start()
         while not self.done:
@@ -226,7 +228,7 @@ class CaseRun:
                       for b in range(c.batch)]
         device_memory.reset_peak()
         self.timings: dict[str, list[float]] = {name: [] for name in names(Timings)}
-        self.outputs: list[np.ndarray] = []
+        self.outputs: dict[str, list[np.ndarray]] = {}
         self.accuracy: dict = {}
         self.rep = 0
         self.elapsed_s = time.perf_counter() - t0
@@ -241,7 +243,7 @@ class CaseRun:
         phase_s = dict.fromkeys(PHASES, 0.0)
         stats = RingStats()
         transfer_only = 0.0
-        self.outputs = []
+        self.outputs = {}
         nonfinite = 0
         self.comm.Barrier()
         for b, (q, k, v) in enumerate(self.inputs):
@@ -263,7 +265,8 @@ class CaseRun:
                 be.synchronize()
                 t3 = time.perf_counter()
             if job.save_output:
-                self.outputs.append(be.to_numpy(out_s))
+                for name, x in zip(SAVED, (out_s, *grads)):
+                    self.outputs.setdefault(name, []).append(be.to_numpy(x))
             t4 = time.perf_counter()
             phase_s["serialize"] += t1 - t0
             phase_s["attention"] += t2 - t1
@@ -312,7 +315,7 @@ class CaseRun:
             raise error
         return accuracy
 
-    def results(self) -> tuple[dict, list[np.ndarray], dict]:
+    def results(self) -> tuple[dict, dict[str, list[np.ndarray]], dict]:
         """(per-repeat timings, the last call's host outputs, accuracy sums) once every call has run;
         the inputs are released."""
         self.inputs, self.douts = [], []

@@ -108,7 +108,7 @@ class Timings:
     serialize: np.ndarray = entry("s", "copy of Q, K, V to the device (and ring views)", kind="phase")
     attention: np.ndarray = entry("s", "the attention call (the forward)", kind="phase")
     backward: np.ndarray = entry("s", "the backward call (pass = forward+backward; 0 otherwise)", kind="phase")
-    unserialize: np.ndarray = entry("s", "copy of the output to the host (only when outputs are saved)",
+    unserialize: np.ndarray = entry("s", "copy of the output (and gradients) to the host (only when outputs are saved)",
                                     kind="phase")
     total: np.ndarray = entry("s", "serialize + attention + backward + unserialize", kind="phase")
     local_s: np.ndarray = entry("s", "ring: attention of the rank's own block", kind="ring")
@@ -170,7 +170,8 @@ class Accuracy:
 
 @dataclass(frozen=True)
 class Output:
-    """The saved output (only with save_output): a virtual dataset over the part files."""
+    """The saved output (only with save_output): a virtual dataset over the part files; the gradients of a
+    forward+backward case (``grad_q``, ``grad_k``, ``grad_v``) have the same attributes."""
 
     PLACE: ClassVar[str] = "output attrs"
 
@@ -178,6 +179,11 @@ class Output:
     axes: str = entry("-", "the dataset's axes (batch, token, head, dim)")
     parts: str = entry("-", "JSON: the part files, relative to the results file")
     part_sha256: str = entry("-", "JSON: SHA-256 of each rank's block, rank order")
+
+
+#: the datasets a case saves with save_output, each beside the others in the case and in its parts: the output
+#: and, for pass = forward+backward, the gradients (natural order, the output's file dtype)
+SAVED = ("output", "grad_q", "grad_k", "grad_v")
 
 
 #: every group of the record, in the order of docs/results.md
