@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import h5py
 import numpy as np
 import pytest
@@ -58,6 +60,7 @@ def test_limit_is_reported_when_everything_fits(tmp_path, capsys):
     (('backends = ["numpy"]', 'backends = ["nope"]'), "search.backends"),
     (("limit = 2048", "limit = 128"), "search.limit"),
     (("heads = 2", "colour = 2"), "search.colour"),
+    (("accuracy_rows = 3", 'accuracy_rows = 3\npass = "backward"'), "search.pass"),
 ])
 def test_bad_study_files_name_the_problem(tmp_path, edit, where):
     study = tmp_path / "s.toml"
@@ -86,3 +89,33 @@ def test_an_output_that_is_not_a_file_name_is_refused(tmp_path, monkeypatch, cap
     err = capsys.readouterr().err
     assert err.startswith("hilbert-hpc: error: search.output: expected a file name") and err.count("\n") == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.toml"]      # no file named 5 (or True)
+
+
+def test_forward_backward_trials_time_the_backward_and_count_its_memory(tmp_path, capsys):
+    """pass = "forward+backward": each trial runs the backward too; the floor counts Q, K, V, O, dO, dQ, dK, dV
+    and planned_bytes is plan's estimate of the case (its backward included)."""
+    from hilbert_hpc.study.jobfile import Case
+    from hilbert_hpc.study.plan import estimate
+
+    study = tmp_path / "s.toml"
+    study.write_text(STUDY.replace("limit = 2048", "limit = 512") + 'pass = "forward+backward"\n')
+    maxlen.run_search(study, tmp_path / "m.h5")
+    assert "+ backward" in capsys.readouterr().out
+    search = maxlen.load_search(study)
+    with h5py.File(tmp_path / "m.h5") as f:
+        t = {k: f["trials"][k][()] for k in ("tokens", "backward_s", "floor_bytes", "planned_bytes", "max_rel_err")}
+        assert f.attrs["pass"] == "forward+backward"
+    assert (t["backward_s"] > 0).all() and np.nanmax(t["max_rel_err"]) < 1e-5
+    for n, floor, planned in zip(t["tokens"], t["floor_bytes"], t["planned_bytes"]):
+        assert floor == 8 * n * 2 * 16 * 4
+        case = Case(case_id="c", name="tiny", grid=(int(n),), patterns=search.patterns(int(n)), heads=2,
+                    head_dim=16, backend="numpy", pass_="forward+backward")
+        assert planned == estimate(case).memory_bytes > estimate(dataclasses.replace(case, pass_="forward")).memory_bytes
+
+
+def test_a_backend_without_the_backward_is_refused_for_forward_backward(tmp_path):
+    study = tmp_path / "s.toml"
+    study.write_text(STUDY.replace('["numpy"]', '["cupy"]') + 'pass = "forward+backward"\n')
+    with pytest.raises(JobFileError) as err:
+        maxlen.load_search(study)
+    assert err.value.param == "search.pass" and "numpy" in str(err.value)

@@ -69,7 +69,27 @@ def test_parameters_are_the_case_params():
 
     case = load_job("job.toml", text=TINY.text(), world_size=1).cases[0]
     assert list(case.params()) == list(rec.names(rec.Parameters))
-    assert case.params() == dataclasses.asdict(rec.Parameters.of(case))
+    assert case.params() == {rec.key(f): value for f, value in
+                             zip(dataclasses.fields(rec.Parameters), dataclasses.astuple(rec.Parameters.of(case)))}
+    assert case.params()["pass"] == "forward"
+
+
+def test_pass_is_a_case_parameter_old_files_read_as_forward():
+    """``pass`` is a sweepable case key in the parameters (resume matches on it); only backends whose
+    ``passes`` hold it accept forward+backward, refused in one line naming the case's pass."""
+    from hilbert_hpc.backends import BACKENDS
+    from hilbert_hpc.errors import JobFileError
+    from hilbert_hpc.study.jobfile import load_job
+
+    text = TINY.but(case={"sweep": {"pass": ["forward", "forward+backward"]}}).text()
+    cases = load_job("job.toml", text=text, world_size=1).cases
+    assert [c.params()["pass"] for c in cases] == ["forward", "forward+backward"]
+    others = [name for name, cls in BACKENDS.items() if "forward+backward" not in cls.passes]
+    assert others and "numpy" not in others
+    bad = TINY.but(case={"backend": others[0], "pass": "forward+backward"}).text()
+    with pytest.raises(JobFileError) as err:
+        load_job("job.toml", text=bad, world_size=1)
+    assert "cases[0].pass" in str(err.value) and "runs on backend numpy" in str(err.value)
 
 
 #: run in a fresh interpreter: one line added to the record (a setup field shown in report's table), then the

@@ -9,7 +9,7 @@ optional dependency only matters when that backend computes.
 
 from __future__ import annotations
 
-from hilbert_hpc.backends.base import Backend, gpu_unusable
+from hilbert_hpc.backends.base import PASSES, Backend, gpu_unusable
 from hilbert_hpc.backends.cuda_fp32 import CudaFp32Backend
 from hilbert_hpc.backends.cuda_fused import CudaBackend
 from hilbert_hpc.backends.cupy_backend import CupyBackend
@@ -18,8 +18,8 @@ from hilbert_hpc.backends.torch_peer import TorchPeer
 from hilbert_hpc.core.precision import DTYPES, precision
 from hilbert_hpc.errors import ConfigError
 
-__all__ = ["BACKENDS", "Backend", "check_backend", "find_backend", "get_backend", "gpu_unusable",
-           "require_usable"]
+__all__ = ["BACKENDS", "PASSES", "Backend", "check_backend", "check_pass", "find_backend", "get_backend",
+           "gpu_unusable", "require_usable"]
 
 #: every backend by the name jobs and the API give (this order is the one error messages list)
 BACKENDS: dict[str, type[Backend]] = {cls.name: cls for cls in (NumpyBackend, TorchPeer, CupyBackend,
@@ -59,3 +59,12 @@ def check_backend(dtype: str, backend: str, param: str) -> None:
         runs_on = [name for name, cls in BACKENDS.items() if dtype in cls.dtypes]
         raise ConfigError(f"backend {backend!r} does not compute in {dtype} (it takes {', '.join(takes)}); "
                           f"dtype {dtype} runs on backend {' or '.join(runs_on)}", param)
+
+
+def check_pass(pass_: str, backend: str, param: str) -> None:
+    """Refuse a pass the backend does not compute (its ``passes``): one line naming both and what does."""
+    if pass_ not in find_backend(backend).passes:
+        runs_on = [name for name, cls in BACKENDS.items() if pass_ in cls.passes]
+        raise ConfigError(f"backend {backend!r} does not compute pass = {pass_!r} (it computes "
+                          f"{', '.join(BACKENDS[backend].passes)}); pass = {pass_!r} runs on backend "
+                          f"{' or '.join(runs_on)}", param)

@@ -5,8 +5,9 @@ rank (``serialized_attention``) or around the ring (``attend_fn`` or its fused
 ``ring_kernels``). Its class also says, without importing CuPy or torch, what it
 computes in (``dtypes``), where its arrays live (``on_gpu``), why it cannot run
 here (``usable``), what it refuses before any work (``check``), which kernel it
-runs for a case (``kernel_choice``) and how much memory it needs beyond Q, K, V
-and the output (``workspace_bytes``). The study code asks these methods and
+runs for a case (``kernel_choice``), how much memory it needs beyond Q, K, V
+and the output (``workspace_bytes``) and the passes it computes (``passes``; the
+backward is ``serialized_backward``). The study code asks these methods and
 nothing else: adding a backend is one subclass and one line in ``BACKENDS``.
 """
 
@@ -15,10 +16,14 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any, Sequence
 
-from hilbert_hpc.core.blockwise import attend
-from hilbert_hpc.core.dilated import AttendFn
+from hilbert_hpc.core.arrays import is_tensor
+from hilbert_hpc.core.blockwise import array_module, attend
+from hilbert_hpc.core.dilated import AttendFn, empty_accumulators, local_dilated_forward
 from hilbert_hpc.core.patterns import Pattern
 from hilbert_hpc.errors import ConfigError
+
+#: what a study case computes (its ``pass`` key): the forward alone, or the forward and then the backward
+PASSES = ("forward", "forward+backward")
 
 if TYPE_CHECKING:
     from hilbert_hpc.kernels.selection import KernelChoice
@@ -42,6 +47,9 @@ class Backend:
     on_gpu: bool = False
     #: the per-block attention used by the ring, or None for a single-process-only backend
     attend_fn: AttendFn | None = staticmethod(attend)
+    #: the passes it computes (of ``PASSES``): "forward+backward" needs :meth:`serialized_backward` (and
+    #: :meth:`serialized_forward`, whose default fits every backend)
+    passes: tuple[str, ...] = ("forward",)
 
     def require(self, param: str = "backend") -> "Backend":
         """This backend with its optional modules imported; a ConfigError names the one missing."""
@@ -118,6 +126,62 @@ class Backend:
         case's kernel choice (None: the backend chooses once for this call)."""
         raise NotImplementedError
 
+    def serialized_forward(self, qs: Any, ks: Any, vs: Any, patterns: Sequence[Pattern], causal: bool,
+                           scale: float, kernel: KernelChoice | None = None) -> tuple[Any, Any]:
+        """The serialized output (N, H, Dv) and its merged log-sum-exp (N, H): the forward of a case with
+        ``pass = "forward+backward"``, what :meth:`serialized_backward` starts from.
+
+        The default fits every backend: with fused kernels (:meth:`ring_kernels`),
+        their local patterns into an output of the input's type (a 16-bit tensor
+        stays 16-bit, as in :meth:`serialized_attention`) and a float32 log-sum-exp;
+        otherwise the array-module algorithm with ``attend_fn``.
+        """
+        kernels = self.ring_kernels(kernel or self.kernel_choice(int(qs.shape[2]), _dtype_name(qs)))
+        if kernels is None:
+            return local_dilated_forward(qs, ks, vs, patterns, causal, scale, self.attend_fn or attend)
+        out, lse = _forward_accumulators(qs, vs)
+        kernels.local_patterns(qs, ks, vs, patterns, causal, scale, out, lse)
+        return out, lse
+
+    def serialized_backward(self, qs: Any, ks: Any, vs: Any, out: Any, lse: Any, dout: Any,
+                            patterns: Sequence[Pattern], causal: bool, scale: float,
+                            kernel: KernelChoice | None = None) -> tuple[Any, Any, Any]:
+        """The gradients (dQ, dK, dV) of a loss whose gradient in the output is ``dout``: the backward of a case
+        with ``pass = "forward+backward"`` (docs/semantics.md, section 10). What a backend provides, with
+        "forward+backward" in its ``passes``, is this method (the forward has a default).
+
+        Arguments, all serialized (token order of the shard) and on the backend's
+        device, as the study passes them: ``qs``, ``ks``, ``vs`` (N, H, D) and
+        ``dout`` (N, H, Dv) as :meth:`to_device` made them in the case's dtype;
+        ``out`` (N, H, Dv) and ``lse`` (N, H) as :meth:`serialized_forward`
+        returned them (the merged softmax's output and log-sum-exp: P = exp(S - L)
+        needs no other state); ``kernel``: the case's kernel choice (None: chosen
+        here). None of them may be changed.
+
+        Returns dQ, dK, dV as the backend's arrays (what :meth:`to_numpy` and
+        ``arrays.count_nonfinite`` take), shaped like ``qs``, ``ks``, ``vs``, in
+        the case's dtype or its accumulator dtype (float32 for 16 bits); rows no
+        pattern selects get zeros. The call may return before the device has
+        finished: the study times it up to :meth:`synchronize`.
+        """
+        raise NotImplementedError
+
+
+def _dtype_name(x: Any) -> str:
+    """The dtype name of a backend array (``float32``, ``bfloat16``: torch's without its ``torch.`` prefix)."""
+    return str(x.dtype).removeprefix("torch.")
+
+
+def _forward_accumulators(qs: Any, vs: Any) -> tuple[Any, Any]:
+    """A zero output (N, H, Dv) and a -inf float32 log-sum-exp (N, H) for fused kernels: torch tensors of the
+    input's dtype on its device for a tensor input (16 bits), else the accumulators of its array module."""
+    n, heads, dv = int(qs.shape[0]), int(qs.shape[1]), int(vs.shape[-1])
+    if not is_tensor(qs):
+        return empty_accumulators(array_module(qs), n, heads, dv, qs.dtype)
+    import torch
+
+    return (torch.zeros((n, heads, dv), dtype=qs.dtype, device=qs.device),
+            torch.full((n, heads), float("-inf"), dtype=torch.float32, device=qs.device))
 
 def gpu_unusable() -> str | None:
     """Why CuPy cannot use a GPU here (no CuPy, no driver, no device), or None when one is usable."""

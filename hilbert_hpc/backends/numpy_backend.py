@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from hilbert_hpc.backends.base import Backend
+from hilbert_hpc.core.backward import local_dilated_backward
 from hilbert_hpc.core.dilated import local_dilated_attention
 from hilbert_hpc.core.patterns import Pattern
 
@@ -25,6 +26,7 @@ class NumpyBackend(Backend):
 
     name = "numpy"
     dtypes = ("float64", "float32")
+    passes = ("forward", "forward+backward")
 
     def workspace_bytes(self, shard: int, heads: int, head_dim: int, itemsize: int, qkvo_bytes: int,
                         kernel: KernelChoice | None) -> int:
@@ -46,3 +48,9 @@ class NumpyBackend(Backend):
                              causal: bool, scale: float, kernel: KernelChoice | None = None) -> np.ndarray:
         """Dilated attention of serialized arrays; output in the accumulator dtype (>= float32)."""
         return local_dilated_attention(qs, ks, vs, patterns, causal, scale)
+
+    def serialized_backward(self, qs: np.ndarray, ks: np.ndarray, vs: np.ndarray, out: np.ndarray,
+                            lse: np.ndarray, dout: np.ndarray, patterns: Sequence[Pattern], causal: bool,
+                            scale: float, kernel: KernelChoice | None = None) -> tuple[np.ndarray, ...]:
+        """Exact gradients on the CPU (:func:`hilbert_hpc.core.backward.local_dilated_backward`)."""
+        return local_dilated_backward(qs, ks, vs, out, lse, dout, patterns, causal, scale)

@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-STREAMS = {"q": 1, "k": 2, "v": 3}
+#: the random streams: Q, K, V, and the loss gradient dO of a study's backward (stream 0)
+STREAMS = {"do": 0, "q": 1, "k": 2, "v": 3}
 
 #: seeds are ``0 .. MAX_SEED``: the key of (seed, tensor) is ``seed * 4 + stream`` in 64 bits, so a larger seed
 #: would wrap around onto the key of a smaller one (0, 2**62 and 2**64 would give the same inputs)
@@ -64,7 +65,7 @@ def random_rows(seed: int, tensor: str, positions: Any, heads: int, head_dim: in
                 dtype: Any = np.float32, xp: ModuleType = np) -> Any:
     """Standard-normal rows (len(positions), heads, head_dim) for natural token positions.
 
-    ``tensor`` is ``"q"``, ``"k"`` or ``"v"``. Box-Muller over two SplitMix64 streams
+    ``tensor`` is ``"q"``, ``"k"``, ``"v"`` or ``"do"`` (a study's loss gradient). Box-Muller over two SplitMix64 streams
     keyed by (seed, tensor) (key ``seed * 4 + stream``, distinct for every seed
     from 0 to :data:`MAX_SEED`; other seeds raise ValueError); element (n, h, d)
     uses counter ``(n*heads + h)*head_dim + d``. ``xp`` (NumPy or CuPy) is where

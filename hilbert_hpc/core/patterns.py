@@ -161,6 +161,11 @@ def attended_pairs(tokens: int, heads: int, patterns: Sequence[Pattern], causal:
     return total
 
 
+#: useful FLOPs of the backward per useful FLOP of the forward (dV, dP, dQ, dK: four products, plus the
+#: recomputed scores; the convention of FlashAttention's benchmarks, docs/results.md)
+BACKWARD_FLOPS = 2.5
+
+
 def useful_flops(tokens: int, heads: int, head_dim: int, patterns: Sequence[Pattern], causal: bool,
                  batch: int = 1) -> int:
     """Useful floating-point operations: 2*D for QK^T and 2*D for PV per attended pair."""

@@ -1,4 +1,5 @@
-"""The output parts of a case: every rank writes its block of the output, in natural order, beside the results file.
+"""The output parts of a case: every rank writes its block of the output (and of the gradients of a forward+backward
+case), in natural order, beside the results file.
 
 ``<results>.parts/<case-id>/`` holds one shared file (parallel HDF5) or one file
 per rank; each part records the results file it belongs to, its case and the
@@ -39,18 +40,22 @@ def parallel_hdf5(comm: Any) -> bool:
     return bool(h5py.get_config().mpi)
 
 
-def write_output_part(case: Case, comm: Any, layout: Layout, outputs: list[np.ndarray], results_path: Path,
-                      results_id: str) -> tuple[str, str]:
-    """Every rank of the case writes its block of the output, in natural order; no rank holds more than its shard.
+def write_output_part(case: Case, comm: Any, layout: Layout, outputs: dict[str, list[np.ndarray]],
+                      results_path: Path, results_id: str) -> tuple[str, dict[str, str]]:
+    """Every rank of the case writes its block of each saved array, in natural order; no rank holds more than its
+    shard.
 
+    ``outputs``: the arrays by dataset name (``record.SAVED``: the output and, for
+    a forward+backward case, the gradients), one serialized shard per batch element.
     Rank ``r`` receives the natural positions ``[r*L, (r+1)*L)`` by one all-to-all
-    exchange. With parallel HDF5 all ranks write their blocks into one file,
+    exchange per array. With parallel HDF5 all ranks write their blocks into one file,
     ``<results>.parts/<case-id>/output.h5`` (collective MPI-IO); otherwise each
-    rank writes ``<results>.parts/<case-id>/rank<r>.h5``. The parts folder must
-    belong to the results file ``results_id`` (rank 0 made it, holding the file's
-    lock); each part records that identity, the case and the SHA-256 of the
-    block(s) it holds. Returns this rank's file, relative to the results file, and
-    the SHA-256 of its block.
+    rank writes ``<results>.parts/<case-id>/rank<r>.h5``; the datasets lie side by
+    side in it. The parts folder must belong to the results file ``results_id``
+    (rank 0 made it, holding the file's lock); each dataset records that
+    identity, the case and the SHA-256 of the block(s) it holds. Returns this
+    rank's file, relative to the results file, and the SHA-256 of its block of
+    each dataset.
     """
     import h5py
 
@@ -59,8 +64,9 @@ def write_output_part(case: Case, comm: Any, layout: Layout, outputs: list[np.nd
     rank = comm.Get_rank()
     natural = layout.shard_natural(rank)
     file_dtype = precision(case.dtype).file_dtype       # HDF5 has no bfloat16: stored exactly as float32
-    blocks = np.stack([redistribute(np.asarray(o, dtype=file_dtype), natural, layout.shard, comm) for o in outputs])
-    digest = block_digest(blocks)
+    blocks = {name: np.stack([redistribute(np.asarray(o, dtype=file_dtype), natural, layout.shard, comm)
+                              for o in arrays]) for name, arrays in outputs.items()}
+    digest = {name: block_digest(b) for name, b in blocks.items()}
     digests = comm.allgather(digest)
     shared = parallel_hdf5(comm)
     parts = parts_dir(results_path)
@@ -70,18 +76,20 @@ def write_output_part(case: Case, comm: Any, layout: Layout, outputs: list[np.nd
     target.parent.mkdir(exist_ok=True)
     if shared:
         comm.Barrier()                                   # the folder exists before any rank opens the file
-        shape = (blocks.shape[0], layout.shard * comm.Get_size(), *blocks.shape[2:])
         with h5py.File(target, "w", driver="mpio", comm=comm) as f:
-            ds = f.create_dataset("output", shape=shape, dtype=blocks.dtype)
-            with ds.collective:
-                ds[:, rank * layout.shard:(rank + 1) * layout.shard] = blocks
-            ds.attrs["first_token"] = 0
-            _output_attrs(ds, case, results_id, digests)
+            for name, b in blocks.items():
+                shape = (b.shape[0], layout.shard * comm.Get_size(), *b.shape[2:])
+                ds = f.create_dataset(name, shape=shape, dtype=b.dtype)
+                with ds.collective:
+                    ds[:, rank * layout.shard:(rank + 1) * layout.shard] = b
+                ds.attrs["first_token"] = 0
+                _output_attrs(ds, case, results_id, [d[name] for d in digests])
     else:
         with h5py.File(target, "w") as f:
-            ds = f.create_dataset("output", data=blocks)
-            ds.attrs["first_token"] = rank * layout.shard
-            _output_attrs(ds, case, results_id, [digest])
+            for name, b in blocks.items():
+                ds = f.create_dataset(name, data=b)
+                ds.attrs["first_token"] = rank * layout.shard
+                _output_attrs(ds, case, results_id, [digest[name]])
     return str(rel), digest
 
 
@@ -94,15 +102,16 @@ def _output_attrs(ds: Any, case: Case, results_id: str, digests: list[str]) -> N
     ds.attrs["sha256"] = json.dumps(digests)
 
 
-def write_case_outputs(case: Case, job: Job, comm: Any, layout: Layout, outputs: list[np.ndarray],
+def write_case_outputs(case: Case, job: Job, comm: Any, layout: Layout, outputs: dict[str, list[np.ndarray]],
                        results: ResultsFile | None, results_path: Path | None,
-                       results_id: str) -> tuple[list[str] | None, list[str] | None]:
+                       results_id: str) -> tuple[list[str] | None, dict[str, list[str]] | None]:
     """Every rank of the case writes its output part (:func:`write_output_part`), agreed by all of them.
 
     Rank 0 first begins the results file (a replacing run removes the old one
     now); every part is on disk before the case can be committed. A failed
     write on any rank raises a UserError on every rank. Returns (parts, SHA-256
-    digests) on rank 0 and (None, None) on the other ranks.
+    digests of each dataset, rank order) on rank 0 and (None, None) on the
+    other ranks.
     """
     path = Path(results_path or job.output)
     error = None
@@ -127,4 +136,4 @@ def write_case_outputs(case: Case, job: Job, comm: Any, layout: Layout, outputs:
     gathered = comm.gather((rel, digest), root=0)
     if gathered is None:
         return None, None
-    return [g[0] for g in gathered], [g[1] for g in gathered]
+    return [g[0] for g in gathered], {name: [g[1][name] for g in gathered] for name in outputs}

@@ -44,7 +44,7 @@ from hilbert_hpc.errors import ConfigError, JobFileError
 from hilbert_hpc.core.ordering import ORDERINGS
 from hilbert_hpc.distributed.transports import TRANSPORTS
 from hilbert_hpc.core.patterns import Pattern, check_problem, check_serializable, parse_grid, parse_patterns
-from hilbert_hpc.backends import check_backend
+from hilbert_hpc.backends import PASSES, check_backend, check_pass
 from hilbert_hpc.core.precision import DTYPES
 
 #: longest job, case or study name (names become file names and HDF5 group names)
@@ -203,7 +203,7 @@ JOB_KEYS: dict[str, tuple[Callable[[Any, str], Any], Any]] = {
 }
 
 #: Case parameters: key -> validator; ``grid`` or ``tokens`` is required. A key a case leaves out takes the
-#: default of the :class:`Case` field of its name (``ranks``: "all", every rank of the run).
+#: default of the :class:`Case` field of its name (``CASE_FIELDS``; ``ranks``: "all", every rank of the run).
 CASE_KEYS: dict[str, Callable[[Any, str], Any]] = {
     "grid": _grid,
     "tokens": _int(1),
@@ -221,7 +221,10 @@ CASE_KEYS: dict[str, Callable[[Any, str], Any]] = {
     "input": _str,
     "ranks": _ranks,
     "scaling": _choice(SCALINGS),
+    "pass": _choice(PASSES),
 }
+#: the Case field of a key whose name is a Python keyword
+CASE_FIELDS = {"pass": "pass_"}
 
 
 @dataclass(frozen=True)
@@ -245,6 +248,8 @@ class Case:
     input: str | None = None
     ranks: int = 1
     scaling: str = "strong"
+    #: the job key ``pass``: "forward", or "forward+backward" (the backward timed after the forward)
+    pass_: str = "forward"
 
     @property
     def tokens(self) -> int:
@@ -258,11 +263,9 @@ class Case:
 
     def params(self) -> dict[str, Any]:
         """Every parameter as plain values (for HDF5 attributes and matching): ``record.Parameters``."""
-        import dataclasses
+        from hilbert_hpc.study.record import Parameters, values
 
-        from hilbert_hpc.study.record import Parameters
-
-        return dataclasses.asdict(Parameters.of(self))
+        return dict(values(Parameters.of(self)))
 
 
 @dataclass(frozen=True)
@@ -362,9 +365,11 @@ def _resolve_case(values: dict[str, Any], where: str, case_id: str, name: str) -
     try:
         check_serializable(tuple(grid), ordering, segment, f"{where}.grid", f"{where}.segment")
         check_backend(values.get("dtype", "float32"), values.get("backend", "numpy"), f"{where}.dtype")
+        check_pass(values.get("pass", "forward"), values.get("backend", "numpy"), f"{where}.pass")
     except ConfigError as exc:
         raise JobFileError(exc.message, exc.param) from None
-    kwargs = {k: v for k, v in values.items() if k not in ("grid", "tokens", "patterns", "segment")}
+    kwargs = {CASE_FIELDS.get(k, k): v for k, v in values.items()
+              if k not in ("grid", "tokens", "patterns", "segment")}
     return Case(case_id=case_id, name=name, grid=tuple(grid), patterns=patterns, segment=segment, **kwargs)
 
 

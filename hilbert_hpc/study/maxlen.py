@@ -9,6 +9,14 @@ attention once and records its time and the allocator's high-water mark
 against the floor, the bytes of Q, K, V and O. The longest run is checked on
 sampled rows against a float64 evaluation of the definition.
 
+With ``pass = "forward+backward"`` each trial also runs the backward (from a
+loss gradient dO made from the seed, as ``run`` makes it) and times it: what
+fits is then a whole training step, the floor counts dO, dQ, dK and dV too, and
+every trial records ``planned_bytes``, what ``plan`` counts for the case (the
+same memory model, its backward included). Only the output of the longest run
+is checked (a float64 reference of the gradients would be the whole sequence's
+backward on the host).
+
 Study file (``jobs/max_length.toml``)::
 
     [search]
@@ -23,6 +31,7 @@ Study file (``jobs/max_length.toml``)::
     limit = 67108864            # never try more tokens than this
     seed = 11
     accuracy_rows = 4
+    pass = "forward"            # or "forward+backward" (backends that compute it)
 """
 
 from __future__ import annotations
@@ -59,6 +68,7 @@ class Search:
     accuracy_rows: int
     text: str = ""
     dtype: str = "float32"
+    pass_: str = "forward"
 
     @property
     def granule(self) -> int:
@@ -73,12 +83,12 @@ class Search:
 
 
 SEARCH_KEYS = {"name", "output", "backends", "heads", "head_dim", "local_patterns", "global_rows", "start", "limit",
-               "seed", "accuracy_rows", "dtype"}
+               "seed", "accuracy_rows", "dtype", "pass"}
 
 
 def load_search(path: str | Path) -> Search:
     """Read and validate a max-length study file; a JobFileError names the problem."""
-    from hilbert_hpc.backends import BACKENDS, check_backend
+    from hilbert_hpc.backends import BACKENDS, PASSES, check_backend, check_pass
     from hilbert_hpc.study.jobfile import check_job_seed, check_name, read_toml
 
     doc, text = read_toml(path)
@@ -114,10 +124,13 @@ def load_search(path: str | Path) -> Search:
                     start=integer("start", 1 << 20, 1), limit=integer("limit", 1 << 26, 1),
                     seed=check_job_seed(s.get("seed", 11), "search.seed"),
                     accuracy_rows=integer("accuracy_rows", 4, 0), text=text,
-                    dtype=s.get("dtype", "float32"))
+                    dtype=s.get("dtype", "float32"), pass_=s.get("pass", "forward"))
+    if search.pass_ not in PASSES:
+        raise JobFileError(f"expected one of {', '.join(map(repr, PASSES))}, got {search.pass_!r}", "search.pass")
     try:
         for b in backends:
             check_backend(search.dtype, b, "search.dtype")
+            check_pass(search.pass_, b, "search.pass")
     except ConfigError as exc:
         raise JobFileError(exc.message, exc.param) from None
     if search.start % search.granule:
@@ -139,30 +152,44 @@ def _is_out_of_memory(exc: BaseException) -> bool:
 
 
 def trial(search: Search, backend: str, tokens: int, check_rows: int = 0) -> dict[str, Any]:
-    """One attempt at ``tokens``: fits or not, time, peak bytes, floor bytes, and (optionally) accuracy."""
+    """One attempt at ``tokens``: fits or not, forward (and backward) time, peak bytes, floor bytes, what ``plan``
+    counts, and (optionally) the output's accuracy."""
     from hilbert_hpc.study.jobfile import Case
     from hilbert_hpc.core.arrays import RowReader
+    from hilbert_hpc.distributed.mpi import SingleProcessComm
+    from hilbert_hpc.study.gradients import backward_pass, dout_shard
     from hilbert_hpc.study.measure import backend_inputs, local_accuracy
+    from hilbert_hpc.study.plan import estimate
     from hilbert_hpc.study.setup import check_case
 
     case = Case(case_id=f"{backend}-{tokens}", name=search.name, grid=(tokens,), patterns=search.patterns(tokens),
-                heads=search.heads, head_dim=search.head_dim, backend=backend, dtype=search.dtype)
+                heads=search.heads, head_dim=search.head_dim, backend=backend, dtype=search.dtype,
+                pass_=search.pass_)
     setup = check_case(case, 1)
     be, layout = setup.backend, setup.layout
-    floor = 4 * tokens * search.heads * search.head_dim * setup.precision.itemsize
-    result = {"backend": backend, "tokens": tokens, "fits": False, "attention_s": np.nan, "peak_bytes": 0,
-              "floor_bytes": floor, "memory_ratio": np.nan, "max_rel_err": np.nan}
+    both = backward_pass(case)
+    floor = (8 if both else 4) * tokens * search.heads * search.head_dim * setup.precision.itemsize
+    result = {"backend": backend, "pass": search.pass_, "tokens": tokens, "fits": False, "attention_s": np.nan, "backward_s": np.nan,
+              "peak_bytes": 0, "floor_bytes": floor, "planned_bytes": estimate(case, setup=setup).memory_bytes,
+              "memory_ratio": np.nan, "max_rel_err": np.nan}
     device_memory.reset_peak()
-    from hilbert_hpc.distributed.mpi import SingleProcessComm
-
+    args = (case.patterns, False, case.softmax_scale, setup.kernel)
     try:
-        qkv = [be.to_device(x, search.dtype) for x in backend_inputs(setup, search.seed, SingleProcessComm(), 0)]
+        comm = SingleProcessComm()
+        qkv = [be.to_device(x, search.dtype) for x in backend_inputs(setup, search.seed, comm, 0)]
+        dout = dout_shard(setup, search.seed, comm, 0) if both else None
         be.synchronize()
-        device_memory.reset_peak()          # keeps Q, K, V; drops generation temporaries
+        device_memory.reset_peak()          # keeps Q, K, V (and dO); drops generation temporaries
         t0 = time.perf_counter()
-        out = be.serialized_attention(*qkv, case.patterns, False, case.softmax_scale, setup.kernel)
+        out, lse = be.serialized_forward(*qkv, *args) if both else (be.serialized_attention(*qkv, *args), None)
         be.synchronize()
         result["attention_s"] = time.perf_counter() - t0
+        if both:
+            t0 = time.perf_counter()
+            grads = be.serialized_backward(*qkv, out, lse, dout, *args)
+            be.synchronize()
+            result["backward_s"] = time.perf_counter() - t0
+            del grads
         result["peak_bytes"] = device_memory.peak_bytes()
         result["memory_ratio"] = result["peak_bytes"] / floor if result["peak_bytes"] else np.nan
         result["fits"] = True
@@ -174,7 +201,7 @@ def trial(search: Search, backend: str, tokens: int, check_rows: int = 0) -> dic
         if not _is_out_of_memory(exc):
             raise
     finally:
-        qkv = out = None  # noqa: F841 - release before the next trial
+        qkv = out = lse = dout = None  # noqa: F841 - release before the next trial
         device_memory.reset_peak()
     return result
 
@@ -211,19 +238,24 @@ def search_backend(search: Search, backend: str, log: Callable[[dict], None]) ->
     return trials
 
 
-COLUMNS = ("backend", "tokens", "fits", "attention_s", "peak_bytes", "floor_bytes", "memory_ratio", "max_rel_err")
+COLUMNS = ("backend", "tokens", "fits", "attention_s", "backward_s", "peak_bytes", "floor_bytes", "planned_bytes",
+           "memory_ratio", "max_rel_err")
 
 
 def _print_row(r: dict, stream: TextIO) -> None:
     mark = ("  <- longest (the study's limit)" if r.get("limited") else "  <- longest") if r.get("longest") else ""
+    both = r["pass"] == "forward+backward"
+    arrays = "Q/K/V/O/dO/dQ/dK/dV" if both else "Q/K/V/O"
     if r["fits"]:
         print(f"{r['backend']:<10} {r['tokens']:>12,}  fits     {r['attention_s']:9.3f} s  "
-              + (f"peak {r['peak_bytes'] / 2**30:7.2f} GiB  = {r['memory_ratio']:.3f} x Q/K/V/O"
+              + (f"+ backward {r['backward_s']:9.3f} s  " if both else "")
+              + (f"peak {r['peak_bytes'] / 2**30:7.2f} GiB  = {r['memory_ratio']:.3f} x {arrays}"
                  if r["peak_bytes"] else "peak not measured (host memory)")
+              + (f" (plan {r['planned_bytes'] / 2**30:.2f} GiB)" if both else "")
               + (f"  max rel err {r['max_rel_err']:.1e}" if np.isfinite(r["max_rel_err"]) else "") + mark,
               file=stream, flush=True)
     else:
-        print(f"{r['backend']:<10} {r['tokens']:>12,}  does not fit (Q/K/V/O alone: "
+        print(f"{r['backend']:<10} {r['tokens']:>12,}  does not fit ({arrays} alone: "
               f"{r['floor_bytes'] / 2**30:.2f} GiB)", file=stream, flush=True)
 
 
@@ -245,8 +277,10 @@ def run_search(path: str | Path, output: str | None = None, stream: TextIO | Non
     out_path = Path(output or search.output)
     with NewOutput(out_path, "hilbert-hpc max-length file", hdf5_attr_is("study", "max-length"),
                    protected=[(path, "study file")], overwrite=overwrite) as claim:
+        passes = "" if search.pass_ == "forward" else f", {search.pass_}"
         print(f"hilbert-hpc: max-length search {search.name!r}, backends {', '.join(search.backends)}, "
-              f"{search.dtype}, H={search.heads}, D={search.head_dim}, results -> {out_path}", file=stream, flush=True)
+              f"{search.dtype}{passes}, H={search.heads}, D={search.head_dim}, results -> {out_path}", file=stream,
+              flush=True)
         rows = []
         for b in search.backends:
             rows += search_backend(search, b, lambda r: _print_row(r, stream))
@@ -270,11 +304,13 @@ def _write_trials(h5: Any, search: Search, path: str | Path, rows: list[dict]) -
     h5.attrs["job_path"] = str(path)
     h5.attrs["study"] = "max-length"
     h5.attrs["dtype"] = search.dtype
+    h5.attrs["pass"] = search.pass_
     g = h5.create_group("trials")
     for col in COLUMNS:
         values = [r[col] for r in rows]
         g.create_dataset(col, data=np.asarray(values, dtype=h5py.string_dtype() if col == "backend" else None))
     g.create_dataset("longest", data=np.asarray([bool(r.get("longest")) for r in rows]))
-    g.attrs["units"] = json.dumps({"attention_s": "s", "peak_bytes": "B", "floor_bytes": "B"})
+    g.attrs["units"] = json.dumps({"attention_s": "s", "backward_s": "s", "peak_bytes": "B", "floor_bytes": "B",
+                                   "planned_bytes": "B"})
     g.attrs["patterns"] = json.dumps({"local": [[p.segment, p.dilation] for p in search.local_patterns],
                                       "global_rows": search.global_rows})

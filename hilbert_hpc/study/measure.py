@@ -22,12 +22,13 @@ from hilbert_hpc.distributed.datafile import read_rows, read_shard
 from hilbert_hpc.errors import UserError
 from hilbert_hpc.core.inputs import random_rows
 from hilbert_hpc.study.jobfile import Case, Job
-from hilbert_hpc.study.record import PHASES, RING_STATS, Timings, names
-from hilbert_hpc.core.patterns import useful_flops
+from hilbert_hpc.study.record import PHASES, RING_STATS, SAVED, Timings, names
+from hilbert_hpc.core.patterns import BACKWARD_FLOPS, useful_flops
 from hilbert_hpc.core.precision import precision
 from hilbert_hpc.core.reference import reference_rows, sample_selected_rows, selected_heads
 from hilbert_hpc.distributed.ring import RingStats, ring_dilated_attention, ring_transfer_only
 from hilbert_hpc.distributed.sharding import IndexView, Layout
+from hilbert_hpc.study.gradients import backward_pass, dout_shard, gradient_accuracy, gradient_fields
 from hilbert_hpc.study.setup import CaseSetup
 
 
@@ -139,17 +140,23 @@ def combine_accuracy(parts: list[dict]) -> dict[str, float]:
             "rel_l2_err": float(np.sqrt(sum(p["sq_err"] for p in parts)) / max(l2_ref, tiny))}
 
 def judge_accuracy(case: Case, parts: list[dict]) -> dict:
-    """The case's accuracy from every rank's error sums (:func:`combine_accuracy`), with its dtype's tolerance and
-    whether it is within it; a warning on stderr when the output holds NaN/Inf or the error exceeds the tolerance."""
+    """The case's accuracy from every rank's error sums (:func:`combine_accuracy`; the gradients' from the sums
+    of :func:`~hilbert_hpc.study.gradients.gradient_accuracy` under ``"grads"``, NaN without a backward), with
+    its dtype's tolerance and whether the output and gradients are within it; a warning on stderr when the
+    output or gradients hold NaN/Inf or an error exceeds the tolerance."""
     accuracy = combine_accuracy(parts)
+    accuracy.update(gradient_fields(next((p["grads"] for p in parts if p.get("grads")), None)))
     tol = precision(case.dtype).tolerance
-    accuracy.update(tolerance=tol, within_tolerance=bool(
-        accuracy["nonfinite"] == 0 and (not accuracy["rows"] or accuracy["max_rel_err"] <= tol)))
+    worst = max([accuracy["max_rel_err"] if accuracy["rows"] else 0.0] +
+                [v for k, v in accuracy.items() if k.startswith("grad_") and k.endswith("max_rel_err")
+                 and not np.isnan(v)])
+    accuracy.update(tolerance=tol, within_tolerance=bool(accuracy["nonfinite"] == 0 and worst <= tol))
+    what = "output and gradients" if backward_pass(case) else "output"
     if accuracy["nonfinite"]:
-        print(f"hilbert-hpc: warning: case {case.case_id}: the output holds {accuracy['nonfinite']:,} NaN or "
-              f"infinite value(s)", file=sys.stderr, flush=True)
+        print(f"hilbert-hpc: warning: case {case.case_id}: the {what} hold{'s' * (what == 'output')} "
+              f"{accuracy['nonfinite']:,} NaN or infinite value(s)", file=sys.stderr, flush=True)
     elif not accuracy["within_tolerance"]:
-        print(f"hilbert-hpc: warning: case {case.case_id}: max relative error {accuracy['max_rel_err']:.2e} against "
+        print(f"hilbert-hpc: warning: case {case.case_id}: max relative error {worst:.2e} against "
               f"float64 exceeds the {case.dtype} tolerance {tol:g}", file=sys.stderr, flush=True)
     return accuracy
 
@@ -171,8 +178,11 @@ class CaseRun:
         self.rep, self.elapsed_s = 0, 0.0
 
     def attention(self, qs: Any, ks: Any, vs: Any, stats: RingStats) -> Any:
-        """Dilated attention of this rank's shard (the whole sequence on one rank)."""
+        """Dilated attention of this rank's shard (the whole sequence on one rank); with a backward, the
+        output and its merged log-sum-exp (one rank)."""
         c = self.case
+        if backward_pass(c):
+            return self.be.serialized_forward(qs, ks, vs, c.patterns, c.causal, c.softmax_scale, self.setup.kernel)
         if self.ranks == 1:
             return self.be.serialized_attention(qs, ks, vs, c.patterns, c.causal, c.softmax_scale,
                                                 self.setup.kernel)
@@ -182,15 +192,17 @@ class CaseRun:
                                      kernels=self.ring_kernels)
         return self.be.ring_output(out, c.dtype)
 
-    def run(self) -> tuple[dict, list[np.ndarray], dict]:
+    def run(self) -> tuple[dict, dict[str, list[np.ndarray]], dict]:
         """Warm-up and timed repeats; returns (per-repeat timings, host outputs, accuracy sums).
 
         The accuracy check comes first: the output of the first call (a warm-up
         when there is one) is compared with float64 on the sampled rows, and all
         of it is checked for NaN/Inf, before the timed repeats run. Outputs stay
         where the backend made them: only the sampled rows come to the host, and
-        the whole output only when the job saves it (then every repeat copies it,
-        timed as ``unserialize``; the host outputs returned are the last repeat's).
+        the whole output (and the gradients of a forward+backward case) only when
+        the job saves it (then every repeat copies them, timed as ``unserialize``;
+        the host outputs returned are the last repeat's, by name of ``record.SAVED``,
+        one array per batch element).
         """
         self.start()
         while not self.done:
@@ -212,9 +224,11 @@ class CaseRun:
         t0 = time.perf_counter()
         c = self.case
         self.inputs = [backend_inputs(self.setup, self.job.seed, self.comm, b) for b in range(c.batch)]
+        self.douts = [dout_shard(self.setup, self.job.seed, self.comm, b) if backward_pass(c) else None
+                      for b in range(c.batch)]
         device_memory.reset_peak()
         self.timings: dict[str, list[float]] = {name: [] for name in names(Timings)}
-        self.outputs: list[np.ndarray] = []
+        self.outputs: dict[str, list[np.ndarray]] = {}
         self.accuracy: dict = {}
         self.rep = 0
         self.elapsed_s = time.perf_counter() - t0
@@ -229,7 +243,7 @@ class CaseRun:
         phase_s = dict.fromkeys(PHASES, 0.0)
         stats = RingStats()
         transfer_only = 0.0
-        self.outputs = []
+        self.outputs = {}
         nonfinite = 0
         self.comm.Barrier()
         for b, (q, k, v) in enumerate(self.inputs):
@@ -239,22 +253,35 @@ class CaseRun:
                 qs, ks, vs = (be.ring_view(x) for x in (qs, ks, vs))
             be.synchronize()
             t1 = time.perf_counter()
-            out_s = self.attention(qs, ks, vs, stats)
+            result = self.attention(qs, ks, vs, stats)
+            out_s, lse = result if backward_pass(c) else (result, None)
+            del result
             be.synchronize()
-            t2 = time.perf_counter()
+            t2 = t3 = time.perf_counter()
+            grads = []
+            if backward_pass(c):
+                grads = be.serialized_backward(qs, ks, vs, out_s, lse, self.douts[b], c.patterns, c.causal,
+                                               c.softmax_scale, self.setup.kernel)
+                be.synchronize()
+                t3 = time.perf_counter()
             if job.save_output:
-                self.outputs.append(be.to_numpy(out_s))
-            t3 = time.perf_counter()
+                for name, x in zip(SAVED, (out_s, *grads)):
+                    self.outputs.setdefault(name, []).append(be.to_numpy(x))
+            t4 = time.perf_counter()
             phase_s["serialize"] += t1 - t0
             phase_s["attention"] += t2 - t1
-            phase_s["unserialize"] += t3 - t2
-            phase_s["total"] += t3 - t0
+            phase_s["backward"] += t3 - t2
+            phase_s["unserialize"] += t4 - t3
+            phase_s["total"] += t4 - t0
             if rep == 0:
                 # checked before anything is timed: the first call's output against float64, all of it finite
-                nonfinite += count_nonfinite(out_s)
+                nonfinite += count_nonfinite(out_s) + sum(count_nonfinite(g) for g in grads)
                 if b == 0:
                     self.accuracy = self._agreed_accuracy(RowReader(out_s))
-            del out_s                      # before the next call allocates its output
+                    if grads:
+                        self.accuracy["grads"] = gradient_accuracy(self.setup, job.seed, job.accuracy_rows,
+                                                                   [qs, ks, vs], self.douts[b], grads)
+            del out_s, lse, grads          # before the next call allocates its output
             if self.ranks > 1:
                 self.comm.Barrier()
                 transfer_only += ring_transfer_only(ks, vs, patterns=c.patterns, comm=self.comm,
@@ -288,10 +315,10 @@ class CaseRun:
             raise error
         return accuracy
 
-    def results(self) -> tuple[dict, list[np.ndarray], dict]:
+    def results(self) -> tuple[dict, dict[str, list[np.ndarray]], dict]:
         """(per-repeat timings, the last call's host outputs, accuracy sums) once every call has run;
         the inputs are released."""
-        self.inputs = []
+        self.inputs, self.douts = [], []
         return self.timings, self.outputs, self.accuracy
 
 
@@ -306,6 +333,7 @@ def derive_metrics(case: Case, timings: dict[str, np.ndarray]) -> dict[str, floa
                "median_attention_s": att, "median_total_s": tot,
                "ring_gb_per_s": np.nan, "overlap": np.nan, "bytes_sent_per_rank": 0.0,
                "peak_device_bytes": 0.0, "memory_ratio": np.nan}
+    metrics.update(backward_metrics(case, timings, flops))
     peak = timings["peak_device_bytes"].max(axis=1)
     if peak.max() > 0:
         # against the floor: this rank's Q, K, V and O (the largest shard)
@@ -323,3 +351,16 @@ def derive_metrics(case: Case, timings: dict[str, np.ndarray]) -> dict[str, floa
         hidden = 1.0 - np.clip(timings["wait_s"] / np.maximum(only, 1e-30), 0.0, 1.0)
         metrics["overlap"] = float(np.median(hidden.min(axis=0)))
     return metrics
+
+
+def backward_metrics(case: Case, timings: dict[str, np.ndarray], flops: float) -> dict[str, float]:
+    """The backward's medians and throughput (``BACKWARD_FLOPS`` x the forward's useful FLOPs); NaN for a
+    forward case."""
+    if not backward_pass(case):
+        return dict.fromkeys(("median_backward_s", "backward_useful_tflops", "median_forward_backward_s",
+                              "forward_backward_useful_tflops"), np.nan)
+    bwd = float(np.median(timings["backward"].max(axis=0)))
+    both = float(np.median((timings["attention"] + timings["backward"]).max(axis=0)))
+    return {"median_backward_s": bwd, "backward_useful_tflops": BACKWARD_FLOPS * flops / bwd / 1e12,
+            "median_forward_backward_s": both,
+            "forward_backward_useful_tflops": (1 + BACKWARD_FLOPS) * flops / both / 1e12}

@@ -15,6 +15,7 @@ import h5py
 import numpy as np
 
 from hilbert_hpc.study.output_files import OutputError, move_into_place, os_reason, remove_quietly, temporary_name
+from hilbert_hpc.study.record import SAVED
 from hilbert_hpc.study.results_read import READ_ERRORS, case_groups
 
 
@@ -139,51 +140,63 @@ def output_problem(group: h5py.Group, results_path: Path, results_id: str | None
     Every part file the case's ``output`` lists must be there, readable, of the
     right shape and dtype, belong to this results file (``results_id``) and this
     case, and its data must match the SHA-256 the case recorded for each rank's
-    block. Cases of earlier versions (no ``results_id``, no checksums) are checked
-    for presence, shape and dtype only.
+    block; so must the gradients a forward+backward case saved beside it
+    (``record.SAVED``). Cases of earlier versions (no ``results_id``, no
+    checksums) are checked for presence, shape and dtype only.
     """
     cid = group.name.rsplit("/", 1)[-1]
     try:
-        ds = group["output"]
-        files = json.loads(ds.attrs.get("parts", "[]"))
-        digests = json.loads(ds.attrs.get("part_sha256", "[]"))
-        if not files:
-            return "its output lists no parts"
-        batch, tokens, *row = ds.shape
-        ranks = len(digests) or len(files)
-        if len(files) not in (1, ranks) or tokens % ranks:
-            return f"its output lists {len(files)} part(s) for {ranks} rank(s)"
-        shard = tokens // ranks
-        for i, part in enumerate(files):
-            blocks = [(r, r * shard) for r in range(ranks)] if len(files) == 1 else [(i, 0)]
-            expected = (batch, tokens if len(files) == 1 else shard, *row)
-            problem = _part_problem(results_path.parent / part, part, cid, expected, ds.dtype, results_id,
-                                    [(lo, lo + shard, digests[r]) for r, lo in blocks] if digests else [])
-            if problem:
-                return problem
+        for name in SAVED:
+            if name == "output" or name in group:
+                problem = _saved_problem(group[name], name, results_path, cid, results_id)
+                if problem:
+                    return problem
     except READ_ERRORS as exc:
         return f"its output is unreadable ({os_reason(exc)})"
     return None
 
 
-def _part_problem(file: Path, part: str, cid: str, shape: tuple[int, ...], dtype: np.dtype,
+def _saved_problem(ds: h5py.Dataset, name: str, results_path: Path, cid: str, results_id: str | None) -> str | None:
+    """What is wrong with the parts of one saved dataset of a case (see :func:`output_problem`), or None."""
+    files = json.loads(ds.attrs.get("parts", "[]"))
+    digests = json.loads(ds.attrs.get("part_sha256", "[]"))
+    if not files:
+        return f"its {name} lists no parts"
+    batch, tokens, *row = ds.shape
+    ranks = len(digests) or len(files)
+    if len(files) not in (1, ranks) or tokens % ranks:
+        return f"its {name} lists {len(files)} part(s) for {ranks} rank(s)"
+    shard = tokens // ranks
+    for i, part in enumerate(files):
+        blocks = [(r, r * shard) for r in range(ranks)] if len(files) == 1 else [(i, 0)]
+        expected = (batch, tokens if len(files) == 1 else shard, *row)
+        problem = _part_problem(results_path.parent / part, part, name, cid, expected, ds.dtype, results_id,
+                                [(lo, lo + shard, digests[r]) for r, lo in blocks] if digests else [])
+        if problem:
+            return problem
+    return None
+
+
+def _part_problem(file: Path, part: str, name: str, cid: str, shape: tuple[int, ...], dtype: np.dtype,
                   results_id: str | None, blocks: list[tuple[int, int, str]]) -> str | None:
-    """What is wrong with one output part file (see :func:`output_problem`), or None."""
+    """What is wrong with dataset ``name`` of one output part file (see :func:`output_problem`), or None."""
     if not file.is_file():
         return f"output part {part} is missing"
+    what = "" if name == "output" else f" ({name})"
     try:
         with h5py.File(file, "r") as f:
-            out = f.get("output")
+            out = f.get(name)
             if not isinstance(out, h5py.Dataset):
-                return f"output part {part} holds no output"
+                return f"output part {part} holds no {name}"
             if out.shape != shape or out.dtype != dtype:
-                return f"output part {part} is {out.shape} {out.dtype}, expected {shape} {dtype}"
+                return f"output part {part}{what} is {out.shape} {out.dtype}, expected {shape} {dtype}"
             if results_id is not None and (out.attrs.get("results_id") != results_id
                                            or out.attrs.get("case_id") != cid):
-                return f"output part {part} belongs to another results file or case"
+                return f"output part {part}{what} belongs to another results file or case"
             for lo, hi, digest in blocks:
                 if _stored_digest(out, lo, hi) != digest:
-                    return f"output part {part} is damaged (its data does not match the SHA-256 the case recorded)"
+                    return (f"output part {part}{what} is damaged (its data does not match the SHA-256 the case "
+                            f"recorded)")
     except READ_ERRORS as exc:
         return f"output part {part} is unreadable ({os_reason(exc)})"
     return None

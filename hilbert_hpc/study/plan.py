@@ -20,6 +20,7 @@ from typing import Any, TextIO
 
 
 from hilbert_hpc.errors import ConfigError
+from hilbert_hpc.study.gradients import backward_pass
 from hilbert_hpc.study.jobfile import Case, Job
 from hilbert_hpc.core.patterns import useful_flops
 from hilbert_hpc.distributed.ring import RingPattern, ring_schedule
@@ -62,6 +63,19 @@ def _ring_bytes(case: Case, shard: int, itemsize: int) -> tuple[int, int]:
     return largest, sent * case.batch
 
 
+def backward_bytes(case: Case, shard: int, itemsize: int) -> int:
+    """What a forward+backward case holds beyond the forward's Q, K, V, O and L (0 for pass = forward): dO of
+    every batch element, dQ, dK, dV and rowsum(dO * O) of one, and the first call's float64 gradient check
+    (copies of Q, K, V, dO; its O, L, dQ, dK, dV and rowsum)."""
+    if not backward_pass(case):
+        return 0
+    acc = max(itemsize, 4)
+    row, heads = case.heads * case.head_dim, case.heads
+    grads = case.batch * shard * row * itemsize + shard * (3 * row + heads) * acc
+    check = shard * (8 * row + 2 * heads) * 8
+    return grads + check
+
+
 def estimate(case: Case, torch_on_gpu: bool | None = None, setup: CaseSetup | None = None) -> Estimate:
     """What ``case`` needs on each of its ``case.ranks`` ranks.
 
@@ -78,6 +92,7 @@ def estimate(case: Case, torch_on_gpu: bool | None = None, setup: CaseSetup | No
     floor = case.batch * shard * row * (3 * itemsize + be.output_itemsize(itemsize))
     memory = floor + shard * case.heads * acc
     memory += be.workspace_bytes(shard, case.heads, case.head_dim, itemsize, floor, setup.kernel)
+    memory += backward_bytes(case, shard, itemsize)
     largest, sent = _ring_bytes(case, shard, itemsize) if ranks > 1 else (0, 0)
     memory += 2 * largest
     on_gpu = be.plan_on_gpu(torch_on_gpu)

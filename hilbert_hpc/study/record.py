@@ -23,12 +23,19 @@ from typing import Any, ClassVar, Iterator
 import numpy as np
 
 
-def entry(unit: str, meaning: str, default: Any = dataclasses.MISSING, kind: str = "", column: str = "") -> Any:
+def entry(unit: str, meaning: str, default: Any = dataclasses.MISSING, kind: str = "", column: str = "",
+          key: str = "") -> Any:
     """A field of the record: its ``unit`` ("-" for text and flags, "1" for plain numbers), a one-line
-    ``meaning``, an optional ``default``, a ``kind`` (timings: phase, ring, transfer, memory) and the
-    ``column`` of report's cases table (and CSV) that shows it, if any."""
+    ``meaning``, an optional ``default``, a ``kind`` (timings: phase, ring, transfer, memory), the
+    ``column`` of report's cases table (and CSV) that shows it, if any, and its ``key`` in the file when that
+    differs from the field's name (a Python keyword: ``pass``)."""
     return dataclasses.field(default=default, metadata={"unit": unit, "meaning": meaning, "kind": kind,
-                                                        "column": column})
+                                                        "column": column, "key": key})
+
+
+def key(f: dataclasses.Field) -> str:
+    """The name of a record field in the file (and in ``params_json``)."""
+    return f.metadata["key"] or f.name
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,7 @@ class Parameters:
     input: str = entry("-", "input data file (empty: random inputs from the seed)")
     ranks: int = entry("1", "ranks the case runs on")
     scaling: str = entry("-", "scaling series the case belongs to (strong or weak)")
+    pass_: str = entry("-", "forward, or forward+backward (files without it: forward)", key="pass")
 
     @classmethod
     def of(cls, case: Any) -> "Parameters":
@@ -62,7 +70,7 @@ class Parameters:
                    patterns=[[p.segment, p.dilation] for p in case.patterns], batch=case.batch, heads=case.heads,
                    head_dim=case.head_dim, causal=case.causal, ordering=case.ordering, segment=case.segment or 0,
                    dtype=case.dtype, backend=case.backend, scale=case.softmax_scale, transport=case.transport,
-                   input=case.input or "", ranks=case.ranks, scaling=case.scaling)
+                   input=case.input or "", ranks=case.ranks, scaling=case.scaling, pass_=case.pass_)
 
 
 @dataclass(frozen=True)
@@ -98,10 +106,11 @@ class Timings:
     PLACE: ClassVar[str] = "timings/<name>"
 
     serialize: np.ndarray = entry("s", "copy of Q, K, V to the device (and ring views)", kind="phase")
-    attention: np.ndarray = entry("s", "the attention call", kind="phase")
-    unserialize: np.ndarray = entry("s", "copy of the output to the host (only when outputs are saved)",
+    attention: np.ndarray = entry("s", "the attention call (the forward)", kind="phase")
+    backward: np.ndarray = entry("s", "the backward call (pass = forward+backward; 0 otherwise)", kind="phase")
+    unserialize: np.ndarray = entry("s", "copy of the output (and gradients) to the host (only when outputs are saved)",
                                     kind="phase")
-    total: np.ndarray = entry("s", "serialize + attention + unserialize", kind="phase")
+    total: np.ndarray = entry("s", "serialize + attention + backward + unserialize", kind="phase")
     local_s: np.ndarray = entry("s", "ring: attention of the rank's own block", kind="ring")
     compute_s: np.ndarray = entry("s", "ring: attention of the blocks received", kind="ring")
     wait_s: np.ndarray = entry("s", "ring: waiting for blocks to arrive", kind="ring")
@@ -129,6 +138,10 @@ class Metrics:
     bytes_sent_per_rank: float = entry("B", "bytes the busiest rank sent per call")
     peak_device_bytes: float = entry("B", "GPU allocator high-water mark of the busiest rank")
     memory_ratio: float = entry("1", "peak / this rank's Q, K, V, O bytes")
+    median_backward_s: float = entry("s", "median backward time (NaN for pass = forward)")
+    backward_useful_tflops: float = entry("TFLOP/s", "2.5 x useful FLOPs / median backward time")
+    median_forward_backward_s: float = entry("s", "median of attention + backward (NaN for pass = forward)")
+    forward_backward_useful_tflops: float = entry("TFLOP/s", "3.5 x useful FLOPs / median_forward_backward_s")
 
 
 @dataclass(frozen=True)
@@ -143,14 +156,22 @@ class Accuracy:
     rel_l2_err: float = entry("1", "L2 norm of the error / L2 norm of the reference", column="rel_l2_err")
     selected_pairs: int = entry("1", "the sampled (row, head) pairs that some pattern selects",
                                 column="checked_pairs")
-    nonfinite: int = entry("1", "NaN/Inf values in the whole output")
-    tolerance: float = entry("1", "max_rel_err allowed for the dtype")
-    within_tolerance: bool = entry("-", "no NaN/Inf and max_rel_err within tolerance")
+    nonfinite: int = entry("1", "NaN/Inf values in the whole output (and gradients)")
+    tolerance: float = entry("1", "max_rel_err (and grad_*_max_rel_err) allowed for the dtype")
+    within_tolerance: bool = entry("-", "no NaN/Inf, max_rel_err and every grad_*_max_rel_err within tolerance")
+    grad_q_max_rel_err: float = entry("1", "dQ of the sampled rows: largest absolute error / largest absolute "
+                                           "float64 value (NaN for pass = forward)")
+    grad_q_rel_l2_err: float = entry("1", "dQ of the sampled rows: L2 norm of the error / of the float64 value")
+    grad_k_max_rel_err: float = entry("1", "dK, as grad_q_max_rel_err")
+    grad_k_rel_l2_err: float = entry("1", "dK, as grad_q_rel_l2_err")
+    grad_v_max_rel_err: float = entry("1", "dV, as grad_q_max_rel_err")
+    grad_v_rel_l2_err: float = entry("1", "dV, as grad_q_rel_l2_err")
 
 
 @dataclass(frozen=True)
 class Output:
-    """The saved output (only with save_output): a virtual dataset over the part files."""
+    """The saved output (only with save_output): a virtual dataset over the part files; the gradients of a
+    forward+backward case (``grad_q``, ``grad_k``, ``grad_v``) have the same attributes."""
 
     PLACE: ClassVar[str] = "output attrs"
 
@@ -158,6 +179,11 @@ class Output:
     axes: str = entry("-", "the dataset's axes (batch, token, head, dim)")
     parts: str = entry("-", "JSON: the part files, relative to the results file")
     part_sha256: str = entry("-", "JSON: SHA-256 of each rank's block, rank order")
+
+
+#: the datasets a case saves with save_output, each beside the others in the case and in its parts: the output
+#: and, for pass = forward+backward, the gradients (natural order, the output's file dtype)
+SAVED = ("output", "grad_q", "grad_k", "grad_v")
 
 
 #: every group of the record, in the order of docs/results.md
@@ -182,12 +208,12 @@ def unit(f: dataclasses.Field) -> str:
 def values(group: Any) -> Iterator[tuple[str, Any]]:
     """``(name, value)`` of every field of a record group instance, in field order."""
     for f in dataclasses.fields(group):
-        yield f.name, getattr(group, f.name)
+        yield key(f), getattr(group, f.name)
 
 
 def names(group: type, kind: str = "") -> tuple[str, ...]:
     """The field names of a record group (of one ``kind`` when given)."""
-    return tuple(f.name for f in dataclasses.fields(group) if not kind or f.metadata["kind"] == kind)
+    return tuple(key(f) for f in dataclasses.fields(group) if not kind or f.metadata["kind"] == kind)
 
 
 #: the timings that measure phases of a call, and what the ring counts (``distributed.ring.RingStats``)
@@ -199,7 +225,7 @@ RING_TIMES = tuple(f.name for f in dataclasses.fields(Timings) if f.metadata["ki
 
 def units(group: type) -> dict[str, str]:
     """Field name -> unit of a record group (``metrics`` stores this as JSON in its ``units`` attribute)."""
-    return {f.name: unit(f) for f in dataclasses.fields(group)}
+    return {key(f): unit(f) for f in dataclasses.fields(group)}
 
 
 def read(group: type, attrs: Any, plain: Any) -> Any:
@@ -207,7 +233,7 @@ def read(group: type, attrs: Any, plain: Any) -> Any:
     other field as a float (NaN when absent or not a number); ``plain`` makes an attribute a Python value."""
     found = {}
     for f in dataclasses.fields(group):
-        value = plain(attrs[f.name]) if f.name in attrs else None
+        value = plain(attrs[key(f)]) if key(f) in attrs else None
         if f.type in ("str", str):
             found[f.name] = "" if value is None else str(value)
             continue
@@ -226,5 +252,5 @@ def columns(*groups: Any) -> dict[str, Any]:
 
 def doc_rows() -> list[tuple[str, str, str, str, str]]:
     """(where, field, type, unit, meaning) of every field: the table of docs/results.md."""
-    return [(g.PLACE, f.name, str(f.type), unit(f), f.metadata["meaning"])
+    return [(g.PLACE, key(f), str(f.type), unit(f), f.metadata["meaning"])
             for g in GROUPS for f in dataclasses.fields(g)]

@@ -16,7 +16,11 @@ Tables (each printed only when it has rows):
 ``cases``
     one row per case: median attention time [min, max], the spread
     max / min, tokens/s (``tokens * batch / median total``), useful TFLOP/s
-    (``metrics.useful_flops / median attention``), max relative error.
+    (``metrics.useful_flops / median attention``), max relative error; for
+    ``pass = "forward+backward"`` cases also the median backward and
+    forward+backward times [min, max] (their sum per rank and repeat), their
+    useful TFLOP/s (2.5 and 3.5 x the forward's useful FLOPs) and the largest
+    gradient error (columns printed only when some case has them).
 ``strong_scaling``
     cases with ``scaling == "strong"`` whose parameters are equal except
     ``ranks``, in groups of at least two rank counts; with ``p0`` the smallest
@@ -33,7 +37,9 @@ Tables (each printed only when it has rows):
 ``peer_ratio``
     each case whose backend is not ``torch`` against the ``torch`` case with
     equal parameters except backend, transport, ranks and scaling (preferably
-    on one rank): ``ratio = T(peer) / T(case)`` and ``ratio / ranks`` per GPU.
+    on one rank): ``ratio = T(peer) / T(case)`` and ``ratio / ranks`` per GPU;
+    a forward+backward pair also gets the ratios of the backward and of
+    forward+backward, each with its range and verdict.
 ``bandwidth``
     the ring exchange rate (GB/s) per message size of each bandwidth file.
 

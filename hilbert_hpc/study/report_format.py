@@ -49,6 +49,31 @@ def _ratio_range(name: str) -> Callable[[dict], str]:
     return lambda row: f"[{_fmt('.2f')(row[name + '_min'])}, {_fmt('.2f')(row[name + '_max'])}]"
 
 
+def _some(name: str, cell: Callable[[dict], str]) -> Callable[[dict], str]:
+    """``cell`` for a row that has field ``name`` (a forward+backward case), ``-`` for one that has not."""
+    return lambda row: cell(row) if name in row else "-"
+
+
+def _backward_cols(prefix: str, title: str, short: str) -> list[Col]:
+    """The cases table's time [min, max] (compact: the median) and useful TFLOP/s of a forward+backward case's
+    ``prefix`` (backward, forward_backward)."""
+    need = f"{prefix}_s"
+    return [Col(f"{title} ms [min, max]", _some(need, _range_ms(prefix)), f"{short} ms", needs=need,
+                brief=_some(need, _key_of(need, _ms))),
+            Col(f"{title} TFLOP/s", _some(need, _key_of(f"{prefix}_tflops", _fmt(".3g"))), f"{short} TFLOP/s",
+                needs=need)]
+
+
+def _peer_backward_cols(prefix: str, title: str) -> list[Col]:
+    """The peer table's columns of a forward+backward pair's ``prefix`` (backward, forward_backward)."""
+    need = f"{prefix}_ratio"
+    return [Col(f"{title} ms", _some(need, _key_of(f"{prefix}_s", _ms)), None, needs=need),
+            Col(f"peer {title} ms", _some(need, _key_of(f"peer_{prefix}_s", _ms)), None, needs=need),
+            Col(f"{title} ratio", _some(need, _key_of(need, _fmt(".2f"))), needs=need),
+            Col(f"{title} ratio range", _some(need, _ratio_range(need)), None, needs=need),
+            Col(f"{title} vs spread", _some(need, _key_of(f"{prefix}_noise")), None, text=True, needs=need)]
+
+
 @dataclass(frozen=True)
 class Col:
     """A printed column: its title, the cell text of a row, its compact title (None: only with ``--wide``)."""
@@ -60,14 +85,20 @@ class Col:
     limit: int = 0              # compact: longer cells are cut to this many characters, ending in "..."
     fold: bool = False          # compact: when every row has the same value, said once under the table instead
     abbrev: dict[str, str] = field(default_factory=dict)   # compact: shorter spellings of cell values
+    needs: str = ""             # shown only when some row has this field (the backward's, for forward+backward)
+    brief: Callable[[dict], str] | None = None             # compact: another cell (the median without its range)
 
     def heading(self, wide: bool) -> str:
         """The column title in the chosen layout."""
         return self.title if wide or not self.short else self.short
 
+    def shown(self, rows: Sequence[dict], wide: bool) -> bool:
+        """Whether the column is printed for ``rows`` in the chosen layout."""
+        return (wide or self.short is not None) and (not self.needs or any(self.needs in r for r in rows))
+
     def text_of(self, row: dict, wide: bool) -> str:
         """The cell of ``row`` in the chosen layout."""
-        cell = self.cell(row)
+        cell = self.cell(row) if wide or self.brief is None else self.brief(row)
         if not wide:
             cell = self.abbrev.get(cell, cell)
         if wide or not self.limit or len(cell) <= self.limit:
@@ -104,7 +135,10 @@ COLUMNS: dict[str, list[Col]] = {
               Col("tokens/s", _key_of("tokens_per_s", _fmt(".3g")), None),
               Col("TFLOP/s", _key_of("tflops", _fmt(".3g"))),
               Col("max rel err", _key_of("max_rel_err", _fmt(".1e")), "err"),
-              Col("checked (row, head) pairs", _key_of("checked_pairs", _fmt(",.0f")), None)],
+              Col("checked (row, head) pairs", _key_of("checked_pairs", _fmt(",.0f")), None),
+              *_backward_cols("backward", "bwd", "bwd"), *_backward_cols("forward_backward", "fwd+bwd", "f+b"),
+              Col("max grad rel err", _some("backward_s", _key_of("grad_max_rel_err", _fmt(".1e"))), "grad err",
+                  needs="backward_s")],
     "strong_scaling": [_text("group"), Col("ranks", _key_of("ranks"), "P"),
                        Col("attn ms [min, max]", _range_ms("attention")),
                        Col("ideal ms", _key_of("ideal_s", _ms), None), Col("speedup", _key_of("speedup", _fmt(".2f"))),
@@ -132,7 +166,8 @@ COLUMNS: dict[str, list[Col]] = {
                    Col("attn ms", _key_of("attention_s", _ms)), Col("peer case", _key_of("peer_case"), None, text=True),
                    Col("peer ms", _key_of("peer_s", _ms)), Col("ratio", _key_of("ratio", _fmt(".2f"))),
                    Col("ratio range", _ratio_range("ratio"), None),
-                   Col("ratio/GPU", _key_of("ratio_per_gpu", _fmt(".2f"))), _NOISE],
+                   Col("ratio/GPU", _key_of("ratio_per_gpu", _fmt(".2f"))), _NOISE,
+                   *_peer_backward_cols("backward", "bwd"), *_peer_backward_cols("forward_backward", "fwd+bwd")],
 }
 
 
@@ -171,7 +206,7 @@ def format_table(name: str, rows: Sequence[dict[str, Any]], wide: bool = True,
     if name == "bandwidth":
         columns, rows = _bandwidth_columns(rows)
     else:
-        columns = [c for c in COLUMNS[name] if wide or c.short is not None]
+        columns = [c for c in COLUMNS[name] if c.shown(rows, wide)]
         if not wide:
             if len(files or {}) > 1:
                 rows = [dict(r, file=str(files[r["file"]])) for r in rows]

@@ -25,6 +25,10 @@ from hilbert_hpc.study.results_read import READ_ERRORS, case_groups
 PROGRAM = "hilbert-hpc"
 
 
+#: The timing of a forward and its backward (their sum per rank and repeat, for :meth:`CaseResult.stats`).
+FORWARD_BACKWARD = "attention+backward"
+
+
 PARAM = "results"
 #: The case parameters read from the attributes of a case without ``params_json`` (files of early versions,
 #: which predate ``scaling``: their cases are strong).
@@ -65,11 +69,18 @@ class CaseResult:
         """Sequence length N."""
         return int(self.params["tokens"])
 
+    @property
+    def backward(self) -> bool:
+        """True for a case that timed the backward too (``pass = "forward+backward"``)."""
+        return self.params["pass"] == "forward+backward" and "backward" in self.timings
+
     def slowest(self, name: str) -> np.ndarray | None:
-        """Per repeat, the largest value over ranks of timing ``name`` (None when the file lacks it)."""
-        values = self.timings.get(name)
-        if values is None or values.size == 0:
+        """Per repeat, the largest value over ranks of timing ``name`` (None when the file lacks it); names
+        joined by ``+`` (:data:`FORWARD_BACKWARD`) add those timings per rank and repeat first."""
+        parts = [self.timings.get(n) for n in name.split("+")]
+        if any(values is None or values.size == 0 for values in parts):
             return None
+        values = parts[0] if len(parts) == 1 else np.sum(parts, axis=0)
         return np.atleast_2d(values).max(axis=0)
 
     def stats(self, name: str) -> tuple[float, float, float]:
@@ -132,7 +143,7 @@ def _case_params(group: h5py.Group, where: str) -> dict[str, Any]:
     params["ranks"] = int(params["ranks"])
     params["tokens"] = int(params["tokens"])
     for key, default in (("name", ""), ("backend", ""), ("ordering", "natural"), ("transport", ""), ("batch", 1),
-                         ("segment", 0)):
+                         ("segment", 0), ("pass", "forward")):
         params.setdefault(key, default)
     return params
 

@@ -12,7 +12,8 @@ from fractions import Fraction
 from typing import Any, Iterable, Sequence
 
 from hilbert_hpc.study import record as rec
-from hilbert_hpc.study.report_read import BandwidthSweep, CaseResult, is_true, params_key
+from hilbert_hpc.core.patterns import BACKWARD_FLOPS
+from hilbert_hpc.study.report_read import FORWARD_BACKWARD, BandwidthSweep, CaseResult, is_true, params_key
 
 
 #: Table keys of the dictionary returned by :func:`report`, in print order, with their titles.
@@ -106,8 +107,9 @@ def _timing_row(case: CaseResult, prefix: str = "attention") -> dict[str, float]
     return {f"{prefix}_s": med, f"{prefix}_min_s": lo, f"{prefix}_max_s": hi}
 
 
-def compare(reference: CaseResult, case: CaseResult) -> dict[str, Any]:
-    """``T(reference) / T(case)`` on medians, its range over the repeats, and whether that range holds 1.
+def compare(reference: CaseResult, case: CaseResult, timing: str = "attention") -> dict[str, Any]:
+    """``T(reference) / T(case)`` on medians of ``timing`` (default the forward), its range over the repeats, and
+    whether that range holds 1.
 
     The rule for every comparison of the report (docs/studies.md): with
     ``[lo, hi]`` the minimum and maximum over repeats of each case's time
@@ -118,8 +120,8 @@ def compare(reference: CaseResult, case: CaseResult) -> dict[str, Any]:
     fewer than :data:`MIN_REPEATS` repeats has no spread to judge by
     (``"too few repeats"``).
     """
-    t_ref, lo_ref, hi_ref = reference.stats("attention")
-    t, lo, hi = case.stats("attention")
+    t_ref, lo_ref, hi_ref = reference.stats(timing)
+    t, lo, hi = case.stats(timing)
     ratio = t_ref / t if t > 0 else math.nan
     ratio_min = lo_ref / hi if hi > 0 else math.nan
     ratio_max = hi_ref / lo if lo > 0 else math.nan
@@ -168,8 +170,24 @@ def cases_table(cases: Sequence[CaseResult]) -> list[dict[str, Any]]:
             "tflops": c.metrics.useful_flops / att[0] / 1e12 if att[0] > 0 else math.nan,
             **rec.columns(c.setup, c.metrics, c.accuracy),
             "repeats": c.repeats, "spread": att[2] / att[1] if att[1] > 0 else math.nan,
+            **(_backward_columns(c) if c.backward else {}),
         })
     return rows
+
+
+def _backward_columns(c: CaseResult) -> dict[str, Any]:
+    """A forward+backward case's backward and forward+backward times [min, max], their useful TFLOP/s
+    (``BACKWARD_FLOPS`` and 1 + ``BACKWARD_FLOPS`` times the forward's useful FLOPs) and its largest gradient
+    error (forward cases have none of these columns)."""
+    row: dict[str, Any] = {}
+    for prefix, timing, flops in (("backward", "backward", BACKWARD_FLOPS),
+                                  ("forward_backward", FORWARD_BACKWARD, 1 + BACKWARD_FLOPS)):
+        med, lo, hi = c.stats(timing)
+        row.update({f"{prefix}_s": med, f"{prefix}_min_s": lo, f"{prefix}_max_s": hi,
+                    f"{prefix}_tflops": flops * c.metrics.useful_flops / med / 1e12 if med > 0 else math.nan})
+    a = c.accuracy
+    row["grad_max_rel_err"] = max(a.grad_q_max_rel_err, a.grad_k_max_rel_err, a.grad_v_max_rel_err)
+    return row
 
 
 def strong_scaling_table(cases: Sequence[CaseResult]) -> list[dict[str, Any]]:
@@ -300,8 +318,20 @@ def peer_ratio_table(cases: Sequence[CaseResult]) -> list[dict[str, Any]]:
         rows.append({"group": _label(c.params, base_fields, extra), "case": c.case_id, "file": c.file,
                      "backend": c.params["backend"], "ranks": c.ranks, "attention_s": c.median("attention"),
                      "peer_case": peer.case_id, "peer_file": peer.file, "peer_ranks": peer.ranks,
-                     "peer_s": peer.median("attention"), **vs, "ratio_per_gpu": vs["ratio"] / c.ranks})
+                     "peer_s": peer.median("attention"), **vs, "ratio_per_gpu": vs["ratio"] / c.ranks,
+                     **(_peer_backward(peer, c) if c.backward and peer.backward else {})})
     return rows
+
+
+def _peer_backward(peer: CaseResult, c: CaseResult) -> dict[str, Any]:
+    """The backward and the forward+backward of a case against its peer, as the forward's columns are:
+    times, ratio T(peer) / T(case) with its range and verdict (:func:`compare`)."""
+    row: dict[str, Any] = {}
+    for prefix, timing in (("backward", "backward"), ("forward_backward", FORWARD_BACKWARD)):
+        vs = compare(peer, c, timing)
+        row.update({f"{prefix}_s": c.median(timing), f"peer_{prefix}_s": peer.median(timing),
+                    **{f"{prefix}_{key}": value for key, value in vs.items()}})
+    return row
 
 
 def bandwidth_table(sweeps: Sequence[BandwidthSweep]) -> list[dict[str, Any]]:
@@ -340,12 +370,15 @@ def table_notes(name: str, rows: Sequence[dict[str, Any]]) -> list[str]:
         if name in ("strong_scaling", "weak_scaling") and row["efficiency"] > EFFICIENCY_LIMIT:
             notes.append(f"{TITLES[name]} {row['group']} P={row['ranks']}: efficiency {row['efficiency']:.3g} is "
                          f"implausibly superlinear (> {EFFICIENCY_LIMIT:g}); check the cases' spread")
-    for verdict, meaning in (("within noise", "the two cases' [min, max] times over repeats overlap"),
-                             ("too few repeats", f"fewer than {MIN_REPEATS} repeats: no spread to judge by")):
-        marked = [row for row in rows if row.get("noise") == verdict]
-        if marked:
-            compared = sum(1 for row in rows if row.get("noise"))
-            cases = ", ".join(row["case"] for row in marked[:NOTE_CASES]) + (", ..." if len(marked) > NOTE_CASES
-                                                                             else "")
-            notes.append(f"{TITLES[name]}: {len(marked)} of {compared} ratio(s) {verdict} ({cases}): {meaning}")
+    for key, what in (("noise", ""), ("backward_noise", "backward "), ("forward_backward_noise",
+                                                                     "forward+backward ")):
+        for verdict, meaning in (("within noise", "the two cases' [min, max] times over repeats overlap"),
+                                 ("too few repeats", f"fewer than {MIN_REPEATS} repeats: no spread to judge by")):
+            marked = [row for row in rows if row.get(key) == verdict]
+            if marked:
+                compared = sum(1 for row in rows if row.get(key))
+                cases = ", ".join(row["case"] for row in marked[:NOTE_CASES]) + (", ..." if len(marked) > NOTE_CASES
+                                                                                 else "")
+                notes.append(f"{TITLES[name]}: {len(marked)} of {compared} {what}ratio(s) {verdict} ({cases}): "
+                             f"{meaning}")
     return notes

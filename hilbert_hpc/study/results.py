@@ -11,6 +11,7 @@ Layout (docs/results.md)::
         output            (B, N, H, Dv) in natural order, only when the job saves outputs: a virtual
                           dataset over the part files in ``<results file name>.parts/``, which carry
                           the results file's ``results_id`` and whose SHA-256 the case records
+        grad_q, grad_k, grad_v  (B, N, H, D) likewise, for pass = forward+backward cases
 
 The file under its final name is never modified in place: each change is
 written to a copy under a temporary name and renamed over it (``ResultsFile``),
@@ -213,14 +214,15 @@ class ResultsFile:
 
     def write_case(self, case: Case, record: rec.CaseRecord, output_parts: list[str] | None = None,
                    output_shape: tuple[int, ...] | None = None, shard: int | None = None,
-                   part_digests: list[str] | None = None) -> None:
+                   part_digests: dict[str, list[str]] | None = None) -> None:
         """Store one case (parameters, timings, metrics, accuracy, optional output), marked complete.
 
         ``output_parts`` are the ranks' output files (paths relative to this file,
         rank order): one per rank, each holding ``shard`` natural-order tokens, or
         the same shared file from every rank (parallel HDF5). The case's ``output``
-        is a virtual dataset over them, in natural order; ``part_digests`` are the
-        SHA-256 of each rank's block (:func:`block_digest`). The SHA-256 of the
+        is a virtual dataset over them, in natural order, and so is each gradient of
+        a forward+backward case beside it; ``part_digests`` are, by dataset name
+        (``record.SAVED``), the SHA-256 of each rank's block (:func:`block_digest`). The SHA-256 of the
         case's input file is recorded too. A failing write (a full disk) raises
         OutputError and leaves the file as it was. The first case starts the new
         file (:meth:`begin`).
@@ -267,7 +269,8 @@ def _write_header(h5: h5py.File, job: Job, provenance: dict[str, Any], results_i
 
 
 def _write_case(h5: h5py.File, case: Case, record: rec.CaseRecord, output_parts: list[str] | None,
-                output_shape: tuple[int, ...] | None, shard: int | None, part_digests: list[str] | None = None,
+                output_shape: tuple[int, ...] | None, shard: int | None,
+                part_digests: dict[str, list[str]] | None = None,
                 input_sha256: str | None = None) -> None:
     """One case group (see :meth:`ResultsFile.write_case`), field by field of the record (``record.py``).
 
@@ -287,23 +290,32 @@ def _write_case(h5: h5py.File, case: Case, record: rec.CaseRecord, output_parts:
             g.attrs[key] = value
     group["metrics"].attrs["units"] = json.dumps(rec.units(type(record.metrics)))
     if output_parts:
-        batch, tokens, *row = output_shape
-        layout = h5py.VirtualLayout(shape=output_shape, dtype=np.dtype(precision(case.dtype).file_dtype))
         files = list(dict.fromkeys(output_parts))   # one shared file when written with parallel HDF5
-        sources = [f.replace("%", "%%") for f in files]  # HDF5 reads % in source names as a format
-        if len(files) == 1:
-            layout[...] = h5py.VirtualSource(sources[0], "output", shape=output_shape)
-        else:
-            for r, part in enumerate(sources):
-                layout[:, r * shard:(r + 1) * shard] = h5py.VirtualSource(part, "output",
-                                                                           shape=(batch, shard, *row))
-        ds = group.create_virtual_dataset("output", layout, fillvalue=np.nan)
-        output = rec.Output(order="natural", axes="batch, token, head, dim", parts=json.dumps(files),
-                            part_sha256=json.dumps(list(part_digests or [])))
-        for key, value in rec.values(output):
-            ds.attrs[key] = value
+        digests = part_digests or {"output": []}    # no digests: the output alone, unchecked
+        for name in rec.SAVED:
+            if name in digests:
+                _saved_dataset(group, name, case, files, output_shape, shard, digests[name])
     kept = rec.Bookkeeping(params_json=params_json(case), input_sha256=input_sha256, finished_utc=utc_now(),
                            complete=True)
     for key, value in rec.values(kept):
         if value is not None:                     # input_sha256: only cases with an input file
             group.attrs[key] = value
+
+
+def _saved_dataset(group: h5py.Group, name: str, case: Case, files: list[str], shape: tuple[int, ...],
+                   shard: int | None, digests: list[str]) -> None:
+    """The case's dataset ``name`` (``record.SAVED``): a virtual dataset, in natural order, over the dataset of
+    that name in the part files, with the attributes of ``record.Output``."""
+    batch, tokens, *row = shape
+    layout = h5py.VirtualLayout(shape=shape, dtype=np.dtype(precision(case.dtype).file_dtype))
+    sources = [f.replace("%", "%%") for f in files]  # HDF5 reads % in source names as a format
+    if len(files) == 1:
+        layout[...] = h5py.VirtualSource(sources[0], name, shape=shape)
+    else:
+        for r, part in enumerate(sources):
+            layout[:, r * shard:(r + 1) * shard] = h5py.VirtualSource(part, name, shape=(batch, shard, *row))
+    ds = group.create_virtual_dataset(name, layout, fillvalue=np.nan)
+    output = rec.Output(order="natural", axes="batch, token, head, dim", parts=json.dumps(files),
+                        part_sha256=json.dumps(list(digests)))
+    for key, value in rec.values(output):
+        ds.attrs[key] = value

@@ -124,6 +124,7 @@ def plan_resume(src: h5py.File, path: Path, job: Job, inputs: dict[str, str]) ->
                               f"(another rank count?); resume with the same job and ranks, or write to another "
                               f"file with -o", "output")
         theirs = json.loads(params) if isinstance(params, str) else {}
+        theirs.setdefault("pass", "forward")         # files from before the backward were forward-only
         ours = case.params()
         differ = [k for k in sorted(set(theirs) | set(ours)) if theirs.get(k) != ours.get(k)]
         if differ:

@@ -61,7 +61,7 @@ class CaseSetup:
 def check_case(case: Case, ranks: int | None = None) -> CaseSetup:
     """Everything that can be refused before any work, identically on every rank, and what ``case`` on
     ``ranks`` ranks (default ``case.ranks``) then runs with. A ConfigError names the case's parameter, checked
-    in this order: distribution, backend (usable here), transport, kernel (this GPU), rank count."""
+    in this order: distribution, backend (usable here), transport, kernel (this GPU), rank count (and pass)."""
     ranks = case.ranks if ranks is None else ranks
     layout = case_layout(case, ranks)
     be = require_usable(case.backend, f"{case.case_id}.backend")
@@ -76,6 +76,9 @@ def check_case(case: Case, ranks: int | None = None) -> CaseSetup:
         kernel = be.check(case.head_dim, case.dtype, ranks)
     except (RuntimeError, ValueError) as exc:
         raise ConfigError(str(exc), f"{case.case_id}.dtype") from None
+    if ranks > 1 and case.pass_ != "forward":
+        raise ConfigError(f"pass = {case.pass_!r} runs on one rank so far (the ring has no backward yet); "
+                          f"give the case ranks = 1", f"{case.case_id}.pass")
     if ranks > 1 and be.attend_fn is None:
         raise ConfigError(f"backend {case.backend!r} is the single-process baseline; run it with one rank "
                           f"or choose numpy/cupy", f"{case.case_id}.backend")
