@@ -41,7 +41,7 @@ def test_backends_without_16_bit_paths_are_refused_naming_both(tmp_path, backend
         _job(tmp_path, text)
     assert err.value.param == "cases[0].dtype"
     assert f"backend {backend!r} does not compute in {dtype}" in err.value.message
-    assert "runs on backend torch or cuda" in err.value.message
+    assert "runs on backend torch or flash or cuda" in err.value.message
 
 
 def test_float64_on_the_fp32_kernels_is_refused_at_validation(tmp_path):

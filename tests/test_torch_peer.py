@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hilbert_hpc.backends import torch_peer  # noqa: E402
+from hilbert_hpc.backends import gather_merge, torch_peer  # noqa: E402
 
 
 def fake_cuda(element_size: int, head_dim: int = 64) -> SimpleNamespace:
@@ -96,7 +96,7 @@ def peer_and_dense_gradients(patterns, causal, heads, n=128, d=8, scale=0.3):
     dout = torch.randn(n, heads, d, dtype=torch.float64, generator=gen)
     pats = [Pattern(*p) for p in patterns]
     peer = torch_peer.TorchPeer().serialized_attention(q, k, v, pats, causal, scale)
-    naive, _ = torch_peer.merged_attention(q, k, v, pats, causal, scale)      # autograd through SDPA and the merge
+    naive, _ = gather_merge.merged_attention(torch_peer.SDPA, q, k, v, pats, causal, scale)  # autograd through both
     dense = dense_dilated_attention_torch(q, k, v, patterns, causal, scale=scale)
     return tuple(torch.autograd.grad(out, (q, k, v), dout) for out in (peer, naive, dense))
 

@@ -13,6 +13,7 @@ from hilbert_hpc.backends.base import PASSES, Backend, gpu_unusable
 from hilbert_hpc.backends.cuda_fp32 import CudaFp32Backend
 from hilbert_hpc.backends.cuda_fused import CudaBackend
 from hilbert_hpc.backends.cupy_backend import CupyBackend
+from hilbert_hpc.backends.flash_peer import FlashPeer
 from hilbert_hpc.backends.numpy_backend import NumpyBackend
 from hilbert_hpc.backends.torch_peer import TorchPeer
 from hilbert_hpc.core.precision import DTYPES, precision
@@ -22,7 +23,7 @@ __all__ = ["BACKENDS", "PASSES", "Backend", "check_backend", "check_pass", "find
            "gpu_unusable", "require_usable"]
 
 #: every backend by the name jobs and the API give (this order is the one error messages list)
-BACKENDS: dict[str, type[Backend]] = {cls.name: cls for cls in (NumpyBackend, TorchPeer, CupyBackend,
+BACKENDS: dict[str, type[Backend]] = {cls.name: cls for cls in (NumpyBackend, TorchPeer, FlashPeer, CupyBackend,
                                                                  CudaFp32Backend, CudaBackend)}
 
 

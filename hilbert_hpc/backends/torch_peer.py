@@ -6,17 +6,18 @@ log-sum-exp (cuDNN, else flash, for 16 bits; memory-efficient for float32 and
 float64), and merge patterns by log-sum-exp in at least FP32. Same semantics as every other
 backend; it is the baseline every benchmark compares against. Gradients: the same kernel's SDPA
 backward op per pattern and head offset, given the merged output and log-sum-exp (ring-flash-attention
-style), in an autograd Function.
+style), in an autograd Function. The gather, the merge and the backward are
+``backends/gather_merge.py``'s, with :data:`SDPA` as the kernel.
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from hilbert_hpc.backends.base import Backend
+from hilbert_hpc.backends.gather_merge import AttentionKernel, peer_attention
 from hilbert_hpc.core.patterns import Pattern
 
 if TYPE_CHECKING:
@@ -152,91 +153,26 @@ def sdpa_with_lse(q: Any, k: Any, v: Any, causal: bool, scale: float) -> tuple[A
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _rows(x: Any, p: Pattern, heads: int, o: int) -> Any:
-    """The rows of serialized ``x`` (N, H, ...) that pattern ``p`` selects for the heads of offset ``o``, as a
-    view (segments, selected rows, heads with offset o, ...)."""
-    return x.view(x.shape[0] // p.segment, p.selected, p.dilation, heads, *x.shape[2:])[:, :, o, o::p.dilation]
+class SdpaKernel:
+    """``scaled_dot_product_attention`` as a peer's attention kernel (``gather_merge.AttentionKernel``), on
+    (B, H, L, D) batches: :func:`sdpa_with_lse` forward, the backward op of the kernel it chose."""
+
+    heads_first = True
+
+    def forward(self, q: Any, k: Any, v: Any, causal: bool, scale: float) -> tuple[Any, Any]:
+        """:func:`sdpa_with_lse` on (B, H, L, D) tensors."""
+        return sdpa_with_lse(q, k, v, causal, scale)
+
+    def backward(self, dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, causal: bool,
+                 scale: float) -> tuple[Any, Any, Any]:
+        """The backward op of the SDPA kernel the forward ran for these tensors (:func:`sdpa_kernel`; the CPU
+        flash kernel's for CPU tensors), given ``out`` and ``lse``."""
+        kind = sdpa_kernel(q.dtype, q.shape[-1], causal) if q.is_cuda else "cpu"
+        return _sdpa_backward(kind, dout, q, k, v, out, lse, causal, scale)
 
 
-def _gather(x: Any, p: Pattern, heads: int, o: int) -> Any:
-    """:func:`_rows` of an (N, H, D) tensor as a contiguous (segments, heads, selected rows, D) SDPA batch."""
-    return _rows(x, p, heads, o).permute(0, 2, 1, 3).contiguous()
-
-
-def merged_attention(qs: Any, ks: Any, vs: Any, patterns: Sequence[Pattern], causal: bool,
-                     scale: float) -> tuple[Any, Any]:
-    """SDPA per pattern and head offset merged by log-sum-exp: (output (N, H, Dv), log-sum-exp (N, H)), both
-    in at least FP32 (float64 for float64 inputs); rows no pattern selects have output 0 and -inf."""
-    import torch
-
-    n, heads, _ = qs.shape
-    acc = torch.promote_types(qs.dtype, torch.float32)
-    out = torch.zeros((n, heads, vs.shape[-1]), dtype=acc, device=qs.device)
-    lse = torch.full((n, heads), float("-inf"), dtype=acc, device=qs.device)
-    for p in patterns:
-        for o in range(min(p.dilation, heads)):
-            part, part_lse = sdpa_with_lse(_gather(qs, p, heads, o), _gather(ks, p, heads, o),
-                                           _gather(vs, p, heads, o), causal, scale)
-            dst, dst_lse = _rows(out, p, heads, o), _rows(lse, p, heads, o)
-            part = part.permute(0, 2, 1, 3).to(acc)
-            part_lse = part_lse.permute(0, 2, 1).to(acc)
-            new_lse = torch.logaddexp(dst_lse, part_lse)
-            dst.copy_(dst * torch.exp(dst_lse - new_lse)[..., None]
-                      + part * torch.exp(part_lse - new_lse)[..., None])
-            dst_lse.copy_(new_lse)
-    return out, lse
-
-
-def merged_attention_backward(kind: str, dout: Any, qs: Any, ks: Any, vs: Any, out: Any, lse: Any,
-                              patterns: Sequence[Pattern], causal: bool, scale: float) -> tuple[Any, Any, Any]:
-    """(dQ, dK, dV) of :func:`merged_attention` in the input dtype, from the merged output ``out`` (in the input
-    dtype) and log-sum-exp ``lse``: per pattern and head offset, the backward op of the SDPA kernel ``kind`` the
-    forward ran, on the gathered rows with ``out`` and ``lse`` restricted to them, scatter-added in at least
-    FP32 (16-bit gradients are rounded once, at the end)."""
-    import torch
-
-    heads = qs.shape[1]
-    acc = torch.promote_types(qs.dtype, torch.float32)
-    dout = dout.to(qs.dtype).contiguous()
-    grads = [torch.zeros(x.shape, dtype=acc, device=x.device) for x in (qs, ks, vs)]
-    for p in patterns:
-        for o in range(min(p.dilation, heads)):
-            parts = _sdpa_backward(kind, _gather(dout, p, heads, o), _gather(qs, p, heads, o),
-                                   _gather(ks, p, heads, o), _gather(vs, p, heads, o), _gather(out, p, heads, o),
-                                   _rows(lse, p, heads, o).permute(0, 2, 1), causal, scale)
-            for grad, part in zip(grads, parts):
-                _rows(grad, p, heads, o).add_(part.permute(0, 2, 1, 3))
-    return tuple(g if g.dtype == qs.dtype else g.to(qs.dtype) for g in grads)  # type: ignore[return-value]
-
-
-@lru_cache(maxsize=None)
-def peer_function() -> Any:
-    """The peer's ``torch.autograd.Function`` (made on first use: torch is imported only when the peer runs).
-
-    Forward: :func:`merged_attention`, keeping the inputs, the output (in the input dtype, as every SDPA
-    backward op takes it) and the merged log-sum-exp, never a per-pattern copy; backward:
-    :func:`merged_attention_backward` with the kernel the forward ran.
-    """
-    import torch
-
-    class PeerAttention(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx: Any, qs: Any, ks: Any, vs: Any, patterns: tuple[Pattern, ...], causal: bool,
-                    scale: float) -> Any:
-            out, lse = merged_attention(qs, ks, vs, patterns, causal, scale)
-            out = out if out.dtype == qs.dtype else out.to(qs.dtype)
-            ctx.save_for_backward(qs, ks, vs, out, lse)
-            ctx.kind = sdpa_kernel(qs.dtype, qs.shape[-1], causal) if qs.is_cuda else "cpu"
-            ctx.patterns, ctx.causal, ctx.scale = patterns, causal, scale
-            return out
-
-        @staticmethod
-        def backward(ctx: Any, dout: Any) -> tuple[Any, ...]:
-            grads = merged_attention_backward(ctx.kind, dout, *ctx.saved_tensors, ctx.patterns, ctx.causal,
-                                              ctx.scale)
-            return (*grads, None, None, None)
-
-    return PeerAttention
+#: the torch peer's kernel
+SDPA = SdpaKernel()
 
 
 class TorchPeer(Backend):
@@ -247,6 +183,8 @@ class TorchPeer(Backend):
     requires = ("torch",)
     #: the peer runs on one process: it is the single-device baseline
     attend_fn = None
+    #: the dense attention kernel it runs per pattern and head offset
+    attention: AttentionKernel = SDPA
 
     @property
     def on_gpu(self) -> bool:  # type: ignore[override]
@@ -285,15 +223,11 @@ class TorchPeer(Backend):
                              scale: float, kernel: KernelChoice | None = None) -> Any:
         """Dilated attention of serialized (N, H, D) tensors -> serialized output (N, H, Dv).
 
-        SDPA runs in the input dtype; the merge of patterns, the running output and the log-sum-exp are at
-        least FP32; the output has the input dtype. Differentiable: when an input requires a gradient (and
-        grad mode is on), the forward keeps the output and the merged log-sum-exp and the backward runs the
-        SDPA backward op of the same kernel per pattern and head offset with them (plain autograd through the
-        merge would be wrong: SDPA's backward drops its log-sum-exp's gradient); otherwise nothing is kept.
+        The peer's ``attention`` kernel runs in the input dtype; the merge of patterns, the running output and
+        the log-sum-exp are at least FP32; the output has the input dtype. Differentiable: when an input
+        requires a gradient (and grad mode is on), the forward keeps the output and the merged log-sum-exp and
+        the backward runs the kernel's backward per pattern and head offset with them (plain autograd through
+        the merge would be wrong: SDPA's backward drops its log-sum-exp's gradient); otherwise nothing is kept
+        (:func:`~hilbert_hpc.backends.gather_merge.peer_attention`).
         """
-        import torch
-
-        if torch.is_grad_enabled() and any(x.requires_grad for x in (qs, ks, vs)):
-            return peer_function().apply(qs, ks, vs, tuple(patterns), causal, scale)
-        out, _ = merged_attention(qs, ks, vs, patterns, causal, scale)
-        return out if out.dtype == qs.dtype else out.to(qs.dtype)      # 16-bit inputs: a 16-bit output
+        return peer_attention(self.attention, qs, ks, vs, patterns, causal, scale)
