@@ -206,3 +206,42 @@ def test_saved_outputs_hold_the_gradients_in_natural_order(tmp_path):
         problem = output_problem(f["cases"][cid], tmp_path / "r.h5", f.attrs["results_id"])
     assert problem == (f"output part r.h5.parts/{cid}/rank00000.h5 (grad_k) is damaged (its data does not match "
                        f"the SHA-256 the case recorded)")
+
+
+def _forward_backward_cases(tmp_path: Path, backends: list[str], dtypes: list[str]) -> list:
+    job = JobSpec({"name": "peer", "repeats": 1, "warmup": 1, "accuracy_rows": 8},
+                  defaults={"heads": 4, "head_dim": 64, "pass": "forward+backward"},
+                  cases=[{"name": "g", "tokens": 1024, "patterns": [[256, 1], [1024, 4]],
+                          "sweep": {"backend": backends, "dtype": dtypes, "causal": [False, True]}}])
+    (tmp_path / "job.toml").write_text(job.text())
+    _cli(tmp_path, "run", "job.toml", "-o", "r.h5")
+    with h5py.File(tmp_path / "r.h5") as f:
+        return [(dict(g.attrs), dict(g["accuracy"].attrs), g["timings"]["backward"][()].copy())
+                for g in f["cases"].values()]
+
+
+def test_the_torch_peer_runs_forward_and_backward_on_the_cpu(tmp_path):
+    pytest.importorskip("torch")
+    cases = _forward_backward_cases(tmp_path, ["torch", "numpy"], ["float64"])
+    assert len(cases) == 4
+    for attrs, acc, backward in cases:
+        assert attrs["backward_kernel"] == "none" and (backward > 0).all() and acc["within_tolerance"]
+        assert max(acc[f"grad_{t}_max_rel_err"] for t in "qkv") <= 1e-12, attrs["backend"]
+
+
+@pytest.mark.gpu
+def test_gpu_backends_run_forward_and_backward(tmp_path):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("cupy")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    cases = _forward_backward_cases(tmp_path, ["cuda", "torch"], ["float32", "bfloat16"])
+    assert len(cases) == 8
+    for attrs, acc, backward in cases:
+        worst = max(acc[f"grad_{t}_max_rel_err"] for t in "qkv")
+        assert (backward > 0).all() and acc["within_tolerance"], attrs["case_id"]
+        assert worst <= (1e-5 if attrs["dtype"] == "float32" else 3e-2), (attrs["case_id"], worst)
+        if attrs["backend"] == "cuda":
+            from hilbert_hpc.kernels.selection import choose_backward
+
+            assert attrs["backward_kernel"] == choose_backward(attrs["dtype"], 64).name

@@ -126,6 +126,12 @@ class Backend:
         case's kernel choice (None: the backend chooses once for this call)."""
         raise NotImplementedError
 
+    def backward_kernel_choice(self, head_dim: int, dtype: str) -> KernelChoice | None:
+        """The backward kernel this backend runs for ``head_dim`` and ``dtype`` on this GPU (the one decision of
+        a forward+backward case, ``CaseSetup.backward_kernel``, which :meth:`serialized_backward` takes), None
+        for a backend without backward kernels of its own."""
+        return None
+
     def serialized_forward(self, qs: Any, ks: Any, vs: Any, patterns: Sequence[Pattern], causal: bool,
                            scale: float, kernel: KernelChoice | None = None) -> tuple[Any, Any]:
         """The serialized output (N, H, Dv) and its merged log-sum-exp (N, H): the forward of a case with

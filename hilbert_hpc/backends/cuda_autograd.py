@@ -6,6 +6,8 @@ of :func:`hilbert_hpc.kernels.selection.choose`, the backward kernel of
 :func:`hilbert_hpc.kernels.selection.choose_backward`, each chosen once per call); float64, and float32 head
 dimensions the fused kernels do not have, run the exact blockwise computation of
 :mod:`hilbert_hpc.core.dilated` and :mod:`hilbert_hpc.core.backward` on CuPy views of the tensors.
+:func:`fused_backward` is also the backward of the GPU backends' forward+backward cases (CuPy arrays or
+tensors).
 The backward kernels add their terms to float32 gradients (docs/kernels.md); 16-bit gradients are rounded
 from them once, at the end.
 """
@@ -13,11 +15,15 @@ from them once, at the end.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
+from hilbert_hpc.core.arrays import is_tensor
 from hilbert_hpc.core.backward import local_dilated_backward
 from hilbert_hpc.core.dilated import local_dilated_forward
 from hilbert_hpc.core.patterns import Pattern
+
+if TYPE_CHECKING:
+    from hilbert_hpc.kernels.selection import KernelChoice
 
 Tensor = Any
 
@@ -94,23 +100,18 @@ def forward(qs: Tensor, ks: Tensor, vs: Tensor, patterns: Sequence[Pattern], cau
 
 
 def backward(qs: Tensor, ks: Tensor, vs: Tensor, out: Tensor, lse: Tensor, dout: Tensor,
-             patterns: Sequence[Pattern], causal: bool, scale: float) -> tuple[Tensor, Tensor, Tensor]:
+             patterns: Sequence[Pattern], causal: bool, scale: float,
+             choice: KernelChoice | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients (dQ, dK, dV) in the inputs' dtype, from the output and log-sum-exp of :func:`forward` and the
-    output's gradient ``dout`` (C-contiguous, like the output)."""
+    output's gradient ``dout`` (C-contiguous, like the output); ``choice``: the backward kernel (None: chosen
+    here, :func:`hilbert_hpc.kernels.selection.choose_backward`)."""
     import torch
 
     with tensor_stream(qs):
-        d = int(qs.shape[2])
-        if not fused(qs.dtype, d):
+        if not fused(qs.dtype, int(qs.shape[2])):
             grads = local_dilated_backward(*_cupy(qs, ks, vs, out, lse, dout), patterns, causal, scale)
             return _tensors(grads, qs.device)
-        from hilbert_hpc.kernels.backward import BackwardKernels
-        from hilbert_hpc.kernels.selection import choose_backward
-
-        choice = choose_backward(_dtype_name(qs.dtype), d)
-        grads = [torch.zeros(x.shape, dtype=torch.float32, device=x.device) for x in (qs, ks, vs)]
-        BackwardKernels(choice).local_patterns(qs, ks, vs, dout, lse, row_dot(dout, out), *grads, patterns, causal,
-                                               scale)
+        grads = fused_backward(qs, ks, vs, out, lse, dout, patterns, causal, scale, choice)
         if qs.dtype == torch.float32:
             return tuple(grads)
         rounded = []
@@ -119,18 +120,49 @@ def backward(qs: Tensor, ks: Tensor, vs: Tensor, out: Tensor, lse: Tensor, dout:
         return tuple(rounded)
 
 
+def fused_backward(qs: Any, ks: Any, vs: Any, out: Any, lse: Any, dout: Any, patterns: Sequence[Pattern],
+                   causal: bool, scale: float, choice: KernelChoice | None = None) -> list[Any]:
+    """float32 gradients [dQ, dK, dV] of the backward kernel ``choice`` (None: chosen here) on the current GPU
+    and stream: torch tensors or CuPy arrays (the gradients are of the same kind as ``qs``)."""
+    from hilbert_hpc.kernels.backward import BackwardKernels
+    from hilbert_hpc.kernels.selection import choose_backward
+
+    choice = choice or choose_backward(_dtype_name(qs.dtype), int(qs.shape[2]))
+    grads = [_float32_zeros(x) for x in (qs, ks, vs)]
+    BackwardKernels(choice).local_patterns(qs, ks, vs, dout, lse, row_dot(dout, out), *grads, patterns, causal,
+                                           scale)
+    return grads
+
+
+def _float32_zeros(x: Any) -> Any:
+    if is_tensor(x):
+        import torch
+
+        return torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    import cupy
+
+    return cupy.zeros(x.shape, dtype=cupy.float32)
+
+
 #: elements of the float32 temporaries of one chunk of :func:`row_dot`
 ROW_DOT_CHUNK = 1 << 24
 
 
-def row_dot(a: Tensor, b: Tensor) -> Tensor:
-    """rowsum(a * b) over the last dimension of (N, H, D) tensors, in float32, a chunk of rows at a time (the
-    float32 temporaries stay small beside the tensors)."""
-    import torch
-
-    n, heads, d = a.shape
-    out = torch.empty((n, heads), dtype=torch.float32, device=a.device)
+def row_dot(a: Any, b: Any) -> Any:
+    """rowsum(a * b) over the last dimension of (N, H, D) tensors or CuPy arrays, in float32, a chunk of rows at
+    a time (the float32 temporaries stay small beside the arrays)."""
+    n, heads, d = (int(x) for x in a.shape)
     step = max(1, ROW_DOT_CHUNK // max(1, heads * d))
+    if is_tensor(a):
+        import torch
+
+        out = torch.empty((n, heads), dtype=torch.float32, device=a.device)
+        for r in range(0, n, step):
+            out[r:r + step] = (a[r:r + step].float() * b[r:r + step].float()).sum(-1)
+        return out
+    import cupy
+
+    out = cupy.empty((n, heads), dtype=cupy.float32)
     for r in range(0, n, step):
-        out[r:r + step] = (a[r:r + step].float() * b[r:r + step].float()).sum(-1)
+        out[r:r + step] = (a[r:r + step].astype(cupy.float32) * b[r:r + step].astype(cupy.float32)).sum(-1)
     return out

@@ -19,6 +19,7 @@ class CudaFp32Backend(CupyGpuBackend):
 
     name = "cuda-fp32"
     dtypes = ("float32",)
+    passes = ("forward", "forward+backward")
 
     def kernel_choice(self, head_dim: int, dtype: str, gpu_here: bool = True,
                       cc: int | None = None) -> KernelChoice | None:
@@ -29,6 +30,21 @@ class CudaFp32Backend(CupyGpuBackend):
         from hilbert_hpc.kernels.selection import choose, planned_choice
 
         return choose("float32", head_dim) if gpu_here else planned_choice("float32", head_dim, cc)
+
+    def backward_kernel_choice(self, head_dim: int, dtype: str) -> KernelChoice | None:
+        """The backward kernel this GPU runs (:func:`hilbert_hpc.kernels.selection.choose_backward`)."""
+        from hilbert_hpc.kernels.selection import choose_backward
+
+        return choose_backward(dtype, head_dim)
+
+    def serialized_backward(self, qs: Any, ks: Any, vs: Any, out: Any, lse: Any, dout: Any,
+                            patterns: Sequence[Pattern], causal: bool, scale: float,
+                            kernel: KernelChoice | None = None) -> tuple[Any, Any, Any]:
+        """float32 gradients of the backward kernels (``kernel``: the case's backward choice), on CuPy arrays
+        (:func:`hilbert_hpc.backends.cuda_autograd.fused_backward`)."""
+        from hilbert_hpc.backends.cuda_autograd import fused_backward
+
+        return tuple(fused_backward(qs, ks, vs, out, lse, dout, patterns, causal, scale, kernel))  # type: ignore
 
     def ring_kernels(self, kernel: KernelChoice | None) -> Any:
         """The fused kernels of ``kernel`` (local patterns and packed ring blocks)."""

@@ -50,6 +50,18 @@ class CudaBackend(CudaFp32Backend):
 
         return choose(dtype, head_dim) if gpu_here else planned_choice(dtype, head_dim, cc)
 
+    def serialized_backward(self, qs: Any, ks: Any, vs: Any, out: Any, lse: Any, dout: Any,
+                            patterns: Sequence[Pattern], causal: bool, scale: float,
+                            kernel: KernelChoice | None = None) -> tuple[Any, Any, Any]:
+        """16 bits: the gradients rounded once to the case's dtype from the backward kernel's float32 sums, as
+        ``hilbert_hpc.nn`` returns them (:func:`hilbert_hpc.backends.cuda_autograd.backward`); float32 as
+        backend ``cuda-fp32``."""
+        if not is_tensor(qs):
+            return super().serialized_backward(qs, ks, vs, out, lse, dout, patterns, causal, scale, kernel)
+        from hilbert_hpc.backends.cuda_autograd import backward
+
+        return backward(qs, ks, vs, out, lse, dout, patterns, causal, scale, kernel)
+
     def output_itemsize(self, itemsize: int) -> int:
         """The fused kernels keep a 16-bit output 16-bit."""
         return itemsize

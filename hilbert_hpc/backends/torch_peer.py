@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from hilbert_hpc.backends.base import Backend
-from hilbert_hpc.backends.gather_merge import AttentionKernel, peer_attention
+from hilbert_hpc.backends.gather_merge import AttentionKernel, merged_attention, merged_attention_backward, peer_attention
 from hilbert_hpc.core.patterns import Pattern
 
 if TYPE_CHECKING:
@@ -179,6 +179,7 @@ class TorchPeer(Backend):
     """The PyTorch peer: SDPA per pattern and head offset, merged by log-sum-exp; one process only."""
 
     name = "torch"
+    passes = ("forward", "forward+backward")
     dtypes = ("float64", "float32", "bfloat16", "float16")
     requires = ("torch",)
     #: the peer runs on one process: it is the single-device baseline
@@ -231,3 +232,17 @@ class TorchPeer(Backend):
         (:func:`~hilbert_hpc.backends.gather_merge.peer_attention`).
         """
         return peer_attention(self.attention, qs, ks, vs, patterns, causal, scale)
+
+    def serialized_forward(self, qs: Any, ks: Any, vs: Any, patterns: Sequence[Pattern], causal: bool,
+                           scale: float, kernel: KernelChoice | None = None) -> tuple[Any, Any]:
+        """The peer's forward as its autograd Function runs it: the output in the input dtype (what the
+        kernel's backward takes) and the merged log-sum-exp in at least FP32."""
+        out, lse = merged_attention(self.attention, qs, ks, vs, patterns, causal, scale)
+        return (out if out.dtype == qs.dtype else out.to(qs.dtype)), lse
+
+    def serialized_backward(self, qs: Any, ks: Any, vs: Any, out: Any, lse: Any, dout: Any,
+                            patterns: Sequence[Pattern], causal: bool, scale: float,
+                            kernel: KernelChoice | None = None) -> tuple[Any, Any, Any]:
+        """The peer's backward as its autograd Function runs it: the kernel's backward per pattern and head
+        offset with the merged output and log-sum-exp, gradients in the input dtype."""
+        return merged_attention_backward(self.attention, dout, qs, ks, vs, out, lse, patterns, causal, scale)

@@ -186,7 +186,7 @@ def trial(search: Search, backend: str, tokens: int, check_rows: int = 0) -> dic
         result["attention_s"] = time.perf_counter() - t0
         if both:
             t0 = time.perf_counter()
-            grads = be.serialized_backward(*qkv, out, lse, dout, *args)
+            grads = be.serialized_backward(*qkv, out, lse, dout, *args[:3], setup.backward_kernel)
             be.synchronize()
             result["backward_s"] = time.perf_counter() - t0
             del grads

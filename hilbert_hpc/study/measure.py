@@ -261,7 +261,7 @@ class CaseRun:
             grads = []
             if backward_pass(c):
                 grads = be.serialized_backward(qs, ks, vs, out_s, lse, self.douts[b], c.patterns, c.causal,
-                                               c.softmax_scale, self.setup.kernel)
+                                               c.softmax_scale, self.setup.backward_kernel)
                 be.synchronize()
                 t3 = time.perf_counter()
             if job.save_output:

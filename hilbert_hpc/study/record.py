@@ -83,6 +83,8 @@ class Setup:
     transport: str = entry("-", "transport used (none on one rank)")
     kernel: str = entry("-", "GPU kernel variant (cuda-fp32 and cuda: wgmma, tf32x3, tiled128, tiled64 or warp; "
                              "cuda 16-bit: wgmma16, tma16 or mma16; else none)")
+    backward_kernel: str = entry("-", "GPU backward kernel of a forward+backward case (cuda-fp32 and cuda: fma_bwd; "
+                                      "cuda 16-bit: mma16_bwd or fma_bwd; else none)")
     transport_reason: str = entry("-", "why that transport was used")
     wall_s: float = entry("s", "wall time of the case's own work on rank 0 (inputs, calls, writing its output)")
 

@@ -51,11 +51,19 @@ class CaseSetup:
     #: False when the kernel could not be chosen on this machine (a plan without the GPU): ``kernel`` is then the
     #: choice of the GPU nodes that needs the most memory
     decided: bool = True
+    #: the backward kernel of a forward+backward case (``Backend.backward_kernel_choice``); None: none of its own
+    backward_kernel: KernelChoice | None = None
 
     @property
     def kernel_name(self) -> str:
         """The kernel as the results name it (``kernel`` attribute): 'tma16', 'wgmma', ..., or 'none'."""
         return self.kernel.name if self.kernel else "none"
+
+    @property
+    def backward_kernel_name(self) -> str:
+        """The backward kernel as the results name it (``backward_kernel`` attribute): 'mma16_bwd', 'fma_bwd',
+        ..., or 'none'."""
+        return self.backward_kernel.name if self.backward_kernel else "none"
 
 
 def check_case(case: Case, ranks: int | None = None) -> CaseSetup:
@@ -74,6 +82,7 @@ def check_case(case: Case, ranks: int | None = None) -> CaseSetup:
                               f"(HILBERT_HPC_CUDA_AWARE=1 forces it)", f"{case.case_id}.transport")
     try:
         kernel = be.check(case.head_dim, case.dtype, ranks)
+        backward_kernel = be.backward_kernel_choice(case.head_dim, case.dtype) if case.pass_ != "forward" else None
     except (RuntimeError, ValueError) as exc:
         raise ConfigError(str(exc), f"{case.case_id}.dtype") from None
     if ranks > 1 and case.pass_ != "forward":
@@ -82,7 +91,8 @@ def check_case(case: Case, ranks: int | None = None) -> CaseSetup:
     if ranks > 1 and be.attend_fn is None:
         raise ConfigError(f"backend {case.backend!r} is the single-process baseline; run it with one rank "
                           f"or choose numpy/cupy", f"{case.case_id}.backend")
-    return CaseSetup(case, ranks, layout, precision(case.dtype), be, kernel, transport)
+    return CaseSetup(case, ranks, layout, precision(case.dtype), be, kernel, transport,
+                     backward_kernel=backward_kernel)
 
 
 def plan_setup(case: Case, cc: int | None = None) -> CaseSetup:
