@@ -178,7 +178,7 @@ def test_peer_ratio_against_the_torch_case(tmp_path):
     ratio = slowest_median(peer) / slowest_median(ring)
     assert row["case"] == "ring" and row["peer_case"] == "peer" and row["ranks"] == 4
     assert row["ratio"] == pytest.approx(ratio) and row["ratio_per_gpu"] == pytest.approx(ratio / 4)
-    assert "PyTorch peer" in text
+    assert "peers: torch, flash" in text
 
 
 def test_compute_communication_table(tmp_path):
@@ -436,6 +436,6 @@ def test_scaling_and_peer_ratios_say_when_they_are_noise(tmp_path):
     assert weak == {"w1": "", "w2": "within noise"}
     peer = {r["case"]: r["noise"] for r in tables["peer_ratio"]}
     assert peer == {"p1": "within noise", "p2": "resolved", "p4": "resolved"}
-    for title in ("strong scaling", "weak scaling", "PyTorch peer"):
+    for title in ("strong scaling", "weak scaling", "peers"):
         assert any(n.startswith(f"{title}: 1 of") and "within noise" in n for n in tables["notes"]), title
     assert "within noise" in text

@@ -75,7 +75,7 @@ def test_the_peer_table_compares_backward_and_forward_backward_with_the_peer(mix
         slowest_median(att["peer"] + bwd["peer"]) / slowest_median(att["both"] + bwd["both"]))
     assert both["backward_noise"] in ("resolved", "within noise")
     assert "backward_ratio" not in rows["fwd"]
-    peer_text = text[text.index("PyTorch peer"):]
+    peer_text = text[text.index("peers: torch, flash"):]
     assert "bwd ratio" in peer_text and "fwd+bwd ratio" in peer_text
     _, wide = run_report([path], wide=True)
     assert "peer bwd ms" in wide and "fwd+bwd ratio range" in wide
@@ -100,3 +100,17 @@ def test_forward_only_reports_have_no_backward_column(tmp_path):
         tables, text = run_report([path], wide=wide)
         assert "bwd" not in text and "grad" not in text
     assert not any("backward_s" in r for r in tables["cases"] + tables["peer_ratio"])
+
+
+def test_each_peer_gets_its_row(tmp_path):
+    rng = np.random.default_rng(32)
+    att = {cid: timings(rng, 1, scale) for cid, scale in (("ours", 0.1), ("t", 0.3), ("f", 0.2))}
+    path = write_results(tmp_path / "p.h5", [make_case("ours", att["ours"], backend="cuda"),
+                                             make_case("f", att["f"], backend="flash"),
+                                             make_case("t", att["t"], backend="torch")])
+    tables, text = run_report([path])
+    rows = [(r["case"], r["peer_backend"], r["peer_case"]) for r in tables["peer_ratio"]]
+    assert rows == [("ours", "torch", "t"), ("ours", "flash", "f")]
+    flash = tables["peer_ratio"][1]
+    assert flash["ratio"] == pytest.approx(slowest_median(att["f"]) / slowest_median(att["ours"]))
+    assert " peer " in text[text.index("peers: torch, flash"):].splitlines()[1]

@@ -35,9 +35,9 @@ Tables (each printed only when it has rows):
     cases on more than one rank: ring counters (local, compute, wait, pack,
     imbalance) and the share of waiting in the attention time.
 ``peer_ratio``
-    each case whose backend is not ``torch`` against the ``torch`` case with
-    equal parameters except backend, transport, ranks and scaling (preferably
-    on one rank): ``ratio = T(peer) / T(case)`` and ``ratio / ranks`` per GPU;
+    each case whose backend is not a peer against each peer case (``torch``,
+    then ``flash``) with equal parameters except backend, transport, ranks and
+    scaling (preferably on one rank): ``ratio = T(peer) / T(case)`` and ``ratio / ranks`` per GPU;
     a forward+backward pair also gets the ratios of the backward and of
     forward+backward, each with its range and verdict.
 ``bandwidth``

@@ -23,7 +23,7 @@ TABLES = {
     "weak_scaling": "weak scaling (efficiency = T(p0)/T(P))",
     "hilbert_vs_natural": "hilbert vs natural (ratio = T(natural)/T(ordering), > 1: faster than natural)",
     "compute_communication": "compute / communication (medians over repeats of the slowest rank)",
-    "peer_ratio": "PyTorch peer (ratio = T(peer)/T(case), > 1: faster than the peer)",
+    "peer_ratio": "peers: torch, flash (ratio = T(peer)/T(case), > 1: faster than the peer)",
     "bandwidth": "bandwidth (ring exchange, GB/s per rank: bytes sent / time of the slowest rank)",
 }
 
@@ -31,7 +31,7 @@ TABLES = {
 #: Short table names for notes.
 TITLES = {"cases": "cases", "strong_scaling": "strong scaling", "weak_scaling": "weak scaling",
           "hilbert_vs_natural": "hilbert vs natural", "compute_communication": "compute / communication",
-          "peer_ratio": "PyTorch peer", "bandwidth": "bandwidth"}
+          "peer_ratio": "peers", "bandwidth": "bandwidth"}
 
 
 #: A case whose slowest repeat took more than this many times its fastest gets a note (and ``!``).
@@ -291,25 +291,31 @@ def compute_communication_table(cases: Sequence[CaseResult]) -> list[dict[str, A
     return rows
 
 
-def peer_ratio_table(cases: Sequence[CaseResult]) -> list[dict[str, Any]]:
-    """Each non-torch case against its PyTorch peer (equal parameters except backend, transport, ranks, scaling).
+#: the peers, in the order their rows follow a case: the PyTorch peer, the FlashAttention-4 peer
+PEER_BACKENDS = ("torch", "flash")
 
-    Among several peers the one on one rank is preferred, then the fewest
-    ranks, then the later one loaded.
+
+def peer_ratio_table(cases: Sequence[CaseResult]) -> list[dict[str, Any]]:
+    """Each case of our backends against each peer (:data:`PEER_BACKENDS`: the PyTorch peer, then the
+    FlashAttention-4 peer) run with equal parameters except backend, transport, ranks, scaling.
+
+    Among several runs of one peer the one on one rank is preferred, then the
+    fewest ranks, then the later one loaded.
     """
     free = ["backend", "transport", "ranks", "scaling"]
-    peers: dict[str, list[tuple[int, CaseResult]]] = defaultdict(list)
+    peers: dict[tuple[str, str], list[tuple[int, CaseResult]]] = defaultdict(list)
     for i, c in enumerate(cases):
-        if c.params["backend"] == "torch":
-            peers[params_key(c.params, free)].append((i, c))
+        if c.params["backend"] in PEER_BACKENDS:
+            peers[(c.params["backend"], params_key(c.params, free))].append((i, c))
     pairs = []
     for c in cases:
-        if c.params["backend"] == "torch":
+        if c.params["backend"] in PEER_BACKENDS:
             continue
-        found = peers.get(params_key(c.params, free))
-        if found:
-            _, peer = min(found, key=lambda ic: (ic[1].ranks != 1, ic[1].ranks, -ic[0]))
-            pairs.append((c, peer))
+        for name in PEER_BACKENDS:
+            found = peers.get((name, params_key(c.params, free)))
+            if found:
+                _, peer = min(found, key=lambda ic: (ic[1].ranks != 1, ic[1].ranks, -ic[0]))
+                pairs.append((c, peer))
     base_fields = ["name", "tokens"]
     extra = _varying([c for pair in pairs for c in pair], [*free, *base_fields])
     rows = []
@@ -318,6 +324,7 @@ def peer_ratio_table(cases: Sequence[CaseResult]) -> list[dict[str, Any]]:
         rows.append({"group": _label(c.params, base_fields, extra), "case": c.case_id, "file": c.file,
                      "backend": c.params["backend"], "ranks": c.ranks, "attention_s": c.median("attention"),
                      "peer_case": peer.case_id, "peer_file": peer.file, "peer_ranks": peer.ranks,
+                     "peer_backend": peer.params["backend"],
                      "peer_s": peer.median("attention"), **vs, "ratio_per_gpu": vs["ratio"] / c.ranks,
                      **(_peer_backward(peer, c) if c.backward and peer.backward else {})})
     return rows
