@@ -7,7 +7,7 @@ gather, SDPA with log-sum-exp, FP32 merge; its backward op per pattern with the 
 (the same with FlashAttention-4) where it can run. Useful FLOPs: forward 4 N' M D per pattern and head (N' the
 selected rows, M the keys each sees; halved for causal), backward 2.5 times the forward's. Peak memory is
 also given over the bytes of Q, K, V, O, dO, dQ, dK, dV. Gradient errors
-(max |err| / max |ref| of dQ, dK, dV) are measured on a small case of the same shape family against the
+(max |err| / max |ref| of dQ, dK, dV) are measured on an 8,192-row case of the same shape family against the
 float64 CPU computation of the same rounded inputs.
 
     python tests/scripts/backward_probe.py --case bf16-d64 --case bf16-d64-causal
@@ -126,20 +126,26 @@ def measure(name: str, f, dtype, n: int, heads: int, d: int, causal: bool, warmu
                 peak_gib=peak / 2**30, peak_over_tensors=peak / (8 * q.numel() * q.element_size()))
 
 
-def errors(f, dtype, heads: int, d: int, causal: bool) -> dict:
-    """max |err| / max |ref| of dQ, dK, dV on a 16,384-row case against float64 on the CPU."""
-    n = 16384
+#: rows of the gradient-error case (the float64 reference runs on the CPU)
+ERROR_ROWS = 8192
+
+
+def error_inputs(dtype, heads: int, d: int, causal: bool) -> tuple[list, list]:
+    """The rounded inputs (q, k, v, dout) of the gradient-error case and the float64 CPU gradients of them."""
     gen = torch.Generator().manual_seed(1)
-    q, k, v, dout = (torch.randn((n, heads, d), generator=gen, dtype=torch.float32).to(dtype) for _ in range(4))
+    inputs = [torch.randn((ERROR_ROWS, heads, d), generator=gen, dtype=torch.float32).to(dtype) for _ in range(4)]
+    xs = [x.double().requires_grad_(True) for x in inputs[:3]]
+    hnn.dilated_attention(*xs, patterns=ANCHOR, causal=causal).backward(inputs[3].double())
+    return inputs, [x.grad for x in xs]
 
-    def grads(device, cast):
-        xs = [x.to(device=device, dtype=cast or x.dtype).requires_grad_(True) for x in (q, k, v)]
-        out = f(*xs, causal) if device == "cuda" else hnn.dilated_attention(*xs, patterns=ANCHOR, causal=causal)
-        out.backward(dout.to(device=device, dtype=out.dtype))
-        return [x.grad.double().cpu() for x in xs]
 
-    got, want = grads("cuda", None), grads("cpu", torch.float64)
-    return {f"err_d{x}": float((g - w).abs().max() / w.abs().max()) for x, g, w in zip("qkv", got, want)}
+def errors(f, inputs: list, want: list, causal: bool) -> dict:
+    """max |err| / max |ref| of dQ, dK, dV of contender ``f`` on the error case."""
+    xs = [x.cuda().requires_grad_(True) for x in inputs[:3]]
+    out = f(*xs, causal)
+    out.backward(inputs[3].cuda().to(out.dtype))
+    return {f"err_d{n}": float((x.grad.double().cpu() - w).abs().max() / w.abs().max())
+            for n, x, w in zip("qkv", xs, want)}
 
 
 def main() -> int:
@@ -153,11 +159,12 @@ def main() -> int:
     print(f"# {torch.cuda.get_device_name()}, patterns {ANCHOR}")
     for case in args.case or list(CASES):
         dtype, n, heads, d, causal = CASES[case]
+        inputs, want = error_inputs(dtype, heads, d, causal)
         for name, f in contenders(dtype):
             torch.cuda.reset_peak_memory_stats()
             try:
                 row = dict(case=case, **measure(name, f, dtype, n, heads, d, causal, args.warmup, args.repeat),
-                           **errors(f, dtype, heads, d, causal))
+                           **errors(f, inputs, want, causal))
             except Exception as exc:       # one contender failing must not hide the others' rows
                 print(f"# {case} {name}: failed: {type(exc).__name__}: {exc}", flush=True)
                 continue
