@@ -159,3 +159,17 @@ def test_bfloat16_gradients_on_the_cpu_are_rounded_once():
         grads.append(torch.autograd.grad(out, (q, k, v), x64[3].to(dtype)))
     for got, want in zip(*grads):
         assert got.dtype == torch.bfloat16 and rel(got.double(), want) < 3e-2
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_math_kernel_of_float64_on_cuda_equals_the_cpu_kernel(causal):
+    """float64 has no SDPA kernel on CUDA: the peer's ``math`` kernel (plain products) stands in; on the CPU it
+    gives what the CPU flash kernel gives, forward and backward with a given log-sum-exp."""
+    gen = torch.Generator().manual_seed(9)
+    q, k, v, dout = (torch.randn((2, 3, 40, 8), generator=gen, dtype=torch.float64) for _ in range(4))
+    math_out, math_lse = torch_peer._sdpa("math", q, k, v, causal, 0.3)
+    cpu_out, cpu_lse = torch_peer._sdpa("cpu", q, k, v, causal, 0.3)
+    assert torch.allclose(math_out, cpu_out, atol=1e-13) and torch.allclose(math_lse, cpu_lse, atol=1e-13)
+    for a, b in zip(torch_peer._sdpa_backward("math", dout, q, k, v, cpu_out, cpu_lse, causal, 0.3),
+                    torch_peer._sdpa_backward("cpu", dout, q, k, v, cpu_out, cpu_lse, causal, 0.3)):
+        assert torch.allclose(a, b, atol=1e-13)

@@ -60,12 +60,23 @@ def to_tensor(x: Any, dtype: Any) -> Any:
 
 #: SDPA kernels that also return the log-sum-exp, fastest first, per element size on CUDA: cuDNN then flash
 #: for 16 bits (measured on an H200: cuDNN 15.0 ms, flash 18.3 ms, memory-efficient 30.4 ms on the bf16 anchor,
-#: docs/performance.md); float32 and float64 have only the memory-efficient kernel
-CUDA_SDPA_ORDER = {2: ("cudnn", "flash", "efficient"), 4: ("efficient",), 8: ("efficient",)}
+#: docs/performance.md); float32 has only the memory-efficient kernel, float64 none (``math``: the attention of
+#: each gathered batch as plain matrix products, its full score matrix in memory; for checks, not speed)
+CUDA_SDPA_ORDER = {2: ("cudnn", "flash", "efficient"), 4: ("efficient",), 8: ("math",)}
 #: (dtype, head dim, causal) -> the first kernel of the order that ran for it on CUDA in this process
 _sdpa_chosen: dict[tuple, str] = {}
 #: the memory-efficient kernel's log-sum-exp has its rows padded to a multiple of this
 EFFICIENT_LSE_ROWS = 32
+
+
+def _math_scores(q: Any, k: Any, causal: bool, scale: float) -> Any:
+    """Scaled scores of (B, H, L, D) tensors, -inf above the diagonal when causal."""
+    import torch
+
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+    return s
 
 
 def _sdpa(kind: str, q: Any, k: Any, v: Any, causal: bool, scale: float) -> tuple[Any, Any]:
@@ -73,6 +84,10 @@ def _sdpa(kind: str, q: Any, k: Any, v: Any, causal: bool, scale: float) -> tupl
     import torch
 
     aten = torch.ops.aten
+    if kind == "math":
+        s = _math_scores(q, k, causal, scale)
+        lse = torch.logsumexp(s, dim=-1)
+        return torch.matmul(torch.exp(s - lse[..., None]), v), lse
     if kind == "cudnn":
         out, lse, *_ = aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal, False, scale=scale)
     elif kind == "flash":
@@ -98,6 +113,11 @@ def _sdpa_backward(kind: str, dout: Any, q: Any, k: Any, v: Any, out: Any, lse: 
 
     aten = torch.ops.aten
     length = q.shape[-2]
+    if kind == "math":
+        p = torch.exp(_math_scores(q, k, causal, scale) - lse[..., None])
+        ds = p * (torch.matmul(dout, v.transpose(-1, -2)) - (dout * out).sum(-1, keepdim=True))
+        return (torch.matmul(ds, k) * scale, torch.matmul(ds.transpose(-1, -2), q) * scale,
+                torch.matmul(p.transpose(-1, -2), dout))
     if kind == "cpu":                   # the log-sum-exp in the op's accumulation type (float64 for float64)
         return aten._scaled_dot_product_flash_attention_for_cpu_backward(
             dout, q, k, v, out, lse.to(torch.promote_types(q.dtype, torch.float32)), 0.0, causal,
