@@ -220,7 +220,7 @@ def _forward_backward_cases(tmp_path: Path, backends: list[str], dtypes: list[st
                 for g in f["cases"].values()]
 
 
-def test_the_torch_peer_runs_forward_and_backward_on_the_cpu(tmp_path):
+def test_the_torch_peer_runs_forward_and_backward_in_float64(tmp_path):
     pytest.importorskip("torch")
     cases = _forward_backward_cases(tmp_path, ["torch", "numpy"], ["float64"])
     assert len(cases) == 4
