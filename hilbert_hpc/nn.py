@@ -58,8 +58,7 @@ def _dilated_forward_cuda(q, k, v, segments, dilations, causal, scale):
     from hilbert_hpc.backends.cuda_autograd import forward
 
     pats = _patterns(segments, dilations)
-    parts = [forward(q[i], k[i], v[i], pats, causal, scale) for i in range(q.shape[0])]
-    return torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts])
+    return _batched(lambda i: forward(q[i], k[i], v[i], pats, causal, scale), q.shape[0])
 
 
 @dilated_forward.register_fake
@@ -84,8 +83,20 @@ def _dilated_backward_cuda(q, k, v, out, lse, dout, segments, dilations, causal,
     from hilbert_hpc.backends.cuda_autograd import backward
 
     pats = _patterns(segments, dilations)
-    parts = [backward(q[i], k[i], v[i], out[i], lse[i], dout[i], pats, causal, scale) for i in range(q.shape[0])]
-    return tuple(torch.stack([p[j] for p in parts]) for j in range(3))
+    return _batched(lambda i: backward(q[i], k[i], v[i], out[i], lse[i], dout[i], pats, causal, scale), q.shape[0])
+
+
+def _batched(compute, batch: int) -> tuple[torch.Tensor, ...]:
+    """The results of ``compute(i)`` (a tuple of tensors per batch entry) stacked along a new first dimension,
+    without a second copy of the whole: one entry is a view of its results; more are copied in one at a time."""
+    first = compute(0)
+    if batch == 1:
+        return tuple(x.unsqueeze(0) for x in first)
+    results = tuple(x.new_empty((batch, *x.shape)) for x in first)
+    for i in range(batch):
+        for dst, src in zip(results, first if i == 0 else compute(i)):
+            dst[i].copy_(src)
+    return results
 
 
 @dilated_backward.register_fake
