@@ -37,9 +37,17 @@ def _collectively(comm: Any, fn, *args):
 def _cmd_run(args: argparse.Namespace) -> int:
     from hilbert_hpc.study.jobfile import load_job
     from hilbert_hpc.study.runner import check_case, run_job
+    from hilbert_hpc.study.setup import runnable_here
 
     comm = _world()
     job = _collectively(comm, load_job, args.job, None, comm.Get_size())
+    job, left_out = _collectively(comm, runnable_here, job)
+    if comm.Get_rank() == 0:
+        for note in left_out:
+            print(f"note: {note}", file=sys.stderr)
+    if not job.cases:
+        raise UserError("every case of the job is on an optional backend that cannot run here",
+                        "job.optional_backends")
     if args.transport:
         job = job.with_transport(args.transport)
 

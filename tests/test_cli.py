@@ -82,3 +82,41 @@ def test_info_prints_the_environment(tmp_path):
 def test_usage_errors_exit_2(tmp_path, args):
     res = cli(*args, cwd=tmp_path)
     assert res.returncode == 2 and "usage:" in res.stderr
+
+
+def test_cases_of_optional_backends_that_cannot_run_here_are_left_out(tmp_path, monkeypatch):
+    """job.optional_backends: a peer that cannot run on this machine (here 'flash' with a stand-in reason) is
+    left out with one note per backend; with no other case the run is refused in one line."""
+    from hilbert_hpc.backends.flash_peer import FlashPeer
+    from hilbert_hpc.study.jobfile import load_job
+    from hilbert_hpc.study.setup import runnable_here
+
+    base = {"name": "g", "grid": [16, 16], "patterns": [[64, 1], [256, 8]]}
+    text = CLI_JOB.but(optional_backends=["flash"], cases=[{**base, "backend": "numpy", "dtype": "float32"},
+                                                           {**base, "backend": "flash", "dtype": "bfloat16"}]).text()
+    job = load_job("job.toml", text=text, world_size=1)
+    assert job.optional_backends == ("flash",) and len(job.cases) == 2
+    monkeypatch.setattr(FlashPeer, "usable", lambda self: "no FlashAttention-4 here")
+    kept, notes = runnable_here(job)
+    assert [c.backend for c in kept.cases] == ["numpy"]
+    assert notes == ["backend 'flash' cannot run here (no FlashAttention-4 here): its 1 case(s) are left out "
+                     "(job.optional_backends)"]
+    monkeypatch.setattr(FlashPeer, "usable", lambda self: None)
+    assert runnable_here(job) == (job, [])
+    monkeypatch.undo()
+    if FlashPeer().usable() is None:
+        return                        # FlashAttention-4 runs here: the command-line part needs a machine without
+    (tmp_path / "job.toml").write_text(text)
+    res = cli("run", "job.toml", "-o", "out.h5", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "note: backend 'flash' cannot run here" in res.stderr
+    with h5py.File(tmp_path / "out.h5") as f:
+        assert [g.attrs["backend"] for g in f["cases"].values()] == ["numpy"]
+    only = CLI_JOB.but(optional_backends=["flash"], cases=[{**base, "backend": "flash", "dtype": "bfloat16"}])
+    (tmp_path / "only.toml").write_text(only.text())
+    res = cli("run", "only.toml", "-o", "only.h5", cwd=tmp_path)
+    assert res.returncode == 2 and "job.optional_backends" in res.stderr and "Traceback" not in res.stderr
+    bad = CLI_JOB.but(optional_backends=["flashy"])
+    (tmp_path / "bad.toml").write_text(bad.text())
+    res = cli("run", "bad.toml", "-o", "bad.h5", cwd=tmp_path)
+    assert res.returncode == 2 and "job.optional_backends[0]" in res.stderr

@@ -190,6 +190,12 @@ def _backend(value: Any, where: str) -> str:
     return _choice(tuple(BACKENDS))(value, where)
 
 
+def _backends(value: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise JobFileError(f"expected a list of backend names, got {value!r}", where)
+    return tuple(_backend(v, f"{where}[{i}]") for i, v in enumerate(value))
+
+
 #: Job-wide settings: key -> (validator, default)
 JOB_KEYS: dict[str, tuple[Callable[[Any, str], Any], Any]] = {
     "name": (check_name, "job"),
@@ -200,6 +206,7 @@ JOB_KEYS: dict[str, tuple[Callable[[Any, str], Any], Any]] = {
     "accuracy_rows": (_int(0), 32),
     "save_output": (_bool, False),
     "interleave": (_bool, False),
+    "optional_backends": (_backends, ()),
 }
 
 #: Case parameters: key -> validator; ``grid`` or ``tokens`` is required. A key a case leaves out takes the
@@ -285,6 +292,8 @@ class Job:
     settings: dict[str, Any] = field(default_factory=dict)
     #: run call r of every case on the same rank count before call r+1 of any (runner.run_interleaved)
     interleave: bool = False
+    #: backends whose cases ``run`` leaves out where they cannot run (``setup.runnable_here``)
+    optional_backends: tuple[str, ...] = ()
 
     def with_transport(self, transport: str) -> "Job":
         """The same job with every case's transport overridden (command-line ``--transport``)."""
@@ -468,7 +477,7 @@ def load_job(path: str | Path, text: str | None = None, world_size: int | None =
     return Job(name=settings["name"], output=output, seed=settings["seed"], repeats=settings["repeats"],
                warmup=settings["warmup"], accuracy_rows=settings["accuracy_rows"],
                save_output=settings["save_output"], cases=tuple(cases), text=text, path=str(path),
-               settings=settings, interleave=settings["interleave"])
+               settings=settings, interleave=settings["interleave"], optional_backends=settings["optional_backends"])
 
 
 def accuracy_rows_notes(job: Job) -> list[str]:

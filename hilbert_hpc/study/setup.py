@@ -21,7 +21,7 @@ from hilbert_hpc.distributed.sharding import Layout, check_distribution
 from hilbert_hpc.distributed.transports import TransportChoice, choose_transport
 from hilbert_hpc.errors import ConfigError
 from hilbert_hpc.kernels.selection import KernelChoice
-from hilbert_hpc.study.jobfile import Case
+from hilbert_hpc.study.jobfile import Case, Job
 
 #: what a case on one rank records as its transport and the reason
 SINGLE_RANK = TransportChoice("none", "single rank: no communication")
@@ -93,6 +93,19 @@ def check_case(case: Case, ranks: int | None = None) -> CaseSetup:
                           f"or choose numpy/cupy", f"{case.case_id}.backend")
     return CaseSetup(case, ranks, layout, precision(case.dtype), be, kernel, transport,
                      backward_kernel=backward_kernel)
+
+
+def runnable_here(job: Job) -> tuple[Job, list[str]]:
+    """``job`` without the cases of its ``optional_backends`` that cannot run on this machine (a peer that is
+    not installed, no GPU), and one line per backend left out saying why."""
+    unusable = {name: reason for name in job.optional_backends
+                for reason in [find_backend(name, "job.optional_backends").usable()] if reason is not None}
+    if not unusable:
+        return job, []
+    notes = [f"backend {name!r} cannot run here ({reason}): its {n} case(s) are left out (job.optional_backends)"
+             for name, reason in unusable.items()
+             for n in [sum(c.backend == name for c in job.cases)] if n]
+    return dataclasses.replace(job, cases=tuple(c for c in job.cases if c.backend not in unusable)), notes
 
 
 def plan_setup(case: Case, cc: int | None = None) -> CaseSetup:
