@@ -93,7 +93,7 @@ def problem_geometry(tokens: int, head_dim: int, patterns: Sequence, grid: Seque
 
 def dilated_attention(q: Any, k: Any, v: Any, *, patterns: Sequence, causal: bool = False,
                       grid: Sequence[int] | int | None = None, ordering: str = "natural",
-                      scale: float | None = None, backend: str = "numpy", segment: int | None = None) -> Any:
+                      scale: float | None = None, backend: str | None = None, segment: int | None = None) -> Any:
     """Hilbert-ordered (or natural) dilated attention, exactly as docs/semantics.md defines it.
 
     ``q``, ``k``, ``v``: arrays of shape (N, H, D) or (B, N, H, D) in natural order
@@ -101,7 +101,11 @@ def dilated_attention(q: Any, k: Any, v: Any, *, patterns: Sequence, causal: boo
     ``(segment, dilation)``; every pattern acts on every head with offset
     ``h mod dilation``. Returns the output in natural order, same leading shape,
     as a NumPy array (the accumulator dtype: float32 or float64) — or a torch
-    tensor when the inputs are tensors and ``backend="torch"``.
+    tensor when the inputs are tensors. ``backend``: where it is computed (a
+    backend name; None: ``numpy`` for arrays and CPU tensors, while CUDA tensors
+    are computed on their GPU by :func:`hilbert_hpc.nn.dilated_attention`, the
+    result staying there; a backend named for CUDA tensors copies them to the host
+    and returns a CPU tensor).
 
     Misuse raises before any work, naming the argument: TypeError for q, k, v
     mixing torch tensors with arrays, complex or boolean values, a ``causal``
@@ -110,7 +114,12 @@ def dilated_attention(q: Any, k: Any, v: Any, *, patterns: Sequence, causal: boo
     is not finite and > 0.
     """
     check_arguments(q, k, v, causal, scale)
-    be = get_backend(backend)
+    if backend is None and getattr(getattr(q, "device", None), "type", None) == "cuda":
+        from hilbert_hpc import nn
+
+        return nn.dilated_attention(q, k, v, patterns=patterns, causal=causal, grid=grid, ordering=ordering,
+                                    scale=scale, segment=segment)
+    be = get_backend(backend or "numpy")
     batched, (q4, k4, v4) = batch_view(q, k, v)
     pats, perm, scale = problem_geometry(q4.shape[1], q4.shape[3], patterns, grid, ordering, scale, segment)
     b = q4.shape[0]

@@ -98,3 +98,12 @@ def test_the_module_compiles_to_one_graph_on_the_gpu():
     module(ref_q, k, v).backward(dout)
     # the forward is deterministic; dQ sums its key blocks' terms by atomicAdd, in any order
     assert torch.equal(out, module(q, k, v)) and worst(q.grad, ref_q.grad.double().cpu()) <= 1e-2
+
+
+def test_the_numpy_api_computes_cuda_tensors_on_their_gpu():
+    from hilbert_hpc import dilated_attention
+
+    q, k, v = make((512, 4, 64), seed=8, dtype=torch.float32, device="cuda")[:3]
+    out = dilated_attention(q, k, v, patterns=[(256, 1), (512, 2)], causal=True)
+    assert out.is_cuda and torch.equal(out, hnn.dilated_attention(q, k, v, patterns=[(256, 1), (512, 2)],
+                                                                    causal=True))
