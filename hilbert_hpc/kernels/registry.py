@@ -299,6 +299,22 @@ def mma16_bwd_shared_bytes(head_dim: int, keys: int) -> int:
     return 4 * (head_dim + 8) * (keys + 2 * queries) + 2 * keys * (queries + 8) + 16 * queries
 
 
+def wgmma16_bwd_shared_bytes(head_dim: int, warpgroups: int) -> int:
+    """Dynamic shared memory of one wgmma16_bwd block (BwdSmemWg in dilated_bwd_wgmma_16.cu): K and V of its
+    64 NWG keys, Q and dO of two 64-row query-tile stages, dS^T in 16 bits, L and delta of two stages."""
+    keys, queries = 64 * warpgroups, 64
+    return 4 * head_dim * (keys + 2 * queries) + 2 * keys * queries + 16 * queries
+
+
+#: wgmma16_bwd per head dim: warpgroups NWG (a warpgroup per 64 keys, BK = 64 NWG keys per block), template
+#: argument of dilated_bwd_wgmma_16<T, D, NWG>; no spills with ptxas for sm_90a.
+WGMMA16_BWD = KernelFamily(
+    "wgmma16_bwd", "dilated_bwd_wgmma_16.cu", SIXTEEN_BIT, lambda t, d, c, o: f"dilated_bwd_wgmma_16<{t},{d},{c[0]}>",
+    ("NWG",), lambda d, c: wgmma16_bwd_shared_bytes(d, c[0]), lambda c: 128 * c[0], lambda d, c: 64 * c[0],
+    SIXTEEN_BIT_ALIGN, defaults={64: (2,), 128: (2,)}, alternatives={64: ((1,),), 128: ((1,),)},
+    min_cc=90, max_cc=90, arch=HOPPER_ARCH, max_shared=HOPPER_SHARED, valid=lambda c: c[0] in (1, 2),
+    direction=BACKWARD)
+
 #: mma16_bwd per head dim: keys per block BK (a warp per 16 keys), template argument of
 #: dilated_bwd_mma_16<T, D, BK>; no spills with ptxas for sm_80 and sm_90. Measured on an H100 (N = 262,144,
 #: patterns (2048,1) (4096,2) (8192,4), bf16, useful TFLOP/s, BK = 128 / 64): D = 64 (H = 12) 191 / 126, causal
@@ -327,7 +343,7 @@ FMA_BWD = KernelFamily(
 
 #: every family: the forward ones (FP32 fastest first, measured on an H200, docs/performance.md; then the 16-bit
 #: ones), then the backward ones, preferred first (the backward choice takes the first that runs)
-FAMILIES = {f.name: f for f in (WGMMA, TF32X3, TILED128, TILED64, WARP, WGMMA16, TMA16, MMA16, MMA16_BWD,
+FAMILIES = {f.name: f for f in (WGMMA, TF32X3, TILED128, TILED64, WARP, WGMMA16, TMA16, MMA16, WGMMA16_BWD, MMA16_BWD,
                                 FMA_BWD)}
 
 
