@@ -168,23 +168,24 @@ __device__ __forceinline__ void red_add_pair(float* p, float x, float y) {
 }
 
 // Shared memory of one block in bytes (the layout at the top of this file)
-template <int D, int NWG>
+template <int D, int NWG, int PIPE>
 struct BwdSmemWg {
     static constexpr int BK = 64 * NWG, BQ = 64;
     static constexpr int KV = BK * D * 2;        // K or V of the block
     static constexpr int TILE = BQ * D * 2;      // one Q or dO tile
+    static constexpr int DS = BK * BQ * 2;       // one dS^T buffer
     static constexpr int OFF_V = KV, OFF_Q = 2 * KV;
     static constexpr int OFF_DS = OFF_Q + 4 * TILE;  // stage s: Q at OFF_Q + 2 s TILE, dO at OFF_Q + (2 s + 1) TILE
-    static constexpr int OFF_L = OFF_DS + BK * BQ * 2;  // stage s: L at float 2 s BQ, delta at float (2 s + 1) BQ
+    static constexpr int OFF_L = OFF_DS + (PIPE ? 2 : 1) * DS;  // stage s: L at float 2 s BQ, delta at (2 s + 1) BQ
     static constexpr int bytes = OFF_L + 16 * BQ;
 };
 
-template <typename T, int D, int NWG>
+template <typename T, int D, int NWG, int PIPE>
 __global__ void __launch_bounds__(WG_THREADS * NWG, 1)
 dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T))
 {
     using H = Half16<T>;
-    using L = BwdSmemWg<D, NWG>;
+    using L = BwdSmemWg<D, NWG, PIPE>;
     constexpr int THREADS = WG_THREADS * NWG, BK = L::BK, BQ = L::BQ;
     constexpr int NS = BQ / 2;               // score registers per thread (64 keys x BQ queries)
     constexpr int KD = D / 16;               // k-steps over the head dimension
@@ -225,18 +226,42 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T))
     const desc_t dKw = smem_desc(sK + 64 * wg * D * 2, 128, 16 * D);
     const desc_t dVw = smem_desc(sV + 64 * wg * D * 2, 128, 16 * D);
     // dS^T row (key) of this thread's first stores: key block 8 wg + 2 warp (+ 1 for h = 1), row g, 4 t bytes in
-    const unsigned ds_row = sDS + (8 * wg + 2 * warp) * (16 * BQ) + 16 * g + 4 * t;
+    const unsigned ds_row = (8 * wg + 2 * warp) * (16 * BQ) + 16 * g + 4 * t;
 
     float gk[D / 2], gv[D / 2];              // dK, dV of this warpgroup's keys
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) gk[i] = gv[i] = 0.0f;
+    float c[NQ / 2];                         // dQ of a tile, columns NQ wg .. NQ wg + NQ - 1 of this warpgroup
+    unsigned pa[KQ][4], da[KQ][4];           // P^T and dS^T as A fragments
 
-    for (int q0 = q_begin, it = 0; q0 < mq; q0 += BQ, ++it) {
+    // dQ(tile) = dS K from the dS^T buffer at ds: A = dS (queries x keys) read MN-major from dS^T (k-step kk =
+    // 16 keys: + 32 BQ kk bytes), B = K MN-major (+ 32 D kk bytes; 8 columns: + 128 bytes); issued, not committed
+    auto issue_dq = [&](unsigned ds) {
+        const desc_t a = smem_desc(ds, 16 * BQ, 128), b = smem_desc(sK + 16 * NQ * wg, 16 * D, 128);
+        WgmmaMnA<T, NQ>::template ss<0>(c, a, b);
+#pragma unroll
+        for (int kk = 1; kk < KB; ++kk) WgmmaMnA<T, NQ>::template ss<1>(c, a + 2 * BQ * kk, b + 2 * D * kk);
+    };
+    // scale dQ of the tile at query qt added to dq (red.global.add.v2.f32)
+    auto add_dq = [&](int qt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int i = qt + 16 * warp + g + 8 * h;
+            if (i >= mq) continue;
+            float* row = dq + qoff + i * q_row + NQ * wg + 2 * t;
+#pragma unroll
+            for (int n = 0; n < NQ / 8; ++n) red_add_pair(row + 8 * n, scale * c[4 * n + 2 * h], scale * c[4 * n + 2 * h + 1]);
+        }
+    };
+
+    int it = 0;
+    for (int q0 = q_begin; q0 < mq; q0 += BQ, ++it) {
         const int cur = it & 1;
         const bool more = q0 + BQ < mq;
         cp_async_wait_all();
         fence_async_shared();
-        __syncthreads();                     // tile q0 landed; every warpgroup is done with tile q0 - BQ and dS^T
+        __syncthreads();                     // tile q0 landed; every warpgroup is done with tile q0 - BQ's
+                                             // products (PIPE: its dS^T is in shared memory)
         if (more) {                          // the next tile into the other stage (read last in tile q0 - BQ)
             const unsigned st = sK + L::OFF_Q + 2 * (cur ^ 1) * L::TILE;
             stage_core_rows<T, D, BQ, THREADS>(st, q, qoff, q_row, q0 + BQ, mq);
@@ -245,14 +270,16 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T))
             if (tid < BQ) query_stats(lse, delta, loff, l_row, q0 + BQ + tid, mq, next_l, next_d);
         }
         const unsigned sQ = sK + L::OFF_Q + 2 * cur * L::TILE, sO = sQ + L::TILE;
+        const unsigned ds_buf = sDS + (PIPE ? cur * L::DS : 0);
         const float* const lt = sL + 2 * cur * BQ;
         const float* const dt = lt + BQ;
         const bool masked = kw0 + 64 > mk || (causal && q0 + causal_shift < kw0 + 63);
 
-        // S^T = K Q^T and dP^T = V dO^T (64 keys x BQ queries each)
+        // S^T = K Q^T and dP^T = V dO^T (64 keys x BQ queries each); PIPE: then dQ of the previous tile
         float s[NS], dp[NS];
         pin(s);
         pin(dp);
+        pin(c);
         wgmma_fence();
         {
             const desc_t bq = smem_desc(sQ, 128, 16 * D), bo = smem_desc(sO, 128, 16 * D);
@@ -265,7 +292,13 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T))
             for (int ks = 1; ks < KD; ++ks) Wgmma16<T, BQ>::template ss<1>(dp, dVw + 16 * ks, bo + 16 * ks);
             wgmma_commit();
         }
-        wgmma_wait<1>();
+        if (PIPE) {
+            if (it > 0) issue_dq(sDS + (cur ^ 1) * L::DS);
+            wgmma_commit();                  // (an empty group for the first tile)
+            wgmma_wait<2>();
+        } else {
+            wgmma_wait<1>();
+        }
         pin(s);
 
         // P^T = exp2(mul S^T - L log2 e); 0 for keys past mk and, if causal, past i + causal_shift
@@ -286,7 +319,6 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T))
         }
 
         // dV += P^T dO: A = P^T (k-step kk = accumulator elements 8 kk .. 8 kk + 7), B = dO MN-major
-        unsigned pa[KQ][4];
 #pragma unroll
         for (int kk = 0; kk < KQ; ++kk)
 #pragma unroll
@@ -300,7 +332,10 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T))
             for (int kk = 0; kk < KQ; ++kk) Wgmma16<T, D>::template rs<1, 1>(gv, pa[kk], bo + 2 * D * kk);
         }
         wgmma_commit();
-        wgmma_wait<1>();                     // dP^T landed (dV may still run)
+        if (PIPE)
+            wgmma_wait<2>();                 // dP^T landed (dQ, dV may still run)
+        else
+            wgmma_wait<1>();                 // dP^T landed (dV may still run)
         pin(dp);
 
         // dS^T = P^T (dP^T - delta), packed as A fragments and stored (16-bit) as rows of dS^T
@@ -313,14 +348,13 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T))
                 s[4 * b + 2 * h + 1] *= dp[4 * b + 2 * h + 1] - d2.y;
             }
         }
-        unsigned da[KQ][4];
 #pragma unroll
         for (int kk = 0; kk < KQ; ++kk)
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 da[kk][j] = H::pack(s[8 * kk + 2 * j], s[8 * kk + 2 * j + 1]);
                 // key row + 8 (j & 1), query columns 16 kk + 8 (j >> 1) + 2 t, + 1
-                st_shared_u32(ds_row + (j & 1) * (16 * BQ) + (2 * kk + (j >> 1)) * 128, da[kk][j]);
+                st_shared_u32(ds_buf + ds_row + (j & 1) * (16 * BQ) + (2 * kk + (j >> 1)) * 128, da[kk][j]);
             }
 
         // dK += dS^T Q: B = Q MN-major
@@ -333,39 +367,40 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T))
             for (int kk = 0; kk < KQ; ++kk) Wgmma16<T, D>::template rs<1, 1>(gk, da[kk], bq + 2 * D * kk);
         }
         wgmma_commit();
-        fence_async_shared();
-        __syncthreads();                     // dS^T of every warpgroup in shared memory, visible to wgmma
-
-        // dQ(tile) = dS K for columns NQ wg .. NQ wg + NQ - 1: A = dS (queries x keys) read MN-major from dS^T
-        // (k-step kk = 16 keys: + 32 BQ kk bytes), B = K MN-major (+ 32 D kk bytes; 8 columns: + 128 bytes)
-        float c[NQ / 2];
-        pin(c);
-        wgmma_fence();
-        {
-            const desc_t a = smem_desc(sDS, 16 * BQ, 128), b = smem_desc(sK + 16 * NQ * wg, 16 * D, 128);
-            WgmmaMnA<T, NQ>::template ss<0>(c, a, b);
-#pragma unroll
-            for (int kk = 1; kk < KB; ++kk) WgmmaMnA<T, NQ>::template ss<1>(c, a + 2 * BQ * kk, b + 2 * D * kk);
+        if (PIPE) {
+            wgmma_wait<2>();                 // dQ of the previous tile landed
+            pin(c);
+            if (it > 0) add_dq(q0 - BQ);
+        } else {
+            fence_async_shared();
+            __syncthreads();                 // dS^T of every warpgroup in shared memory, visible to wgmma
+            wgmma_fence();
+            issue_dq(sDS);
+            wgmma_commit();
+            wgmma_wait<0>();
+            pin(c);
+            add_dq(q0);
         }
-        wgmma_commit();
         wgmma_wait<0>();
-        pin(c);
         pin(gk);
         pin(gv);
         pin_u(pa);
         pin_u(da);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int i = q0 + 16 * warp + g + 8 * h;
-            if (i >= mq) continue;
-            float* row = dq + qoff + i * q_row + NQ * wg + 2 * t;
-#pragma unroll
-            for (int n = 0; n < NQ / 8; ++n) red_add_pair(row + 8 * n, scale * c[4 * n + 2 * h], scale * c[4 * n + 2 * h + 1]);
-        }
         if (more && tid < BQ) {              // L and delta of the next tile (stage cur ^ 1 read last in q0 - BQ)
             sL[2 * (cur ^ 1) * BQ + tid] = next_l;
             sL[(2 * (cur ^ 1) + 1) * BQ + tid] = next_d;
         }
+    }
+    if (PIPE) {                              // dQ of the last tile
+        fence_async_shared();
+        __syncthreads();                     // its dS^T (every warpgroup) in shared memory
+        pin(c);
+        wgmma_fence();
+        issue_dq(sDS + ((it - 1) & 1) * L::DS);
+        wgmma_commit();
+        wgmma_wait<0>();
+        pin(c);
+        add_dq(q_begin + (it - 1) * BQ);
     }
 
     // dK (scaled) and dV of this thread's keys added to dk, dv: every old value of a row read before any store

@@ -299,20 +299,23 @@ def mma16_bwd_shared_bytes(head_dim: int, keys: int) -> int:
     return 4 * (head_dim + 8) * (keys + 2 * queries) + 2 * keys * (queries + 8) + 16 * queries
 
 
-def wgmma16_bwd_shared_bytes(head_dim: int, warpgroups: int) -> int:
+def wgmma16_bwd_shared_bytes(head_dim: int, warpgroups: int, pipe: int) -> int:
     """Dynamic shared memory of one wgmma16_bwd block (BwdSmemWg in dilated_bwd_wgmma_16.cu): K and V of its
-    64 NWG keys, Q and dO of two 64-row query-tile stages, dS^T in 16 bits, L and delta of two stages."""
+    64 NWG keys, Q and dO of two 64-row query-tile stages, dS^T in 16 bits (two buffers with PIPE), L and delta
+    of two stages."""
     keys, queries = 64 * warpgroups, 64
-    return 4 * head_dim * (keys + 2 * queries) + 2 * keys * queries + 16 * queries
+    return 4 * head_dim * (keys + 2 * queries) + (2 if pipe else 1) * 2 * keys * queries + 16 * queries
 
 
-#: wgmma16_bwd per head dim: warpgroups NWG (a warpgroup per 64 keys, BK = 64 NWG keys per block), template
-#: argument of dilated_bwd_wgmma_16<T, D, NWG>; no spills with ptxas for sm_90a.
+#: wgmma16_bwd per head dim: (warpgroups NWG, PIPE), template arguments of dilated_bwd_wgmma_16<T, D, NWG, PIPE>:
+#: a warpgroup per 64 keys (BK = 64 NWG keys per block); PIPE = 1 computes a tile's dQ during the next tile's
+#: softmax. No spills with ptxas for sm_90a.
 WGMMA16_BWD = KernelFamily(
-    "wgmma16_bwd", "dilated_bwd_wgmma_16.cu", SIXTEEN_BIT, lambda t, d, c, o: f"dilated_bwd_wgmma_16<{t},{d},{c[0]}>",
-    ("NWG",), lambda d, c: wgmma16_bwd_shared_bytes(d, c[0]), lambda c: 128 * c[0], lambda d, c: 64 * c[0],
-    SIXTEEN_BIT_ALIGN, defaults={64: (2,), 128: (2,)}, alternatives={64: ((1,),), 128: ((1,),)},
-    min_cc=90, max_cc=90, arch=HOPPER_ARCH, max_shared=HOPPER_SHARED, valid=lambda c: c[0] in (1, 2),
+    "wgmma16_bwd", "dilated_bwd_wgmma_16.cu", SIXTEEN_BIT,
+    lambda t, d, c, o: f"dilated_bwd_wgmma_16<{t},{d},{c[0]},{c[1]}>", ("NWG", "PIPE"),
+    lambda d, c: wgmma16_bwd_shared_bytes(d, *c), lambda c: 128 * c[0], lambda d, c: 64 * c[0],
+    SIXTEEN_BIT_ALIGN, defaults={64: (2, 1), 128: (2, 0)}, alternatives={64: ((2, 0), (1, 1)), 128: ((1, 0),)},
+    min_cc=90, max_cc=90, arch=HOPPER_ARCH, max_shared=HOPPER_SHARED, valid=lambda c: c[0] in (1, 2) and c[1] in (0, 1),
     direction=BACKWARD)
 
 #: mma16_bwd per head dim: keys per block BK (a warp per 16 keys), template argument of

@@ -4,13 +4,13 @@
     python3 tests/scripts/bwd_wgmma16_check.py --quick    # a few cases, then the timing
     python3 tests/scripts/bwd_wgmma16_check.py --no-time  # accuracy only
 
-1. Accuracy: for bfloat16 and float16, D 64/128, NWG 1 and 2 (BK = 64 NWG keys per block), causal and not,
+1. Accuracy: for bfloat16 and float16, D 64/128, each configuration of the registry, causal and not,
    n = 1024, H = 4, patterns (256,1) (512,2) (1024,4), and a ragged problem (n = 1200, patterns (200,1) (600,2)
    (1200,3): 320, 300 and 400 selected rows, none a multiple of a tile). Inputs, reference and rule as
    tests/scripts/bwd_mma16_check.py: float64 ``local_dilated_backward`` on the rounded inputs, L and delta
    float32, max |err| / max |ref| <= 2e-2 for each of dQ, dK, dV, and finite.
 2. Timing (CUDA events, median of 5 after 2 warm-ups): n = 262,144, patterns (2048,1) (4096,2) (8192,4),
-   bfloat16, D = 64 (H = 12) and D = 128 (H = 8), each NWG, non-causal and causal, and mma16_bwd (BK = 128) in
+   bfloat16, D = 64 (H = 12) and D = 128 (H = 8), each configuration, non-causal and causal, and mma16_bwd (BK = 128) in
    the same run; useful TFLOP/s with the backward counted as 2.5 x the forward's 4 m m D FLOPs per problem.
 
 Exit code 1 when any case fails (or fails to compile or launch); 0 otherwise.
@@ -36,11 +36,10 @@ from hilbert_hpc.core.dilated import local_dilated_forward  # noqa: E402
 from hilbert_hpc.core.patterns import Pattern  # noqa: E402
 from hilbert_hpc.kernels.launch import local_launches  # noqa: E402
 from hilbert_hpc.kernels.program import compiled  # noqa: E402
-from hilbert_hpc.kernels.registry import Variant, mma16_bwd_shared_bytes, wgmma16_bwd_shared_bytes  # noqa: E402
+from hilbert_hpc.kernels.registry import MMA16_BWD, WGMMA16_BWD, Variant  # noqa: E402
 
 TYPES = {"bfloat16": "bf16_t", "float16": "f16_t"}
 HEAD_DIMS = (64, 128)
-WARPGROUPS = (1, 2)
 TOLERANCE = 2e-2
 EVEN = (1024, 4, [Pattern(256, 1), Pattern(512, 2), Pattern(1024, 4)])
 RAGGED = (1200, 4, [Pattern(200, 1), Pattern(600, 2), Pattern(1200, 3)])
@@ -48,14 +47,11 @@ ANCHOR = (262144, 12, [Pattern(2048, 1), Pattern(4096, 2), Pattern(8192, 4)])
 ANCHOR_128 = (262144, 8, ANCHOR[2])
 
 
-def variant(dtype: str, head_dim: int, nwg: int) -> Variant:
-    """The wgmma instantiation for (dtype, head dim, warpgroups); nwg = 0: mma16_bwd with BK = 128."""
-    t = TYPES[dtype]
-    if nwg == 0:
-        return Variant("mma16_bwd", head_dim, "dilated_bwd_mma_16.cu", f"dilated_bwd_mma_16<{t},{head_dim},128>",
-                       256, 128, mma16_bwd_shared_bytes(head_dim, 128), 8, 80)
-    return Variant("wgmma16_bwd", head_dim, "dilated_bwd_wgmma_16.cu", f"dilated_bwd_wgmma_16<{t},{head_dim},{nwg}>",
-                   128 * nwg, 64 * nwg, wgmma16_bwd_shared_bytes(head_dim, nwg), 8, 90, 90, "sm_90a", (nwg,))
+def variant(dtype: str, head_dim: int, config: tuple) -> Variant:
+    """The wgmma16_bwd instantiation of ``config`` (NWG, DQ); () gives mma16_bwd with BK = 128."""
+    if not config:
+        return MMA16_BWD.variant(head_dim, dtype, (128,))
+    return WGMMA16_BWD.variant(head_dim, dtype, config)
 
 
 def to_bf16(x: np.ndarray) -> np.ndarray:
@@ -91,7 +87,7 @@ def launch_all(fn, v: Variant, arrays: tuple, patterns, causal: bool, scale: flo
         fn(grid, (v.threads,), args, shared_mem=v.shared_bytes)
 
 
-def check_case(dtype: str, d: int, nwg: int, problem: tuple, causal: bool, seed: int) -> bool:
+def check_case(dtype: str, d: int, cfg: tuple, problem: tuple, causal: bool, seed: int) -> bool:
     """One accuracy case; prints its errors; True when it passes."""
     n, heads, patterns = problem
     rng = np.random.default_rng(seed)
@@ -103,7 +99,7 @@ def check_case(dtype: str, d: int, nwg: int, problem: tuple, causal: bool, seed:
     delta = np.einsum("nhd,nhd->nh", do64, out)
     grads = tuple(cupy.zeros((n, heads, d), dtype=cupy.float32) for _ in range(3))
     arrays = (q, k, v, do, cupy.asarray(lse, dtype=cupy.float32), cupy.asarray(delta, dtype=cupy.float32), *grads)
-    var = variant(dtype, d, nwg)
+    var = variant(dtype, d, cfg)
     launch_all(compiled(var), var, arrays, patterns, causal, scale, n, heads, d)
     cupy.cuda.Device().synchronize()
     ok, parts = True, []
@@ -112,7 +108,7 @@ def check_case(dtype: str, d: int, nwg: int, problem: tuple, causal: bool, seed:
         err = float(np.abs(got - ref).max() / np.abs(ref).max()) if np.isfinite(got).all() else math.inf
         ok &= err <= TOLERANCE
         parts.append(f"{name} {err:.2e}")
-    print(f"{'ok  ' if ok else 'FAIL'} {dtype:8s} D={d:3d} NWG={nwg} n={n} {'causal' if causal else 'full  '} "
+    print(f"{'ok  ' if ok else 'FAIL'} {dtype:8s} D={d:3d} cfg={cfg} n={n} {'causal' if causal else 'full  '} "
           + "  ".join(parts), flush=True)
     return ok
 
@@ -124,7 +120,7 @@ def useful_flops(problem: tuple, d: int, causal: bool) -> float:
     return 2.5 * fwd / (2 if causal else 1)
 
 
-def time_case(dtype: str, d: int, nwg: int, problem: tuple, causal: bool) -> None:
+def time_case(dtype: str, d: int, cfg: tuple, problem: tuple, causal: bool) -> None:
     """Median time of the backward launches of ``problem`` (random inputs, L = 10, delta small)."""
     n, heads, patterns = problem
     scale = 1.0 / math.sqrt(d)
@@ -136,7 +132,7 @@ def time_case(dtype: str, d: int, nwg: int, problem: tuple, causal: bool) -> Non
     lse = cupy.full((n, heads), 10.0, dtype=cupy.float32)
     delta = (0.1 * rs.standard_normal((n, heads), dtype=cupy.float32)).astype(cupy.float32)
     grads = tuple(cupy.zeros((n, heads, d), dtype=cupy.float32) for _ in range(3))
-    var = variant(dtype, d, nwg)
+    var = variant(dtype, d, cfg)
     fn = compiled(var)
     arrays = (q, k, v, do, lse, delta, *grads)
     times = []
@@ -150,19 +146,24 @@ def time_case(dtype: str, d: int, nwg: int, problem: tuple, causal: bool) -> Non
             times.append(cupy.cuda.get_elapsed_time(start, stop))
     ms = float(np.median(times))
     tflops = useful_flops(problem, d, causal) / (ms * 1e-3) / 1e12
-    print(f"time {dtype} D={d} {var.variant} {var.config or (128,)} n={n} H={heads} "
+    print(f"time {dtype} D={d} {var.variant} {var.config} n={n} H={heads} "
           f"{'causal' if causal else 'full  '}: {ms:.2f} ms, "
           f"{tflops:.0f} TFLOP/s useful", flush=True)
 
 
+def configs(head_dim: int) -> list[tuple]:
+    """The wgmma16_bwd configurations of ``head_dim``: the registry's default, then its alternatives."""
+    return WGMMA16_BWD.configurations(head_dim)
+
+
 def cases(quick: bool) -> list[tuple]:
-    """(dtype, D, NWG, problem, causal) of the accuracy checks."""
+    """(dtype, D, configuration, problem, causal) of the accuracy checks."""
     if quick:
-        return [("bfloat16", 64, 2, EVEN, False), ("bfloat16", 64, 1, EVEN, True),
-                ("float16", 128, 2, EVEN, True), ("bfloat16", 128, 1, RAGGED, True),
-                ("float16", 64, 2, RAGGED, False)]
-    full = [(dt, d, w, EVEN, c) for dt in TYPES for d in HEAD_DIMS for w in WARPGROUPS for c in (False, True)]
-    ragged = [(dt, d, w, RAGGED, c) for dt in TYPES for d in HEAD_DIMS for w in WARPGROUPS for c in (False, True)]
+        return [("bfloat16", 64, configs(64)[0], EVEN, False), ("bfloat16", 64, configs(64)[0], EVEN, True),
+                ("float16", 128, configs(128)[0], EVEN, True), ("bfloat16", 128, configs(128)[0], RAGGED, True),
+                ("float16", 64, configs(64)[0], RAGGED, False)]
+    full = [(dt, d, w, EVEN, c) for dt in TYPES for d in HEAD_DIMS for w in configs(d) for c in (False, True)]
+    ragged = [(dt, d, w, RAGGED, c) for dt in TYPES for d in HEAD_DIMS for w in configs(d) for c in (False, True)]
     return full + ragged
 
 
@@ -176,21 +177,21 @@ def main() -> int:
         print(f"compute capability {cc / 10:.1f}: the wgmma backward needs 9.0 (sm_90a)")
         return 1
     failed = 0
-    for i, (dtype, d, nwg, problem, causal) in enumerate(cases(args.quick)):
+    for i, (dtype, d, cfg, problem, causal) in enumerate(cases(args.quick)):
         try:
-            failed += not check_case(dtype, d, nwg, problem, causal, seed=i)
+            failed += not check_case(dtype, d, cfg, problem, causal, seed=i)
         except Exception:  # noqa: BLE001 - report the case (compile log included) and go on
             failed += 1
-            print(f"FAIL {dtype} D={d} NWG={nwg} n={problem[0]} causal={causal}:\n{traceback.format_exc()}", flush=True)
+            print(f"FAIL {dtype} D={d} cfg={cfg} n={problem[0]} causal={causal}:\n{traceback.format_exc()}", flush=True)
     if not args.no_time:
         for d, problem in ((64, ANCHOR), (128, ANCHOR_128)):
-            for nwg in (0, *WARPGROUPS):
+            for cfg in ((), *configs(d)):
                 for causal in (False, True):
                     try:
-                        time_case("bfloat16", d, nwg, problem, causal)
+                        time_case("bfloat16", d, cfg, problem, causal)
                     except Exception:  # noqa: BLE001
                         failed += 1
-                        print(f"FAIL timing D={d} NWG={nwg} causal={causal}:\n{traceback.format_exc()}", flush=True)
+                        print(f"FAIL timing D={d} cfg={cfg} causal={causal}:\n{traceback.format_exc()}", flush=True)
     print(f"{failed} case(s) failed" if failed else "all cases passed")
     return 1 if failed else 0
 
