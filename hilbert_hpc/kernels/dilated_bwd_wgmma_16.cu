@@ -17,16 +17,27 @@
 //   dS^T (16-bit) to shared memory; after a block barrier, dQ(tile) = dS K: M = the BQ queries, N = D / NWG
 //     columns per warpgroup, K = the BK keys (A = dS read MN-major from the dS^T buffer, imm-trans-a = 1;
 //     B = K MN-major), and scale dQ added to the float32 dq with red.global.add.v2.f32.
+// PIPE = 0: the dQ of a tile follows its dK (two block barriers a tile). PIPE = 1: dS^T is double-buffered and
+// a tile's dQ is issued with the next tile's S^T and dP^T, so that it runs during that tile's softmax (one block
+// barrier a tile, the one that also publishes the next Q / dO stage); with more than 32 dQ columns per
+// warpgroup (D = 128) only the first 32 are, the rest follow once S^T and dP^T are dead (255 registers, no
+// spills). The last tile's dQ follows the loop.
 // At the end dK is scaled and dK, dV are added to dk, dv (read-add-write: a key row belongs to one block).
+// Registers (ptxas, sm_90a; NWG = 2): D = 64: 214 (PIPE = 1), 197 (PIPE = 0); D = 128: 255, 242; one block of
+// 8 warps per SM. Measured on an H200 (tests/scripts/bwd_wgmma16_check.py, 2026-11-25; N = 262,144, patterns
+// (2048,1) (4096,2) (8192,4), bf16, useful TFLOP/s = 2.5 x the forward's FLOPs): D = 64 (H = 12) 230, causal 179
+// (mma16_bwd 195 / 170); D = 128 (H = 8) 267, causal 227 (mma16_bwd 200 / 182). Tried and no faster: dQ staged in
+// shared memory and added by one bulk reduce (cp.reduce.async.bulk) per row, red.global.add.v4.f32 after a lane
+// exchange, the A operands of dV and dK (P^T, dS^T) read from shared memory.
 //
 // Shared memory (bytes), no swizzle, every tile in core-matrix order [row / 8][col / 8][row % 8][8] (as in
 // dilated_fwd_wgmma_16.cu: K-major descriptors LBO = 128, SBO = 16 W for a W-wide tile; the same tile read
 // MN-major with LBO = 16 W, SBO = 128):
 //   K, V of the block     2 * BK * D * 2
 //   Q, dO, two stages     4 * BQ * D * 2
-//   dS^T (keys x queries) BK * BQ * 2
+//   dS^T (keys x queries) (1 + PIPE) * BK * BQ * 2
 //   L, delta, two stages  16 * BQ
-//   total = 4 D (BK + 2 BQ) + 2 BK BQ + 16 BQ (NWG = 2: D = 64: 82,944; D = 128: 148,480)
+//   total = 4 D (BK + 2 BQ) + 2 (1 + PIPE) BK BQ + 16 BQ (NWG = 2, PIPE = 1: D = 64: 99,328; D = 128: 164,864)
 // Fragments (per warp of a warpgroup, lane = 4 g + t): accumulator element 4 i + 2 h + e = (row g + 8 h of the
 // warp's 16, column 8 i + 2 t + e); element r of the 16-bit A fragment of k-step kk is accumulator element
 // 8 kk + r (dilated_fwd_wgmma_16.cu), so P^T and dS^T become A operands in place.
@@ -37,7 +48,7 @@
 #include "wgmma.cuh"
 
 // wgmma D (+)= A * B, D f32 64 x N, A 64 x 16 MN-major (imm-trans-a = 1) and B 16 x N MN-major (imm-trans-b = 1),
-// both from shared-memory descriptors; SCALE_D = 0 ignores the old D. (Wgmma16 of wgmma.cuh reads K-major A.)
+// both from shared-memory descriptors; SCALE_D = 0 ignores the old D. (Wgmma16 of wgmma.cuh reads both K-major.)
 template <typename T, int N>
 struct WgmmaMnA;
 
@@ -192,6 +203,8 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T))
     constexpr int KQ = BQ / 16;              // k-steps over the queries of a tile
     constexpr int KB = BK / 16;              // k-steps over the keys of the block (dQ)
     constexpr int NQ = D / NWG;              // dQ columns of one warpgroup
+    constexpr int NP = (PIPE && NQ > 32) ? 2 : 1;   // PIPE: dQ in column parts of 32 (fewer live registers)
+    constexpr int NC = NQ / NP;              // columns of one part
     static_assert((D == 64 || D == 128) && (NWG == 1 || NWG == 2), "D: 64 or 128; NWG: 1 or 2");
 
     extern __shared__ __align__(128) unsigned char smem_bwd[];
@@ -231,26 +244,27 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T))
     float gk[D / 2], gv[D / 2];              // dK, dV of this warpgroup's keys
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) gk[i] = gv[i] = 0.0f;
-    float c[NQ / 2];                         // dQ of a tile, columns NQ wg .. NQ wg + NQ - 1 of this warpgroup
+    float c[NC / 2];                         // dQ of a tile, columns NQ wg + NC part .. + NC - 1
     unsigned pa[KQ][4], da[KQ][4];           // P^T and dS^T as A fragments
 
-    // dQ(tile) = dS K from the dS^T buffer at ds: A = dS (queries x keys) read MN-major from dS^T (k-step kk =
-    // 16 keys: + 32 BQ kk bytes), B = K MN-major (+ 32 D kk bytes; 8 columns: + 128 bytes); issued, not committed
-    auto issue_dq = [&](unsigned ds) {
-        const desc_t a = smem_desc(ds, 16 * BQ, 128), b = smem_desc(sK + 16 * NQ * wg, 16 * D, 128);
-        WgmmaMnA<T, NQ>::template ss<0>(c, a, b);
+    // dQ(tile) = dS K, column part `part`, from the dS^T buffer at ds: A = dS (queries x keys) read MN-major from
+    // dS^T (k-step kk = 16 keys: + 32 BQ kk bytes), B = K MN-major (+ 32 D kk bytes; 8 columns: + 128 bytes);
+    // issued, not committed
+    auto issue_dq = [&](unsigned ds, int part) {
+        const desc_t a = smem_desc(ds, 16 * BQ, 128), b = smem_desc(sK + 16 * (NQ * wg + NC * part), 16 * D, 128);
+        WgmmaMnA<T, NC>::template ss<0>(c, a, b);
 #pragma unroll
-        for (int kk = 1; kk < KB; ++kk) WgmmaMnA<T, NQ>::template ss<1>(c, a + 2 * BQ * kk, b + 2 * D * kk);
+        for (int kk = 1; kk < KB; ++kk) WgmmaMnA<T, NC>::template ss<1>(c, a + 2 * BQ * kk, b + 2 * D * kk);
     };
-    // scale dQ of the tile at query qt added to dq (red.global.add.v2.f32)
-    auto add_dq = [&](int qt) {
+    // scale dQ (column part `part`) of the tile at query qt added to dq (red.global.add.v2.f32)
+    auto add_dq = [&](int qt, int part) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int i = qt + 16 * warp + g + 8 * h;
             if (i >= mq) continue;
-            float* row = dq + qoff + i * q_row + NQ * wg + 2 * t;
+            float* row = dq + qoff + i * q_row + NQ * wg + NC * part + 2 * t;
 #pragma unroll
-            for (int n = 0; n < NQ / 8; ++n) red_add_pair(row + 8 * n, scale * c[4 * n + 2 * h], scale * c[4 * n + 2 * h + 1]);
+            for (int n = 0; n < NC / 8; ++n) red_add_pair(row + 8 * n, scale * c[4 * n + 2 * h], scale * c[4 * n + 2 * h + 1]);
         }
     };
 
@@ -293,7 +307,7 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T))
             wgmma_commit();
         }
         if (PIPE) {
-            if (it > 0) issue_dq(sDS + (cur ^ 1) * L::DS);
+            if (it > 0) issue_dq(sDS + (cur ^ 1) * L::DS, 0);
             wgmma_commit();                  // (an empty group for the first tile)
             wgmma_wait<2>();
         } else {
@@ -370,16 +384,26 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T))
         if (PIPE) {
             wgmma_wait<2>();                 // dQ of the previous tile landed
             pin(c);
-            if (it > 0) add_dq(q0 - BQ);
+            if (it > 0) {
+                add_dq(q0 - BQ, 0);
+                if (NP == 2) {               // its second column part, now that S^T and dP^T are dead
+                    wgmma_fence();
+                    issue_dq(sDS + (cur ^ 1) * L::DS, 1);
+                    wgmma_commit();
+                    wgmma_wait<0>();
+                    pin(c);
+                    add_dq(q0 - BQ, 1);
+                }
+            }
         } else {
             fence_async_shared();
             __syncthreads();                 // dS^T of every warpgroup in shared memory, visible to wgmma
             wgmma_fence();
-            issue_dq(sDS);
+            issue_dq(sDS, 0);
             wgmma_commit();
             wgmma_wait<0>();
             pin(c);
-            add_dq(q0);
+            add_dq(q0, 0);
         }
         wgmma_wait<0>();
         pin(gk);
@@ -394,13 +418,15 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T))
     if (PIPE) {                              // dQ of the last tile
         fence_async_shared();
         __syncthreads();                     // its dS^T (every warpgroup) in shared memory
-        pin(c);
-        wgmma_fence();
-        issue_dq(sDS + ((it - 1) & 1) * L::DS);
-        wgmma_commit();
-        wgmma_wait<0>();
-        pin(c);
-        add_dq(q_begin + (it - 1) * BQ);
+        for (int part = 0; part < NP; ++part) {
+            pin(c);
+            wgmma_fence();
+            issue_dq(sDS + ((it - 1) & 1) * L::DS, part);
+            wgmma_commit();
+            wgmma_wait<0>();
+            pin(c);
+            add_dq(q_begin + (it - 1) * BQ, part);
+        }
     }
 
     // dK (scaled) and dV of this thread's keys added to dk, dv: every old value of a row read before any store
