@@ -11,7 +11,7 @@ import pytest
 from hilbert_hpc.kernels import registry
 from hilbert_hpc.kernels.backward import BackwardKernels, check_arrays, key_chunks
 from hilbert_hpc.kernels.check import CHECK_ARCHS, archs_for
-from hilbert_hpc.kernels.registry import BACKWARD, FMA_BWD, FORWARD, HEAD_DIMS, MMA16_BWD
+from hilbert_hpc.kernels.registry import BACKWARD, FMA_BWD, FORWARD, HEAD_DIMS, HOPPER_SHARED, MMA16_BWD, WGMMA16_BWD
 from hilbert_hpc.kernels.selection import BACKWARD_ENV, choose, choose_backward
 
 from nvrtc_probe import needs_nvrtc
@@ -21,10 +21,10 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 def test_backward_families_are_never_forward_choices():
     backward = {f.name for f in registry.FAMILIES.values() if f.direction == BACKWARD}
-    assert backward == {"mma16_bwd", "fma_bwd"}
+    assert backward == {"wgmma16_bwd", "mma16_bwd", "fma_bwd"}
     for dtype in DTYPES:
         assert not backward & {f.name for f in registry.families_for(dtype)}
-        preferred = ["fma_bwd"] if dtype == "float32" else ["mma16_bwd", "fma_bwd"]
+        preferred = ["fma_bwd"] if dtype == "float32" else ["wgmma16_bwd", "mma16_bwd", "fma_bwd"]
         assert [f.name for f in registry.families_for(dtype, BACKWARD)] == preferred
         for cc in (61, 80, 90):
             for d in HEAD_DIMS:
@@ -49,10 +49,29 @@ def test_choose_backward_per_gpu(cc, dtype):
         if dtype == "float32":
             assert c.name == "fma_bwd" and c.variant == FMA_BWD.variant(d, dtype) and c.for_alignment(1) == c.variant
             continue
-        # 16 bits: the tensor-core kernel, BK = 64 where BK = 128 does not fit (D = 128 on 8.6), FMA for odd rows
+        # 16 bits: wgmma on Hopper (D = 64, 128), else the mma.sync kernel, BK = 64 where BK = 128 does not fit
+        # (D = 128 on 8.6); FMA for odd rows
+        assert c.for_alignment(8) == c.variant and c.for_alignment(4) == FMA_BWD.variant(d, dtype)
+        if cc == 90 and d in WGMMA16_BWD.head_dims:
+            assert c.name == "wgmma16_bwd" and c.variant == WGMMA16_BWD.variant(d, dtype)
+            continue
         bk = 64 if (d == 128 and cc == 86) else 128
         assert c.name == "mma16_bwd" and c.variant == MMA16_BWD.variant(d, dtype, (bk,))
-        assert c.for_alignment(8) == c.variant and c.for_alignment(4) == FMA_BWD.variant(d, dtype)
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("v", WGMMA16_BWD.instantiations(), ids=[v.name for v in WGMMA16_BWD.instantiations()])
+def test_wgmma16_bwd_has_no_spills_and_wgmma_not_serialized(v):
+    """ptxas for sm_90a (through NVRTC, no GPU): no local memory, wgmma not serialized, within Hopper's shared
+    memory; the PTX reads dS MN-major (imm-trans-a) and adds dQ with red.global.add.v2.f32."""
+    from hilbert_hpc.kernels.check import arch_ptxas_report, compile_templates
+    from hilbert_hpc.kernels.program import ARCH_OPTIONS
+
+    r = arch_ptxas_report(v)
+    assert r["registers"] > 0 and (r["stack"], r["spill_stores"], r["spill_loads"]) == (0, 0, 0), r["log"]
+    assert not r["serialized"] and v.shared_bytes <= HOPPER_SHARED, r["log"]
+    ptx = compile_templates("compute_90a", v.source, [v.name], ARCH_OPTIONS)[1]
+    assert "p, 1, 1, 1, 1;" in ptx and "red.relaxed.gpu.global.add.v2.f32" in ptx
 
 
 def test_backward_override(monkeypatch):
@@ -62,6 +81,12 @@ def test_backward_override(monkeypatch):
     assert choose_backward("float32", 32, cc=90, override="").variant.config == FMA_BWD.defaults[32]
     assert choose_backward("bfloat16", 64, cc=90, override="mma16_bwd:64").variant.name == \
         "dilated_bwd_mma_16<bf16_t,64,64>"
+    assert choose_backward("float16", 128, cc=90, override="wgmma16_bwd:2,0").variant.name == \
+        "dilated_bwd_wgmma_16<f16_t,128,2,0>"
+    with pytest.raises(RuntimeError, match="HILBERT_HPC_BWD_KERNEL=wgmma16_bwd: needs compute capability 9.0"):
+        choose_backward("bfloat16", 64, cc=80, override="wgmma16_bwd")
+    with pytest.raises(ValueError, match=r"wgmma16_bwd supports head_dim in \[64, 128\], got 96"):
+        choose_backward("bfloat16", 96, cc=90, override="wgmma16_bwd")
     with pytest.raises(RuntimeError, match="HILBERT_HPC_BWD_KERNEL=tma16: unknown 16-bit backward kernel variant"):
         choose_backward("float16", 64, cc=90, override="tma16")
     with pytest.raises(RuntimeError, match="HILBERT_HPC_BWD_KERNEL=fma_bwd:64: fma_bwd takes BK,BQ"):

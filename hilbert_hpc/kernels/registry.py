@@ -12,8 +12,9 @@ FP32 families (float32 inputs): ``wgmma`` (split-TF32 warpgroup MMA, Hopper), ``
 ``mma.sync``, compute capability 8.0+), ``tiled128`` / ``tiled64`` (register-tiled FP32 FMA) and ``warp``
 (FP32 FMA, any row alignment). 16-bit families (bfloat16, float16): ``tma16`` (warp-specialized, TMA loads,
 Hopper), ``wgmma16`` (Hopper) and ``mma16`` (``mma.sync``, compute capability 8.0+). Backward families
-(``direction`` "backward", never picked by the forward selection): ``fma_bwd`` (FP32 FMA, every dtype, any row
-alignment). ``docs/kernels.md`` describes each and the measurements behind the defaults.
+(``direction`` "backward", never picked by the forward selection), preferred first: ``wgmma16_bwd`` (16-bit,
+warpgroup MMA, Hopper), ``mma16_bwd`` (16-bit, ``mma.sync``, compute capability 8.0+) and ``fma_bwd`` (FP32 FMA,
+every dtype, any row alignment). ``docs/kernels.md`` describes each and the measurements behind the defaults.
 """
 
 from __future__ import annotations
@@ -299,6 +300,29 @@ def mma16_bwd_shared_bytes(head_dim: int, keys: int) -> int:
     return 4 * (head_dim + 8) * (keys + 2 * queries) + 2 * keys * (queries + 8) + 16 * queries
 
 
+def wgmma16_bwd_shared_bytes(head_dim: int, warpgroups: int, pipe: int) -> int:
+    """Dynamic shared memory of one wgmma16_bwd block (BwdSmemWg in dilated_bwd_wgmma_16.cu): K and V of its
+    64 NWG keys, Q and dO of two 64-row query-tile stages, dS^T in 16 bits (two buffers with PIPE), L and delta
+    of two stages."""
+    keys, queries = 64 * warpgroups, 64
+    return 4 * head_dim * (keys + 2 * queries) + (2 if pipe else 1) * 2 * keys * queries + 16 * queries
+
+
+#: wgmma16_bwd per head dim: (warpgroups NWG, PIPE), template arguments of dilated_bwd_wgmma_16<T, D, NWG, PIPE>:
+#: a warpgroup per 64 keys (BK = 64 NWG keys per block); PIPE = 1 computes a tile's dQ during the next tile's
+#: softmax. No spills with ptxas for sm_90a. Measured on an H200 (tests/scripts/bwd_wgmma16_check.py, 2026-11-25;
+#: N = 262,144, patterns (2048,1) (4096,2) (8192,4), bf16, ms non-causal / causal): D = 64 (H = 12): (2, 1) 31.4 /
+#: 20.2, (2, 0) 34.3 / 21.0, (1, 1) 49.8 / 26.8 (mma16_bwd 37.1 / 21.2); D = 128 (H = 8): (2, 1) 36.0 / 21.2,
+#: (2, 0) 39.4 / 22.8 (mma16_bwd 48.0 / 26.4). dQ through shared memory and one bulk reduce per row, v4 atomics,
+#: and the A operands of dV and dK from shared memory were no faster.
+WGMMA16_BWD = KernelFamily(
+    "wgmma16_bwd", "dilated_bwd_wgmma_16.cu", SIXTEEN_BIT,
+    lambda t, d, c, o: f"dilated_bwd_wgmma_16<{t},{d},{c[0]},{c[1]}>", ("NWG", "PIPE"),
+    lambda d, c: wgmma16_bwd_shared_bytes(d, *c), lambda c: 128 * c[0], lambda d, c: 64 * c[0],
+    SIXTEEN_BIT_ALIGN, defaults={64: (2, 1), 128: (2, 1)}, alternatives={64: ((2, 0), (1, 1)), 128: ((2, 0),)},
+    min_cc=90, max_cc=90, arch=HOPPER_ARCH, max_shared=HOPPER_SHARED,
+    valid=lambda c: c[0] in (1, 2) and c[1] in (0, 1), direction=BACKWARD)
+
 #: mma16_bwd per head dim: keys per block BK (a warp per 16 keys), template argument of
 #: dilated_bwd_mma_16<T, D, BK>; no spills with ptxas for sm_80 and sm_90. Measured on an H100 (N = 262,144,
 #: patterns (2048,1) (4096,2) (8192,4), bf16, useful TFLOP/s, BK = 128 / 64): D = 64 (H = 12) 191 / 126, causal
@@ -327,7 +351,7 @@ FMA_BWD = KernelFamily(
 
 #: every family: the forward ones (FP32 fastest first, measured on an H200, docs/performance.md; then the 16-bit
 #: ones), then the backward ones, preferred first (the backward choice takes the first that runs)
-FAMILIES = {f.name: f for f in (WGMMA, TF32X3, TILED128, TILED64, WARP, WGMMA16, TMA16, MMA16, MMA16_BWD,
+FAMILIES = {f.name: f for f in (WGMMA, TF32X3, TILED128, TILED64, WARP, WGMMA16, TMA16, MMA16, WGMMA16_BWD, MMA16_BWD,
                                 FMA_BWD)}
 
 

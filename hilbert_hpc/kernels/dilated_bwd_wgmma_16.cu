@@ -1,0 +1,451 @@
+// Hopper (sm_90a) tensor-core dilated-attention backward for 16-bit inputs (bfloat16 or float16): warpgroup
+// MMA (wgmma m64nNk16, FP32 accumulation) in FlashAttention-2/3 order: a block owns BK = 64 NWG keys and walks
+// the query tiles that see them. Arguments and semantics: DILATED_BWD_PARAMS (common.cuh), docs/semantics.md
+// section 10; rows aligned to 8 elements (16 bytes), mq and mk arbitrary (tails zero-filled and masked). The
+// same algorithm as dilated_bwd_mma_16.cu, with a warpgroup per 64 keys (the wgmma M dimension).
+//
+// Grid: x = segments * heads problems (DILATED_FWD_PROBLEM_OFFSETS), y = key blocks of BK keys. Block: NWG
+// warpgroups of 128 threads, warpgroup w owning keys k0 + 64 w .. k0 + 64 w + 63; query tiles of BQ = 64 rows.
+// K and V of the block's keys are staged once; Q, dO (cp.async) and L, delta (registers, one tile ahead) are
+// double-buffered. Per query tile and warpgroup:
+//   S^T = K Q^T and dP^T = V dO^T (D / 16 wgmma m64n64k16 each, A = this warpgroup's K / V rows and B = the
+//     Q / dO tile from shared memory, both K-major; issued together, S^T waited for first);
+//   P^T = exp2(scale log2e S^T - L log2e), 0 for invisible pairs (masks only on boundary tiles) and for rows
+//     with L = -inf or past mq (L staged as +inf);
+//   dV += P^T dO (A = P^T repacked in registers as 16-bit fragments; B = dO MN-major, imm-trans-b = 1);
+//   dS^T = P^T (dP^T - delta); dK += dS^T Q (A = dS^T from registers; B = Q MN-major);
+//   dS^T (16-bit) to shared memory; after a block barrier, dQ(tile) = dS K: M = the BQ queries, N = D / NWG
+//     columns per warpgroup, K = the BK keys (A = dS read MN-major from the dS^T buffer, imm-trans-a = 1;
+//     B = K MN-major), and scale dQ added to the float32 dq with red.global.add.v2.f32.
+// PIPE = 0: the dQ of a tile follows its dK (two block barriers a tile). PIPE = 1: dS^T is double-buffered and
+// a tile's dQ is issued with the next tile's S^T and dP^T, so that it runs during that tile's softmax (one block
+// barrier a tile, the one that also publishes the next Q / dO stage); with more than 32 dQ columns per
+// warpgroup (D = 128) only the first 32 are, the rest follow once S^T and dP^T are dead (255 registers, no
+// spills). The last tile's dQ follows the loop.
+// At the end dK is scaled and dK, dV are added to dk, dv (read-add-write: a key row belongs to one block).
+// Registers (ptxas, sm_90a; NWG = 2): D = 64: 214 (PIPE = 1), 197 (PIPE = 0); D = 128: 255, 242; one block of
+// 8 warps per SM. Measured on an H200 (tests/scripts/bwd_wgmma16_check.py, 2026-11-25; N = 262,144, patterns
+// (2048,1) (4096,2) (8192,4), bf16, useful TFLOP/s = 2.5 x the forward's FLOPs): D = 64 (H = 12) 230, causal 179
+// (mma16_bwd 195 / 170); D = 128 (H = 8) 267, causal 227 (mma16_bwd 200 / 182). Tried and no faster: dQ staged in
+// shared memory and added by one bulk reduce (cp.reduce.async.bulk) per row, red.global.add.v4.f32 after a lane
+// exchange, the A operands of dV and dK (P^T, dS^T) read from shared memory.
+//
+// Shared memory (bytes), no swizzle, every tile in core-matrix order [row / 8][col / 8][row % 8][8] (as in
+// dilated_fwd_wgmma_16.cu: K-major descriptors LBO = 128, SBO = 16 W for a W-wide tile; the same tile read
+// MN-major with LBO = 16 W, SBO = 128):
+//   K, V of the block     2 * BK * D * 2
+//   Q, dO, two stages     4 * BQ * D * 2
+//   dS^T (keys x queries) (1 + PIPE) * BK * BQ * 2
+//   L, delta, two stages  16 * BQ
+//   total = 4 D (BK + 2 BQ) + 2 (1 + PIPE) BK BQ + 16 BQ (NWG = 2, PIPE = 1: D = 64: 99,328; D = 128: 164,864)
+// Fragments (per warp of a warpgroup, lane = 4 g + t): accumulator element 4 i + 2 h + e = (row g + 8 h of the
+// warp's 16, column 8 i + 2 t + e); element r of the 16-bit A fragment of k-step kk is accumulator element
+// 8 kk + r (dilated_fwd_wgmma_16.cu), so P^T and dS^T become A operands in place.
+
+#include "common.cuh"
+#include "convert.cuh"
+#include "cp_async.cuh"
+#include "wgmma.cuh"
+
+// wgmma D (+)= A * B, D f32 64 x N, A 64 x 16 MN-major (imm-trans-a = 1) and B 16 x N MN-major (imm-trans-b = 1),
+// both from shared-memory descriptors; SCALE_D = 0 ignores the old D. (Wgmma16 of wgmma.cuh reads both K-major.)
+template <typename T, int N>
+struct WgmmaMnA;
+
+template <>
+struct WgmmaMnA<bf16_t, 32> {
+    template <int SCALE_D>
+    static __device__ __forceinline__ void ss(float (&d)[16], desc_t da, desc_t db) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 1, 1;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+            : "l"(da), "l"(db), "n"(SCALE_D));
+    }
+};
+
+template <>
+struct WgmmaMnA<bf16_t, 64> {
+    template <int SCALE_D>
+    static __device__ __forceinline__ void ss(float (&d)[32], desc_t da, desc_t db) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 1, 1;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+            : "l"(da), "l"(db), "n"(SCALE_D));
+    }
+};
+
+template <>
+struct WgmmaMnA<bf16_t, 128> {
+    template <int SCALE_D>
+    static __device__ __forceinline__ void ss(float (&d)[64], desc_t da, desc_t db) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 1, 1;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+              "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+              "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+              "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+              "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+            : "l"(da), "l"(db), "n"(SCALE_D));
+    }
+};
+
+template <>
+struct WgmmaMnA<f16_t, 32> {
+    template <int SCALE_D>
+    static __device__ __forceinline__ void ss(float (&d)[16], desc_t da, desc_t db) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 1, 1;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+            : "l"(da), "l"(db), "n"(SCALE_D));
+    }
+};
+
+template <>
+struct WgmmaMnA<f16_t, 64> {
+    template <int SCALE_D>
+    static __device__ __forceinline__ void ss(float (&d)[32], desc_t da, desc_t db) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 1, 1;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+            : "l"(da), "l"(db), "n"(SCALE_D));
+    }
+};
+
+template <>
+struct WgmmaMnA<f16_t, 128> {
+    template <int SCALE_D>
+    static __device__ __forceinline__ void ss(float (&d)[64], desc_t da, desc_t db) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 1, 1;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+              "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+              "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+              "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+              "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+            : "l"(da), "l"(db), "n"(SCALE_D));
+    }
+};
+
+// rows [r0, r0 + ROWS) of a D-wide 16-bit matrix (row j at src + off + j * row_stride elements; rows at or
+// past rend are zero-filled) into shared memory at byte address dst in core-matrix order
+// [row / 8][col / 8][row % 8][8]; one 16-byte cp.async per chunk, no commit
+template <typename T, int D, int ROWS, int THREADS>
+__device__ __forceinline__ void stage_core_rows(unsigned dst, const T* __restrict__ src, long long off,
+                                                long long row_stride, int r0, int rend) {
+    constexpr int KC = D / 8;
+#pragma unroll 4
+    for (int p = threadIdx.x; p < ROWS * KC; p += THREADS) {
+        const int r = (p / (8 * KC)) * 8 + (p & 7), c = (p >> 3) % KC, j = r0 + r;
+        const T* from = src + off + (long long)max(0, min(j, rend - 1)) * row_stride + 8 * c;
+        cp_async_16(dst + 16 * p, from, j < rend ? 16 : 0);
+    }
+}
+
+// L (log2 units; +inf where L = -inf or i >= mq, so that P = 0) and delta (0 past mq) of query row i
+__device__ __forceinline__ void query_stats(const float* __restrict__ lse, const float* __restrict__ delta,
+                                            long long loff, long long l_row, int i, int mq, float& l2, float& dl) {
+    const float l = i < mq ? lse[loff + i * l_row] : NEG_INF;
+    l2 = (l == NEG_INF) ? -NEG_INF : l * LOG2E;
+    dl = i < mq ? delta[loff + i * l_row] : 0.0f;
+}
+
+__device__ __forceinline__ void st_shared_u32(unsigned addr, unsigned x) {
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(x) : "memory");
+}
+
+// (x, y) added to the two floats at p (8-byte aligned global memory)
+__device__ __forceinline__ void red_add_pair(float* p, float x, float y) {
+    asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(x), "f"(y) : "memory");
+}
+
+// Shared memory of one block in bytes (the layout at the top of this file)
+template <int D, int NWG, int PIPE>
+struct BwdSmemWg {
+    static constexpr int BK = 64 * NWG, BQ = 64;
+    static constexpr int KV = BK * D * 2;        // K or V of the block
+    static constexpr int TILE = BQ * D * 2;      // one Q or dO tile
+    static constexpr int DS = BK * BQ * 2;       // one dS^T buffer
+    static constexpr int OFF_V = KV, OFF_Q = 2 * KV;
+    static constexpr int OFF_DS = OFF_Q + 4 * TILE;  // stage s: Q at OFF_Q + 2 s TILE, dO at OFF_Q + (2 s + 1) TILE
+    static constexpr int OFF_L = OFF_DS + (PIPE ? 2 : 1) * DS;  // stage s: L at float 2 s BQ, delta at (2 s + 1) BQ
+    static constexpr int bytes = OFF_L + 16 * BQ;
+};
+
+template <typename T, int D, int NWG, int PIPE>
+__global__ void __launch_bounds__(WG_THREADS * NWG, 1)
+dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T))
+{
+    using H = Half16<T>;
+    using L = BwdSmemWg<D, NWG, PIPE>;
+    constexpr int THREADS = WG_THREADS * NWG, BK = L::BK, BQ = L::BQ;
+    constexpr int NS = BQ / 2;               // score registers per thread (64 keys x BQ queries)
+    constexpr int KD = D / 16;               // k-steps over the head dimension
+    constexpr int KQ = BQ / 16;              // k-steps over the queries of a tile
+    constexpr int KB = BK / 16;              // k-steps over the keys of the block (dQ)
+    constexpr int NQ = D / NWG;              // dQ columns of one warpgroup
+    constexpr int NP = (PIPE && NQ > 32) ? 2 : 1;   // PIPE: dQ in column parts of 32 (fewer live registers)
+    constexpr int NC = NQ / NP;              // columns of one part
+    static_assert((D == 64 || D == 128) && (NWG == 1 || NWG == 2), "D: 64 or 128; NWG: 1 or 2");
+
+    extern __shared__ __align__(128) unsigned char smem_bwd[];
+    const unsigned sK = (unsigned)__cvta_generic_to_shared(smem_bwd);
+    const unsigned sV = sK + L::OFF_V, sDS = sK + L::OFF_DS;
+    float* const sL = reinterpret_cast<float*>(smem_bwd + L::OFF_L);
+
+    const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int k0 = blockIdx.y * BK;
+    DILATED_FWD_PROBLEM_OFFSETS;
+
+    const int q_begin = causal ? max(0, k0 - causal_shift) : 0;   // the first query that sees key k0
+    if (q_begin >= mq) return;               // no query sees these keys (uniform)
+
+    stage_core_rows<T, D, BK, THREADS>(sK, k, koff, k_row, k0, mk);
+    stage_core_rows<T, D, BK, THREADS>(sV, v, voff, v_row, k0, mk);
+    stage_core_rows<T, D, BQ, THREADS>(sK + L::OFF_Q, q, qoff, q_row, q_begin, mq);
+    stage_core_rows<T, D, BQ, THREADS>(sK + L::OFF_Q + L::TILE, dout, qoff, q_row, q_begin, mq);
+    cp_async_commit();
+    float next_l = 0.0f, next_d = 0.0f;      // L and delta of row tid of the next tile
+    if (tid < BQ) {
+        query_stats(lse, delta, loff, l_row, q_begin + tid, mq, next_l, next_d);
+        sL[tid] = next_l;
+        sL[BQ + tid] = next_d;
+    }
+
+    const int kw0 = k0 + 64 * wg;            // this warpgroup's first key
+    const int key0 = kw0 + 16 * warp + g;    // this thread's keys: key0, key0 + 8
+    const float mul = scale * LOG2E;
+    // A of S^T and dP^T: this warpgroup's K / V rows, K-major; k-step ks: + 256 ks bytes (16 ks in 16-byte units)
+    const desc_t dKw = smem_desc(sK + 64 * wg * D * 2, 128, 16 * D);
+    const desc_t dVw = smem_desc(sV + 64 * wg * D * 2, 128, 16 * D);
+    // dS^T row (key) of this thread's first stores: key block 8 wg + 2 warp (+ 1 for h = 1), row g, 4 t bytes in
+    const unsigned ds_row = (8 * wg + 2 * warp) * (16 * BQ) + 16 * g + 4 * t;
+
+    float gk[D / 2], gv[D / 2];              // dK, dV of this warpgroup's keys
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) gk[i] = gv[i] = 0.0f;
+    float c[NC / 2];                         // dQ of a tile, columns NQ wg + NC part .. + NC - 1
+    unsigned pa[KQ][4], da[KQ][4];           // P^T and dS^T as A fragments
+
+    // dQ(tile) = dS K, column part `part`, from the dS^T buffer at ds: A = dS (queries x keys) read MN-major from
+    // dS^T (k-step kk = 16 keys: + 32 BQ kk bytes), B = K MN-major (+ 32 D kk bytes; 8 columns: + 128 bytes);
+    // issued, not committed
+    auto issue_dq = [&](unsigned ds, int part) {
+        const desc_t a = smem_desc(ds, 16 * BQ, 128), b = smem_desc(sK + 16 * (NQ * wg + NC * part), 16 * D, 128);
+        WgmmaMnA<T, NC>::template ss<0>(c, a, b);
+#pragma unroll
+        for (int kk = 1; kk < KB; ++kk) WgmmaMnA<T, NC>::template ss<1>(c, a + 2 * BQ * kk, b + 2 * D * kk);
+    };
+    // scale dQ (column part `part`) of the tile at query qt added to dq (red.global.add.v2.f32)
+    auto add_dq = [&](int qt, int part) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int i = qt + 16 * warp + g + 8 * h;
+            if (i >= mq) continue;
+            float* row = dq + qoff + i * q_row + NQ * wg + NC * part + 2 * t;
+#pragma unroll
+            for (int n = 0; n < NC / 8; ++n) red_add_pair(row + 8 * n, scale * c[4 * n + 2 * h], scale * c[4 * n + 2 * h + 1]);
+        }
+    };
+
+    int it = 0;
+    for (int q0 = q_begin; q0 < mq; q0 += BQ, ++it) {
+        const int cur = it & 1;
+        const bool more = q0 + BQ < mq;
+        cp_async_wait_all();
+        fence_async_shared();
+        __syncthreads();                     // tile q0 landed; every warpgroup is done with tile q0 - BQ's
+                                             // products (PIPE: its dS^T is in shared memory)
+        if (more) {                          // the next tile into the other stage (read last in tile q0 - BQ)
+            const unsigned st = sK + L::OFF_Q + 2 * (cur ^ 1) * L::TILE;
+            stage_core_rows<T, D, BQ, THREADS>(st, q, qoff, q_row, q0 + BQ, mq);
+            stage_core_rows<T, D, BQ, THREADS>(st + L::TILE, dout, qoff, q_row, q0 + BQ, mq);
+            cp_async_commit();
+            if (tid < BQ) query_stats(lse, delta, loff, l_row, q0 + BQ + tid, mq, next_l, next_d);
+        }
+        const unsigned sQ = sK + L::OFF_Q + 2 * cur * L::TILE, sO = sQ + L::TILE;
+        const unsigned ds_buf = sDS + (PIPE ? cur * L::DS : 0);
+        const float* const lt = sL + 2 * cur * BQ;
+        const float* const dt = lt + BQ;
+        const bool masked = kw0 + 64 > mk || (causal && q0 + causal_shift < kw0 + 63);
+
+        // S^T = K Q^T and dP^T = V dO^T (64 keys x BQ queries each); PIPE: then dQ of the previous tile
+        float s[NS], dp[NS];
+        pin(s);
+        pin(dp);
+        pin(c);
+        wgmma_fence();
+        {
+            const desc_t bq = smem_desc(sQ, 128, 16 * D), bo = smem_desc(sO, 128, 16 * D);
+            Wgmma16<T, BQ>::template ss<0>(s, dKw, bq);
+#pragma unroll
+            for (int ks = 1; ks < KD; ++ks) Wgmma16<T, BQ>::template ss<1>(s, dKw + 16 * ks, bq + 16 * ks);
+            wgmma_commit();
+            Wgmma16<T, BQ>::template ss<0>(dp, dVw, bo);
+#pragma unroll
+            for (int ks = 1; ks < KD; ++ks) Wgmma16<T, BQ>::template ss<1>(dp, dVw + 16 * ks, bo + 16 * ks);
+            wgmma_commit();
+        }
+        if (PIPE) {
+            if (it > 0) issue_dq(sDS + (cur ^ 1) * L::DS, 0);
+            wgmma_commit();                  // (an empty group for the first tile)
+            wgmma_wait<2>();
+        } else {
+            wgmma_wait<1>();
+        }
+        pin(s);
+
+        // P^T = exp2(mul S^T - L log2 e); 0 for keys past mk and, if causal, past i + causal_shift
+#pragma unroll
+        for (int b = 0; b < BQ / 8; ++b) {
+            const float2 l2 = *reinterpret_cast<const float2*>(lt + 8 * b + 2 * t);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                s[4 * b + 2 * h] = exp2f(fmaf(s[4 * b + 2 * h], mul, -l2.x));
+                s[4 * b + 2 * h + 1] = exp2f(fmaf(s[4 * b + 2 * h + 1], mul, -l2.y));
+                if (masked) {
+                    const int j = key0 + 8 * h, i = q0 + 8 * b + 2 * t;
+                    const bool in = j < mk;
+                    if (!in || (causal && j > i + causal_shift)) s[4 * b + 2 * h] = 0.0f;
+                    if (!in || (causal && j > i + 1 + causal_shift)) s[4 * b + 2 * h + 1] = 0.0f;
+                }
+            }
+        }
+
+        // dV += P^T dO: A = P^T (k-step kk = accumulator elements 8 kk .. 8 kk + 7), B = dO MN-major
+#pragma unroll
+        for (int kk = 0; kk < KQ; ++kk)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) pa[kk][j] = H::pack(s[8 * kk + 2 * j], s[8 * kk + 2 * j + 1]);
+        pin(gv);
+        pin_u(pa);
+        wgmma_fence();
+        {
+            const desc_t bo = smem_desc(sO, 16 * D, 128);      // k-step kk (16 queries): + 32 D kk bytes
+#pragma unroll
+            for (int kk = 0; kk < KQ; ++kk) Wgmma16<T, D>::template rs<1, 1>(gv, pa[kk], bo + 2 * D * kk);
+        }
+        wgmma_commit();
+        if (PIPE)
+            wgmma_wait<2>();                 // dP^T landed (dQ, dV may still run)
+        else
+            wgmma_wait<1>();                 // dP^T landed (dV may still run)
+        pin(dp);
+
+        // dS^T = P^T (dP^T - delta), packed as A fragments and stored (16-bit) as rows of dS^T
+#pragma unroll
+        for (int b = 0; b < BQ / 8; ++b) {
+            const float2 d2 = *reinterpret_cast<const float2*>(dt + 8 * b + 2 * t);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                s[4 * b + 2 * h] *= dp[4 * b + 2 * h] - d2.x;
+                s[4 * b + 2 * h + 1] *= dp[4 * b + 2 * h + 1] - d2.y;
+            }
+        }
+#pragma unroll
+        for (int kk = 0; kk < KQ; ++kk)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                da[kk][j] = H::pack(s[8 * kk + 2 * j], s[8 * kk + 2 * j + 1]);
+                // key row + 8 (j & 1), query columns 16 kk + 8 (j >> 1) + 2 t, + 1
+                st_shared_u32(ds_buf + ds_row + (j & 1) * (16 * BQ) + (2 * kk + (j >> 1)) * 128, da[kk][j]);
+            }
+
+        // dK += dS^T Q: B = Q MN-major
+        pin(gk);
+        pin_u(da);
+        wgmma_fence();
+        {
+            const desc_t bq = smem_desc(sQ, 16 * D, 128);
+#pragma unroll
+            for (int kk = 0; kk < KQ; ++kk) Wgmma16<T, D>::template rs<1, 1>(gk, da[kk], bq + 2 * D * kk);
+        }
+        wgmma_commit();
+        if (PIPE) {
+            wgmma_wait<2>();                 // dQ of the previous tile landed
+            pin(c);
+            if (it > 0) {
+                add_dq(q0 - BQ, 0);
+                if (NP == 2) {               // its second column part, now that S^T and dP^T are dead
+                    wgmma_fence();
+                    issue_dq(sDS + (cur ^ 1) * L::DS, 1);
+                    wgmma_commit();
+                    wgmma_wait<0>();
+                    pin(c);
+                    add_dq(q0 - BQ, 1);
+                }
+            }
+        } else {
+            fence_async_shared();
+            __syncthreads();                 // dS^T of every warpgroup in shared memory, visible to wgmma
+            wgmma_fence();
+            issue_dq(sDS, 0);
+            wgmma_commit();
+            wgmma_wait<0>();
+            pin(c);
+            add_dq(q0, 0);
+        }
+        wgmma_wait<0>();
+        pin(gk);
+        pin(gv);
+        pin_u(pa);
+        pin_u(da);
+        if (more && tid < BQ) {              // L and delta of the next tile (stage cur ^ 1 read last in q0 - BQ)
+            sL[2 * (cur ^ 1) * BQ + tid] = next_l;
+            sL[(2 * (cur ^ 1) + 1) * BQ + tid] = next_d;
+        }
+    }
+    if (PIPE) {                              // dQ of the last tile
+        fence_async_shared();
+        __syncthreads();                     // its dS^T (every warpgroup) in shared memory
+        for (int part = 0; part < NP; ++part) {
+            pin(c);
+            wgmma_fence();
+            issue_dq(sDS + ((it - 1) & 1) * L::DS, part);
+            wgmma_commit();
+            wgmma_wait<0>();
+            pin(c);
+            add_dq(q_begin + (it - 1) * BQ, part);
+        }
+    }
+
+    // dK (scaled) and dV of this thread's keys added to dk, dv: every old value of a row read before any store
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int j = key0 + 8 * h;
+        if (j >= mk) continue;
+        float2* krow = reinterpret_cast<float2*>(dk + koff + j * k_row + 2 * t);
+        float2* vrow = reinterpret_cast<float2*>(dv + voff + j * v_row + 2 * t);
+        float2 pk[D / 8], pv[D / 8];
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+            pk[n] = krow[4 * n];
+            pv[n] = vrow[4 * n];
+        }
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+            krow[4 * n] = make_float2(pk[n].x + scale * gk[4 * n + 2 * h], pk[n].y + scale * gk[4 * n + 2 * h + 1]);
+            vrow[4 * n] = make_float2(pv[n].x + gv[4 * n + 2 * h], pv[n].y + gv[4 * n + 2 * h + 1]);
+        }
+    }
+}

@@ -1,0 +1,200 @@
+"""Check of the Hopper 16-bit wgmma backward kernel (dilated_bwd_wgmma_16.cu) on a GPU of compute capability 9.0.
+
+    python3 tests/scripts/bwd_wgmma16_check.py            # every case, then the timing
+    python3 tests/scripts/bwd_wgmma16_check.py --quick    # a few cases, then the timing
+    python3 tests/scripts/bwd_wgmma16_check.py --no-time  # accuracy only
+
+1. Accuracy: for bfloat16 and float16, D 64/128, each configuration of the registry, causal and not,
+   n = 1024, H = 4, patterns (256,1) (512,2) (1024,4), and a ragged problem (n = 1200, patterns (200,1) (600,2)
+   (1200,3): 320, 300 and 400 selected rows, none a multiple of a tile). Inputs, reference and rule as
+   tests/scripts/bwd_mma16_check.py: float64 ``local_dilated_backward`` on the rounded inputs, L and delta
+   float32, max |err| / max |ref| <= 2e-2 for each of dQ, dK, dV, and finite.
+2. Timing (CUDA events, median of 5 after 2 warm-ups): n = 262,144, patterns (2048,1) (4096,2) (8192,4),
+   bfloat16, D = 64 (H = 12) and D = 128 (H = 8), each configuration, non-causal and causal, and mma16_bwd (BK = 128) in
+   the same run; useful TFLOP/s with the backward counted as 2.5 x the forward's 4 m m D FLOPs per problem.
+
+Exit code 1 when any case fails (or fails to compile or launch); 0 otherwise.
+"""
+
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import cupy  # noqa: E402
+import numpy as np  # noqa: E402
+
+from hilbert_hpc.core.backward import local_dilated_backward  # noqa: E402
+from hilbert_hpc.core.dilated import local_dilated_forward  # noqa: E402
+from hilbert_hpc.core.patterns import Pattern  # noqa: E402
+from hilbert_hpc.kernels.launch import local_launches  # noqa: E402
+from hilbert_hpc.kernels.program import compiled  # noqa: E402
+from hilbert_hpc.kernels.registry import MMA16_BWD, WGMMA16_BWD, Variant  # noqa: E402
+
+TYPES = {"bfloat16": "bf16_t", "float16": "f16_t"}
+HEAD_DIMS = (64, 128)
+TOLERANCE = 2e-2
+EVEN = (1024, 4, [Pattern(256, 1), Pattern(512, 2), Pattern(1024, 4)])
+RAGGED = (1200, 4, [Pattern(200, 1), Pattern(600, 2), Pattern(1200, 3)])
+ANCHOR = (262144, 12, [Pattern(2048, 1), Pattern(4096, 2), Pattern(8192, 4)])
+ANCHOR_128 = (262144, 8, ANCHOR[2])
+
+
+def variant(dtype: str, head_dim: int, config: tuple) -> Variant:
+    """The wgmma16_bwd instantiation of ``config`` (NWG, DQ); () gives mma16_bwd with BK = 128."""
+    if not config:
+        return MMA16_BWD.variant(head_dim, dtype, (128,))
+    return WGMMA16_BWD.variant(head_dim, dtype, config)
+
+
+def to_bf16(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bits (uint16), rounded to nearest even (finite inputs)."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def from_bf16(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 bits (uint16) -> float32 values."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def sixteen_bit(x: np.ndarray, dtype: str) -> tuple[cupy.ndarray, np.ndarray]:
+    """(device array of the 16-bit values, the same values in float64 on the host)."""
+    if dtype == "float16":
+        dev = cupy.asarray(x, dtype=cupy.float32).astype(cupy.float16)
+        return dev, cupy.asnumpy(dev).astype(np.float64)
+    bits = to_bf16(x)
+    return cupy.asarray(bits), from_bf16(bits).astype(np.float64)
+
+
+def launch_all(fn, v: Variant, arrays: tuple, patterns, causal: bool, scale: float, n: int, heads: int,
+               d: int) -> None:
+    """Every launch (pattern, head offset) of the backward into the float32 dq, dk, dv of ``arrays``."""
+    ptrs = tuple(np.uint64(a.data.ptr) for a in arrays)
+    for g in local_launches(patterns, causal, scale, n, heads, d):
+        grid = (g["segments"] * g["heads"], -(-g["mk"] // v.block_queries))
+        shift = g["shift"]
+        args = (*ptrs, *(np.int64(x) for x in (*g["qg"], *g["kg"], *g["vg"], *g["lg"])),
+                np.int32(g["heads"]), np.int32(g["mq"]), np.int32(g["mk"]), np.int32(shift is not None),
+                np.int32(shift or 0), np.float32(scale))
+        fn(grid, (v.threads,), args, shared_mem=v.shared_bytes)
+
+
+def check_case(dtype: str, d: int, cfg: tuple, problem: tuple, causal: bool, seed: int) -> bool:
+    """One accuracy case; prints its errors; True when it passes."""
+    n, heads, patterns = problem
+    rng = np.random.default_rng(seed)
+    scale = 1.0 / math.sqrt(d)
+    host = [rng.standard_normal((n, heads, d)).astype(np.float32) for _ in range(4)]
+    (q, q64), (k, k64), (v, v64), (do, do64) = (sixteen_bit(x, dtype) for x in host)
+    out, lse = local_dilated_forward(q64, k64, v64, patterns, causal, scale)
+    want = local_dilated_backward(q64, k64, v64, out, lse, do64, patterns, causal, scale)
+    delta = np.einsum("nhd,nhd->nh", do64, out)
+    grads = tuple(cupy.zeros((n, heads, d), dtype=cupy.float32) for _ in range(3))
+    arrays = (q, k, v, do, cupy.asarray(lse, dtype=cupy.float32), cupy.asarray(delta, dtype=cupy.float32), *grads)
+    var = variant(dtype, d, cfg)
+    launch_all(compiled(var), var, arrays, patterns, causal, scale, n, heads, d)
+    cupy.cuda.Device().synchronize()
+    ok, parts = True, []
+    for name, got, ref in zip(("dq", "dk", "dv"), grads, want):
+        got = cupy.asnumpy(got).astype(np.float64)
+        err = float(np.abs(got - ref).max() / np.abs(ref).max()) if np.isfinite(got).all() else math.inf
+        ok &= err <= TOLERANCE
+        parts.append(f"{name} {err:.2e}")
+    print(f"{'ok  ' if ok else 'FAIL'} {dtype:8s} D={d:3d} cfg={cfg} n={n} {'causal' if causal else 'full  '} "
+          + "  ".join(parts), flush=True)
+    return ok
+
+
+def useful_flops(problem: tuple, d: int, causal: bool) -> float:
+    """Backward FLOPs: 2.5 x the forward's 4 m m D per (segment, head) of each pattern, halved when causal."""
+    n, heads, patterns = problem
+    fwd = sum((n // p.segment) * heads * 4.0 * (p.segment // p.dilation) ** 2 * d for p in patterns)
+    return 2.5 * fwd / (2 if causal else 1)
+
+
+def time_case(dtype: str, d: int, cfg: tuple, problem: tuple, causal: bool) -> None:
+    """Median time of the backward launches of ``problem`` (random inputs, L = 10, delta small)."""
+    n, heads, patterns = problem
+    scale = 1.0 / math.sqrt(d)
+    rs = cupy.random.RandomState(0)
+    def bits():  # bfloat16 bits of standard normal values, on the GPU
+        u = rs.standard_normal((n, heads, d), dtype=cupy.float32).view(cupy.uint32).astype(cupy.uint64)
+        return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(cupy.uint16)
+    q, k, v, do = bits(), bits(), bits(), bits()
+    lse = cupy.full((n, heads), 10.0, dtype=cupy.float32)
+    delta = (0.1 * rs.standard_normal((n, heads), dtype=cupy.float32)).astype(cupy.float32)
+    grads = tuple(cupy.zeros((n, heads, d), dtype=cupy.float32) for _ in range(3))
+    var = variant(dtype, d, cfg)
+    fn = compiled(var)
+    arrays = (q, k, v, do, lse, delta, *grads)
+    times = []
+    for rep in range(7):
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        launch_all(fn, var, arrays, patterns, causal, scale, n, heads, d)
+        stop.record()
+        stop.synchronize()
+        if rep >= 2:
+            times.append(cupy.cuda.get_elapsed_time(start, stop))
+    ms = float(np.median(times))
+    tflops = useful_flops(problem, d, causal) / (ms * 1e-3) / 1e12
+    print(f"time {dtype} D={d} {var.variant} {var.config} n={n} H={heads} "
+          f"{'causal' if causal else 'full  '}: {ms:.2f} ms, "
+          f"{tflops:.0f} TFLOP/s useful", flush=True)
+
+
+def configs(head_dim: int) -> list[tuple]:
+    """The wgmma16_bwd configurations of ``head_dim``: the registry's default, then its alternatives."""
+    return WGMMA16_BWD.configurations(head_dim)
+
+
+def cases(quick: bool) -> list[tuple]:
+    """(dtype, D, configuration, problem, causal) of the accuracy checks."""
+    if quick:
+        return [("bfloat16", 64, configs(64)[0], EVEN, False), ("bfloat16", 64, configs(64)[0], EVEN, True),
+                ("float16", 128, configs(128)[0], EVEN, True), ("bfloat16", 128, configs(128)[0], RAGGED, True),
+                ("float16", 64, configs(64)[0], RAGGED, False)]
+    full = [(dt, d, w, EVEN, c) for dt in TYPES for d in HEAD_DIMS for w in configs(d) for c in (False, True)]
+    ragged = [(dt, d, w, RAGGED, c) for dt in TYPES for d in HEAD_DIMS for w in configs(d) for c in (False, True)]
+    return full + ragged
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="only a few accuracy cases")
+    parser.add_argument("--no-time", action="store_true", help="skip the timing of the large case")
+    args = parser.parse_args()
+    cc = int(cupy.cuda.Device().compute_capability)
+    if cc != 90:
+        print(f"compute capability {cc / 10:.1f}: the wgmma backward needs 9.0 (sm_90a)")
+        return 1
+    failed = 0
+    for i, (dtype, d, cfg, problem, causal) in enumerate(cases(args.quick)):
+        try:
+            failed += not check_case(dtype, d, cfg, problem, causal, seed=i)
+        except Exception:  # noqa: BLE001 - report the case (compile log included) and go on
+            failed += 1
+            print(f"FAIL {dtype} D={d} cfg={cfg} n={problem[0]} causal={causal}:\n{traceback.format_exc()}", flush=True)
+    if not args.no_time:
+        for d, problem in ((64, ANCHOR), (128, ANCHOR_128)):
+            for cfg in ((), *configs(d)):
+                for causal in (False, True):
+                    try:
+                        time_case("bfloat16", d, cfg, problem, causal)
+                    except Exception:  # noqa: BLE001
+                        failed += 1
+                        print(f"FAIL timing D={d} cfg={cfg} causal={causal}:\n{traceback.format_exc()}", flush=True)
+    print(f"{failed} case(s) failed" if failed else "all cases passed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
