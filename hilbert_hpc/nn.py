@@ -22,7 +22,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from hilbert_hpc.attention import batch_view, check_arguments, problem_geometry
+from hilbert_hpc.core.arguments import batch_view, check_arguments, problem_geometry
 from hilbert_hpc.core.backward import local_dilated_backward
 from hilbert_hpc.core.dilated import local_dilated_forward
 from hilbert_hpc.core.ordering import inverse_order, resolve_ordering
@@ -162,7 +162,7 @@ def dilated_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, patt
     Gradients reach q, k and v.
 
     Raises TypeError for arguments that are not torch tensors (and the API
-    misuse :func:`hilbert_hpc.attention.check_arguments` refuses), ValueError
+    misuse :func:`hilbert_hpc.core.arguments.check_arguments` refuses), ValueError
     (``ConfigError``) for shapes and problems and for q, k, v on different devices,
     NotImplementedError for tensors that are neither on the CPU nor on a CUDA GPU.
     """

@@ -11,7 +11,8 @@ import pytest
 from hilbert_hpc.kernels import registry
 from hilbert_hpc.kernels.backward import BackwardKernels, check_arrays, key_chunks
 from hilbert_hpc.kernels.check import CHECK_ARCHS, archs_for
-from hilbert_hpc.kernels.registry import BACKWARD, FMA_BWD, FORWARD, HEAD_DIMS, HOPPER_SHARED, MMA16_BWD, WGMMA16_BWD
+from hilbert_hpc.kernels.registry import (BACKWARD, FMA_BWD, FORWARD, HEAD_DIMS, HOPPER_SHARED, MMA16_BWD, TF32X3_BWD,
+                                         WGMMA16_BWD)
 from hilbert_hpc.kernels.selection import BACKWARD_ENV, choose, choose_backward
 
 from nvrtc_probe import needs_nvrtc
@@ -21,10 +22,10 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 def test_backward_families_are_never_forward_choices():
     backward = {f.name for f in registry.FAMILIES.values() if f.direction == BACKWARD}
-    assert backward == {"wgmma16_bwd", "mma16_bwd", "fma_bwd"}
+    assert backward == {"wgmma16_bwd", "mma16_bwd", "tf32x3_bwd", "fma_bwd"}
     for dtype in DTYPES:
         assert not backward & {f.name for f in registry.families_for(dtype)}
-        preferred = ["fma_bwd"] if dtype == "float32" else ["wgmma16_bwd", "mma16_bwd", "fma_bwd"]
+        preferred = ["tf32x3_bwd", "fma_bwd"] if dtype == "float32" else ["wgmma16_bwd", "mma16_bwd", "fma_bwd"]
         assert [f.name for f in registry.families_for(dtype, BACKWARD)] == preferred
         for cc in (61, 80, 90):
             for d in HEAD_DIMS:
@@ -34,6 +35,12 @@ def test_backward_families_are_never_forward_choices():
                     assert dtype != "float32" and cc < 80
     with pytest.raises(RuntimeError, match="unknown FP32 kernel variant 'fma_bwd'"):
         choose("float32", 64, cc=90, override="fma_bwd")
+
+
+#: tf32x3_bwd's keys per block per compute capability and head dim (absent: it does not fit, fma_bwd runs):
+#: shared memory 74,240 / 123,392 / 172,544 / 221,696 bytes at BK = 128, 46,592 / 79,360 / 112,128 / 144,896 at 64
+TF32_BWD_KEYS = {80: {32: 128, 64: 128, 96: 64, 128: 64}, 86: {32: 128, 64: 64},
+                 90: {d: 128 for d in HEAD_DIMS}, 100: {d: 128 for d in HEAD_DIMS}}
 
 
 @pytest.mark.parametrize("cc", [61, 70, 80, 86, 90, 100])
@@ -47,7 +54,13 @@ def test_choose_backward_per_gpu(cc, dtype):
         c = choose_backward(dtype, d, cc=cc, override="")
         assert c.direction == BACKWARD and c.forced == ""
         if dtype == "float32":
-            assert c.name == "fma_bwd" and c.variant == FMA_BWD.variant(d, dtype) and c.for_alignment(1) == c.variant
+            # split TF32 on 8.0+ with BK = 128 where it fits, else 64 (TF32_BWD_KEYS), FMA for the rest and odd rows
+            bk = TF32_BWD_KEYS.get(cc, {}).get(d)
+            if bk is None:
+                assert c.name == "fma_bwd" and c.variant == FMA_BWD.variant(d) and c.for_alignment(1) == c.variant
+                continue
+            assert c.name == "tf32x3_bwd" and c.variant == TF32X3_BWD.variant(d, dtype, (bk,))
+            assert c.for_alignment(4) == c.variant and c.for_alignment(2) == FMA_BWD.variant(d)
             continue
         # 16 bits: wgmma on Hopper (D = 64, 128), else the mma.sync kernel, BK = 64 where BK = 128 does not fit
         # (D = 128 on 8.6); FMA for odd rows
@@ -78,7 +91,10 @@ def test_backward_override(monkeypatch):
     monkeypatch.setenv(BACKWARD_ENV, "fma_bwd:64,16")
     c = choose_backward("bfloat16", 32, cc=90)
     assert c.variant.name == "dilated_bwd_fma<bf16_t,32,64,16>" and c.forced == "fma_bwd:64,16"
-    assert choose_backward("float32", 32, cc=90, override="").variant.config == FMA_BWD.defaults[32]
+    assert choose_backward("float32", 32, cc=90, override="").variant.config == TF32X3_BWD.defaults[32]
+    assert choose_backward("float32", 64, cc=90, override="tf32x3_bwd:64").variant.name == "dilated_bwd_tf32x3<64,64>"
+    with pytest.raises(RuntimeError, match="HILBERT_HPC_BWD_KERNEL=tf32x3_bwd: needs compute capability 8.0"):
+        choose_backward("float32", 64, cc=70, override="tf32x3_bwd")
     assert choose_backward("bfloat16", 64, cc=90, override="mma16_bwd:64").variant.name == \
         "dilated_bwd_mma_16<bf16_t,64,64>"
     assert choose_backward("float16", 128, cc=90, override="wgmma16_bwd:2,0").variant.name == \
@@ -124,6 +140,29 @@ def test_fma_bwd_has_no_spills_on_pascal_and_hopper():
         assert len(spills) == len(names) and all(s == ("0", "0", "0") for s in spills), built.log
     ptx = build(Program(FMA_BWD.source, names[:1]), "compute_61", "ptx").binary.decode()
     assert "red.global.add.f32" in ptx or "atom.global.add.f32" in ptx
+
+
+def test_tf32x3_bwd_shared_memory_and_targets():
+    """The registry's shared-memory formula is the one at the top of the kernel source; CI compiles it for
+    compute_80 and newer (mma.sync TF32, cp.async)."""
+    assert [TF32X3_BWD.variant(d, "float32", (bk,)).shared_bytes for bk in (64, 128) for d in HEAD_DIMS] == \
+        [46592, 79360, 112128, 144896, 74240, 123392, 172544, 221696]
+    assert all(v.align == 4 and v.threads == 2 * v.config[0] and v.min_cc == 80 for v in TF32X3_BWD.instantiations())
+    assert archs_for(TF32X3_BWD.source) == tuple(a for a in CHECK_ARCHS if int(a.split("_")[1]) >= 80)
+
+
+@needs_nvrtc
+def test_tf32x3_bwd_has_no_spills_on_hopper():
+    """ptxas for sm_90 (through NVRTC, no GPU): no local memory in any instantiation (dK, dV of D = 128 hold
+    128 registers)."""
+    import re
+
+    from hilbert_hpc.kernels.program import DEVICE_OPTIONS, Program, build
+
+    names = tuple(v.name for v in TF32X3_BWD.instantiations())
+    built = build(Program(TF32X3_BWD.source, names, (*DEVICE_OPTIONS, "--ptxas-options=-v")), "sm_90")
+    spills = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", built.log)
+    assert len(spills) == len(names) and all(s == ("0", "0", "0") for s in spills), built.log
 
 
 def pairs(mq: int, mk: int, shift: int | None) -> set:

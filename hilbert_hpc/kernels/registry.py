@@ -335,6 +335,24 @@ MMA16_BWD = KernelFamily(
     SIXTEEN_BIT_ALIGN, defaults={d: (128,) for d in HEAD_DIMS}, alternatives={d: ((64,),) for d in HEAD_DIMS},
     min_cc=80, valid=lambda c: c[0] in (64, 128), direction=BACKWARD)
 
+def tf32x3_bwd_shared_bytes(head_dim: int, keys: int) -> int:
+    """Dynamic shared memory of one tf32x3_bwd block (dilated_bwd_tf32x3.cu): K and V of its keys, Q and dO of
+    two stages of 32-query tiles (float32 rows padded to D + 4), dS^T (rows padded to 36), L and delta."""
+    return 8 * (head_dim + 4) * (keys + 64) + 4 * keys * 36 + 16 * 32
+
+
+#: tf32x3_bwd per head dim: keys per block BK (a warp per 16 keys), template argument of
+#: dilated_bwd_tf32x3<D, BK>; no spills with ptxas for sm_90. Measured on an H200 (N = 262,144, patterns
+#: (2048,1) (4096,2) (8192,4), ms BK = 128 / 64, fma_bwd in the same run): D = 64 (H = 12) 218.7 / 233.9, causal
+#: 116.4 / 120.5 (fma_bwd 348.9, 179.2); D = 128 (H = 8) 317.9 / 574.8, causal 168.2 / 295.5 (fma_bwd 506.5,
+#: 256.1). The backward choice takes the first configuration that fits the GPU's shared memory (D = 128 at
+#: BK = 128 needs 221,696 bytes: Hopper only).
+TF32X3_BWD = KernelFamily(
+    "tf32x3_bwd", "dilated_bwd_tf32x3.cu", (FLOAT32,), lambda t, d, c, o: f"dilated_bwd_tf32x3<{d},{c[0]}>",
+    ("BK",), lambda d, c: tf32x3_bwd_shared_bytes(d, c[0]), lambda c: 2 * c[0], lambda d, c: c[0], 4,
+    defaults={d: (128,) for d in HEAD_DIMS}, alternatives={d: ((64,),) for d in HEAD_DIMS},
+    min_cc=80, valid=lambda c: c[0] in (64, 128), direction=BACKWARD)
+
 #: per head dim: (keys per block BK, query tile BQ), template arguments of dilated_bwd_fma<T, D, BK, BQ>: dK and
 #: dV of BK / 4 keys per thread in 2 D / 32 x BK / 4 <= 64 registers, every block within Pascal's 48 KiB. A
 #: query's dQ row gets one atomicAdd per key block: larger BK, fewer atomics. Measured on an H100 (N = 262,144,
@@ -352,7 +370,7 @@ FMA_BWD = KernelFamily(
 #: every family: the forward ones (FP32 fastest first, measured on an H200, docs/performance.md; then the 16-bit
 #: ones), then the backward ones, preferred first (the backward choice takes the first that runs)
 FAMILIES = {f.name: f for f in (WGMMA, TF32X3, TILED128, TILED64, WARP, WGMMA16, TMA16, MMA16, WGMMA16_BWD, MMA16_BWD,
-                                FMA_BWD)}
+                                TF32X3_BWD, FMA_BWD)}
 
 
 def family(name: str) -> KernelFamily:

@@ -1,0 +1,168 @@
+"""Check of the float32 split-TF32 backward kernel (dilated_bwd_tf32x3.cu) on a GPU of compute capability 8.0+.
+
+    python3 tests/scripts/bwd_tf32x3_check.py            # every case, then the timing
+    python3 tests/scripts/bwd_tf32x3_check.py --quick    # a few cases, then the timing
+    python3 tests/scripts/bwd_tf32x3_check.py --no-time  # accuracy only
+
+1. Accuracy: D 32/64/96/128, BK 64 and 128, causal and not, n = 1024, H = 4, patterns (256,1) (512,2)
+   (1024,4), and a ragged problem (n = 1200, patterns (200,1) (600,2) (1200,3): 320, 300 and 400 selected
+   rows, none a multiple of a tile). Inputs are float32 standard normal values; the reference is
+   ``hilbert_hpc.core.backward.local_dilated_backward`` in float64 on the same values, with O and L from
+   ``hilbert_hpc.core.dilated.local_dilated_forward`` in float64, delta = rowsum(dO * O) in float64. The kernel
+   gets L and delta as float32 and adds its terms to float32 zeros, one launch per pattern and head offset
+   (``hilbert_hpc.kernels.launch.local_launches``), grid (segments * heads, ceil(mk / BK)).
+   Rule: max |err| / max |ref| <= 1e-5 for each of dQ, dK, dV, and finite.
+2. Timing (CUDA events, median of 5 after 2 warm-ups): n = 262,144, patterns (2048,1) (4096,2) (8192,4), D = 64
+   (H = 12) and D = 128 (H = 8), BK 64 and 128 and the fma_bwd default in the same run, non-causal and causal;
+   useful TFLOP/s with the backward counted as 2.5 x the forward's 4 m m D FLOPs per problem (segments x
+   heads, m = w / r), halved when causal.
+
+Exit code 1 when any case fails (or fails to compile or launch); 0 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import cupy  # noqa: E402
+import numpy as np  # noqa: E402
+
+from hilbert_hpc.core.backward import local_dilated_backward  # noqa: E402
+from hilbert_hpc.core.dilated import local_dilated_forward  # noqa: E402
+from hilbert_hpc.core.patterns import Pattern  # noqa: E402
+from hilbert_hpc.kernels.launch import local_launches  # noqa: E402
+from hilbert_hpc.kernels.program import compiled  # noqa: E402
+from hilbert_hpc.kernels.registry import FMA_BWD, TF32X3_BWD, Variant  # noqa: E402
+
+HEAD_DIMS = (32, 64, 96, 128)
+KEY_BLOCKS = (64, 128)
+TOLERANCE = 1e-5
+EVEN = (1024, 4, [Pattern(256, 1), Pattern(512, 2), Pattern(1024, 4)])
+RAGGED = (1200, 4, [Pattern(200, 1), Pattern(600, 2), Pattern(1200, 3)])
+ANCHORS = {64: (262144, 12, [Pattern(2048, 1), Pattern(4096, 2), Pattern(8192, 4)]),
+           128: (262144, 8, [Pattern(2048, 1), Pattern(4096, 2), Pattern(8192, 4)])}
+
+
+def launch_all(fn, v: Variant, arrays: tuple, patterns, causal: bool, scale: float, n: int, heads: int,
+               d: int) -> None:
+    """Every launch (pattern, head offset) of the backward into the float32 dq, dk, dv of ``arrays``."""
+    ptrs = tuple(np.uint64(a.data.ptr) for a in arrays)
+    for g in local_launches(patterns, causal, scale, n, heads, d):
+        grid = (g["segments"] * g["heads"], -(-g["mk"] // v.block_queries))
+        shift = g["shift"]
+        args = (*ptrs, *(np.int64(x) for x in (*g["qg"], *g["kg"], *g["vg"], *g["lg"])),
+                np.int32(g["heads"]), np.int32(g["mq"]), np.int32(g["mk"]), np.int32(shift is not None),
+                np.int32(shift or 0), np.float32(scale))
+        fn(grid, (v.threads,), args, shared_mem=v.shared_bytes)
+
+
+def check_case(d: int, bk: int, problem: tuple, causal: bool, seed: int) -> bool:
+    """One accuracy case; prints its errors; True when it passes."""
+    n, heads, patterns = problem
+    rng = np.random.default_rng(seed)
+    scale = 1.0 / math.sqrt(d)
+    host = [rng.standard_normal((n, heads, d)).astype(np.float32) for _ in range(4)]
+    q64, k64, v64, do64 = (x.astype(np.float64) for x in host)
+    out, lse = local_dilated_forward(q64, k64, v64, patterns, causal, scale)
+    want = local_dilated_backward(q64, k64, v64, out, lse, do64, patterns, causal, scale)
+    delta = np.einsum("nhd,nhd->nh", do64, out)
+    grads = tuple(cupy.zeros((n, heads, d), dtype=cupy.float32) for _ in range(3))
+    arrays = (*(cupy.asarray(x) for x in host), cupy.asarray(lse, dtype=cupy.float32),
+              cupy.asarray(delta, dtype=cupy.float32), *grads)
+    var = TF32X3_BWD.variant(d, "float32", (bk,))
+    launch_all(compiled(var), var, arrays, patterns, causal, scale, n, heads, d)
+    cupy.cuda.Device().synchronize()
+    ok, parts = True, []
+    for name, got, ref in zip(("dq", "dk", "dv"), grads, want):
+        got = cupy.asnumpy(got).astype(np.float64)
+        err = float(np.abs(got - ref).max() / np.abs(ref).max()) if np.isfinite(got).all() else math.inf
+        ok &= err <= TOLERANCE
+        parts.append(f"{name} {err:.2e}")
+    print(f"{'ok  ' if ok else 'FAIL'} D={d:3d} BK={bk:3d} n={n} {'causal' if causal else 'full  '} "
+          + "  ".join(parts), flush=True)
+    return ok
+
+
+def useful_flops(problem: tuple, d: int, causal: bool) -> float:
+    """Backward FLOPs: 2.5 x the forward's 4 m m D per (segment, head) of each pattern, halved when causal."""
+    n, heads, patterns = problem
+    fwd = sum((n // p.segment) * heads * 4.0 * (p.segment // p.dilation) ** 2 * d for p in patterns)
+    return 2.5 * fwd / (2 if causal else 1)
+
+
+def time_case(var: Variant, problem: tuple, causal: bool) -> None:
+    """Median time of the backward launches of ``problem`` (random inputs, L = 10, delta small)."""
+    n, heads, patterns = problem
+    d = var.head_dim
+    scale = 1.0 / math.sqrt(d)
+    rs = cupy.random.RandomState(0)
+    q, k, v, do = (rs.standard_normal((n, heads, d), dtype=cupy.float32) for _ in range(4))
+    lse = cupy.full((n, heads), 10.0, dtype=cupy.float32)
+    delta = (0.1 * rs.standard_normal((n, heads), dtype=cupy.float32)).astype(cupy.float32)
+    grads = tuple(cupy.zeros((n, heads, d), dtype=cupy.float32) for _ in range(3))
+    fn = compiled(var)
+    arrays = (q, k, v, do, lse, delta, *grads)
+    times = []
+    for rep in range(7):
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        launch_all(fn, var, arrays, patterns, causal, scale, n, heads, d)
+        stop.record()
+        stop.synchronize()
+        if rep >= 2:
+            times.append(cupy.cuda.get_elapsed_time(start, stop))
+    ms = float(np.median(times))
+    tflops = useful_flops(problem, d, causal) / (ms * 1e-3) / 1e12
+    print(f"time {var.name} n={n} H={heads} {'causal' if causal else 'full  '}: {ms:.2f} ms, "
+          f"{tflops:.0f} TFLOP/s useful", flush=True)
+
+
+def cases(quick: bool) -> list[tuple]:
+    """(D, BK, problem, causal) of the accuracy checks."""
+    if quick:
+        return [(64, 64, EVEN, False), (64, 128, EVEN, True), (128, 128, EVEN, True), (96, 128, RAGGED, True),
+                (32, 64, RAGGED, False)]
+    full = [(d, bk, EVEN, c) for d in HEAD_DIMS for bk in KEY_BLOCKS for c in (False, True)]
+    ragged = [(d, bk, RAGGED, c) for d in (32, 96, 128) for bk in KEY_BLOCKS for c in (False, True)]
+    return full + ragged
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="only a few accuracy cases")
+    parser.add_argument("--no-time", action="store_true", help="skip the timing of the large cases")
+    args = parser.parse_args()
+    cc = int(cupy.cuda.Device().compute_capability)
+    if cc < 80:
+        print(f"compute capability {cc / 10:.1f}: the mma.sync backward needs 8.0 or newer")
+        return 1
+    failed = 0
+    for i, (d, bk, problem, causal) in enumerate(cases(args.quick)):
+        try:
+            failed += not check_case(d, bk, problem, causal, seed=i)
+        except Exception:  # noqa: BLE001 - report the case (compile log included) and go on
+            failed += 1
+            print(f"FAIL D={d} BK={bk} n={problem[0]} causal={causal}:\n{traceback.format_exc()}", flush=True)
+    if not args.no_time:
+        for d, problem in ANCHORS.items():
+            variants = [TF32X3_BWD.variant(d, "float32", (bk,)) for bk in KEY_BLOCKS] + [FMA_BWD.variant(d)]
+            for var in variants:
+                for causal in (False, True):
+                    try:
+                        time_case(var, problem, causal)
+                    except Exception:  # noqa: BLE001
+                        failed += 1
+                        print(f"FAIL timing {var.name} causal={causal}:\n{traceback.format_exc()}", flush=True)
+    print(f"{failed} case(s) failed" if failed else "all cases passed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
