@@ -97,8 +97,9 @@ def test_backward_override(monkeypatch):
         choose_backward("float32", 64, cc=70, override="tf32x3_bwd")
     assert choose_backward("bfloat16", 64, cc=90, override="mma16_bwd:64").variant.name == \
         "dilated_bwd_mma_16<bf16_t,64,64>"
-    assert choose_backward("float16", 128, cc=90, override="wgmma16_bwd:2,0").variant.name == \
-        "dilated_bwd_wgmma_16<f16_t,128,2,0>"
+    assert choose_backward("float16", 128, cc=90, override="wgmma16_bwd:2,0,0").variant.name == \
+        "dilated_bwd_wgmma_16<f16_t,128,2,0,0>"
+    assert choose_backward("bfloat16", 64, cc=90, override="wgmma16_bwd:2,1,3").variant.threads == 384
     with pytest.raises(RuntimeError, match="HILBERT_HPC_BWD_KERNEL=wgmma16_bwd: needs compute capability 9.0"):
         choose_backward("bfloat16", 64, cc=80, override="wgmma16_bwd")
     with pytest.raises(ValueError, match=r"wgmma16_bwd supports head_dim in \[64, 128\], got 96"):

@@ -4,17 +4,25 @@
 // section 10; rows aligned to 8 elements (16 bytes), mq and mk arbitrary (tails zero-filled and masked). The
 // same algorithm as dilated_bwd_mma_16.cu, with a warpgroup per 64 keys (the wgmma M dimension).
 //
-// Grid: x = segments * heads problems (DILATED_FWD_PROBLEM_OFFSETS), y = key blocks of BK keys. Block: NWG
-// warpgroups of 128 threads, warpgroup w owning keys k0 + 64 w .. k0 + 64 w + 63; query tiles of BQ = 64 rows.
-// K and V of the block's keys are staged once; Q, dO (cp.async) and L, delta (registers, one tile ahead) are
-// double-buffered. Per query tile and warpgroup:
+// Grid: problems (DILATED_FWD_PROBLEM_OFFSETS's segment * heads) x key blocks of BK keys, numbered key block
+// fastest (block = x + gridDim.x y: problem block / gridDim.y, key block block % gridDim.y), so that the key
+// blocks of one problem run together and its Q, dO and dq stay in L2. Computing threads: NWG warpgroups of
+// 128, warpgroup w owning keys k0 + 64 w .. k0 + 64 w + 63; query tiles of BQ = 64 rows. K and V of the block's
+// keys are staged once. Q, dO, L and delta per tile:
+//   STAGES = 0: every thread loads, two stages (Q, dO by cp.async; L, delta through registers, one tile
+//     ahead), one block barrier a tile (PIPE = 1) that publishes the next stage;
+//   STAGES >= 2 (NWG = 2): warpgroup 0 is a producer (setmaxnreg.dec) that fills STAGES stages by cp.async,
+//     publishes tile it on full[it % STAGES] (128 arrivals, after its copies landed and a proxy fence) and
+//     refills a stage once empty[s] has the 256 arrivals of the consumers (warpgroups 1, 2, setmaxnreg.inc),
+//     which meet only at named barrier 1 (dS^T of the previous tile published) instead of a block barrier.
+// Per query tile and computing warpgroup:
 //   S^T = K Q^T and dP^T = V dO^T (D / 16 wgmma m64n64k16 each, A = this warpgroup's K / V rows and B = the
 //     Q / dO tile from shared memory, both K-major; issued together, S^T waited for first);
 //   P^T = exp2(scale log2e S^T - L log2e), 0 for invisible pairs (masks only on boundary tiles) and for rows
 //     with L = -inf or past mq (L staged as +inf);
 //   dV += P^T dO (A = P^T repacked in registers as 16-bit fragments; B = dO MN-major, imm-trans-b = 1);
 //   dS^T = P^T (dP^T - delta); dK += dS^T Q (A = dS^T from registers; B = Q MN-major);
-//   dS^T (16-bit) to shared memory; after a block barrier, dQ(tile) = dS K: M = the BQ queries, N = D / NWG
+//   dS^T (16-bit) to shared memory; after a barrier (block, or consumers), dQ(tile) = dS K: M = the BQ queries, N = D / NWG
 //     columns per warpgroup, K = the BK keys (A = dS read MN-major from the dS^T buffer, imm-trans-a = 1;
 //     B = K MN-major), and scale dQ added to the float32 dq with red.global.add.v2.f32.
 // PIPE = 0: the dQ of a tile follows its dK (two block barriers a tile). PIPE = 1: dS^T is double-buffered and
@@ -23,21 +31,25 @@
 // warpgroup (D = 128) only the first 32 are, the rest follow once S^T and dP^T are dead (255 registers, no
 // spills). The last tile's dQ follows the loop.
 // At the end dK is scaled and dK, dV are added to dk, dv (read-add-write: a key row belongs to one block).
-// Registers (ptxas, sm_90a; NWG = 2): D = 64: 214 (PIPE = 1), 197 (PIPE = 0); D = 128: 255, 242; one block of
-// 8 warps per SM. Measured on an H200 (tests/scripts/bwd_wgmma16_check.py, 2026-11-25; N = 262,144, patterns
-// (2048,1) (4096,2) (8192,4), bf16, useful TFLOP/s = 2.5 x the forward's FLOPs): D = 64 (H = 12) 230, causal 179
-// (mma16_bwd 195 / 170); D = 128 (H = 8) 267, causal 227 (mma16_bwd 200 / 182). Tried and no faster: dQ staged in
-// shared memory and added by one bulk reduce (cp.reduce.async.bulk) per row, red.global.add.v4.f32 after a lane
-// exchange, the A operands of dV and dK (P^T, dS^T) read from shared memory.
+// Registers (ptxas, sm_90a; NWG = 2): STAGES = 0: D = 64: 214 (PIPE = 1), 198 (PIPE = 0); D = 128: 255, 255;
+// one block of 8 warps per SM. STAGES > 0: 168 at launch, producer 40 / consumers 232 (D = 64) without spills;
+// D = 128 spills at 24 / 240. Measured on an H200 (tests/scripts/bwd_wgmma16_check.py, 2026-11-25; N = 262,144,
+// patterns (2048,1) (4096,2) (8192,4), bf16, useful TFLOP/s = 2.5 x the forward's FLOPs): D = 64 (H = 12)
+// STAGES = 3: 291, causal 230 (STAGES = 0: 255 / 207); D = 128 (H = 8) STAGES = 0: 310, causal 262. Numbering the
+// blocks problem-major cut the DRAM traffic from 50 % to 7 % of its peak (L2 hit rate 57 % -> 92 %, ncu).
+// Tried and no faster (before the producer): dQ staged in shared memory and added by one bulk reduce
+// (cp.reduce.async.bulk) per row, red.global.add.v4.f32 after a lane exchange, the A operands of dV and dK
+// (P^T, dS^T) read from shared memory.
 //
 // Shared memory (bytes), no swizzle, every tile in core-matrix order [row / 8][col / 8][row % 8][8] (as in
 // dilated_fwd_wgmma_16.cu: K-major descriptors LBO = 128, SBO = 16 W for a W-wide tile; the same tile read
 // MN-major with LBO = 16 W, SBO = 128):
 //   K, V of the block     2 * BK * D * 2
-//   Q, dO, two stages     4 * BQ * D * 2
+//   Q, dO, NST stages     2 * NST * BQ * D * 2 (NST = STAGES, or 2 where STAGES = 0)
 //   dS^T (keys x queries) (1 + PIPE) * BK * BQ * 2
-//   L, delta, two stages  16 * BQ
-//   total = 4 D (BK + 2 BQ) + 2 (1 + PIPE) BK BQ + 16 BQ (NWG = 2, PIPE = 1: D = 64: 99,328; D = 128: 164,864)
+//   L, delta, NST stages  8 * NST * BQ
+//   STAGES > 0: mbarriers full[NST], empty[NST]: 16 * NST
+//   (NWG = 2, PIPE = 1: D = 64: 99,328 (STAGES = 0), 116,272 (3); D = 128: 164,864 (0))
 // Fragments (per warp of a warpgroup, lane = 4 g + t): accumulator element 4 i + 2 h + e = (row g + 8 h of the
 // warp's 16, column 8 i + 2 t + e); element r of the 16-bit A fragment of k-step kk is accumulator element
 // 8 kk + r (dilated_fwd_wgmma_16.cu), so P^T and dS^T become A operands in place.
@@ -46,6 +58,7 @@
 #include "convert.cuh"
 #include "cp_async.cuh"
 #include "wgmma.cuh"
+#include "tma.cuh"
 
 // wgmma D (+)= A * B, D f32 64 x N, A 64 x 16 MN-major (imm-trans-a = 1) and B 16 x N MN-major (imm-trans-b = 1),
 // both from shared-memory descriptors; SCALE_D = 0 ignores the old D. (Wgmma16 of wgmma.cuh reads both K-major.)
@@ -148,13 +161,13 @@ struct WgmmaMnA<f16_t, 128> {
 
 // rows [r0, r0 + ROWS) of a D-wide 16-bit matrix (row j at src + off + j * row_stride elements; rows at or
 // past rend are zero-filled) into shared memory at byte address dst in core-matrix order
-// [row / 8][col / 8][row % 8][8]; one 16-byte cp.async per chunk, no commit
-template <typename T, int D, int ROWS, int THREADS>
+// [row / 8][col / 8][row % 8][8] by the THREADS threads numbered `self`; one 16-byte cp.async per chunk, no commit
+template <typename T, int D, int ROWS, int THREADS, int UNROLL = 4>
 __device__ __forceinline__ void stage_core_rows(unsigned dst, const T* __restrict__ src, long long off,
-                                                long long row_stride, int r0, int rend) {
+                                                long long row_stride, int r0, int rend, int self) {
     constexpr int KC = D / 8;
-#pragma unroll 4
-    for (int p = threadIdx.x; p < ROWS * KC; p += THREADS) {
+#pragma unroll UNROLL
+    for (int p = self; p < ROWS * KC; p += THREADS) {
         const int r = (p / (8 * KC)) * 8 + (p & 7), c = (p >> 3) % KC, j = r0 + r;
         const T* from = src + off + (long long)max(0, min(j, rend - 1)) * row_stride + 8 * c;
         cp_async_16(dst + 16 * p, from, j < rend ? 16 : 0);
@@ -178,26 +191,39 @@ __device__ __forceinline__ void red_add_pair(float* p, float x, float y) {
     asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(x), "f"(y) : "memory");
 }
 
-// Shared memory of one block in bytes (the layout at the top of this file)
-template <int D, int NWG, int PIPE>
+__device__ __forceinline__ void st_shared_f32(unsigned addr, float x) {
+    asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(x) : "memory");
+}
+
+// the consumer warpgroups (threads 128 .. 383 of a warp-specialized block) meet at named barrier 1
+__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+
+// Shared memory of one block in bytes (the layout at the top of this file); NST stages of Q, dO, L and delta
+template <int D, int NWG, int PIPE, int NST>
 struct BwdSmemWg {
     static constexpr int BK = 64 * NWG, BQ = 64;
     static constexpr int KV = BK * D * 2;        // K or V of the block
     static constexpr int TILE = BQ * D * 2;      // one Q or dO tile
     static constexpr int DS = BK * BQ * 2;       // one dS^T buffer
     static constexpr int OFF_V = KV, OFF_Q = 2 * KV;
-    static constexpr int OFF_DS = OFF_Q + 4 * TILE;  // stage s: Q at OFF_Q + 2 s TILE, dO at OFF_Q + (2 s + 1) TILE
+    static constexpr int OFF_DS = OFF_Q + 2 * NST * TILE;  // stage s: Q at OFF_Q + 2 s TILE, dO at + TILE
     static constexpr int OFF_L = OFF_DS + (PIPE ? 2 : 1) * DS;  // stage s: L at float 2 s BQ, delta at (2 s + 1) BQ
-    static constexpr int bytes = OFF_L + 16 * BQ;
+    static constexpr int OFF_BAR = OFF_L + 8 * NST * BQ;        // STAGES > 0: full[NST], empty[NST]
+    static constexpr int bytes = OFF_BAR + 16 * NST;
 };
 
-template <typename T, int D, int NWG, int PIPE>
-__global__ void __launch_bounds__(WG_THREADS * NWG, 1)
+// STAGES = 0: every thread computes and loads (two stages, block barriers). STAGES >= 2 (NWG = 2): warpgroup 0
+// is the producer (setmaxnreg.dec to PREG), warpgroups 1 and 2 the consumers (setmaxnreg.inc to CREG): 40 / 232
+// for D = 64, 24 / 240 for D = 128 (the launch bound gives 168 each).
+template <typename T, int D, int NWG, int PIPE, int STAGES>
+__global__ void __launch_bounds__(WG_THREADS * (NWG + (STAGES ? 1 : 0)), 1)
 dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T))
 {
     using H = Half16<T>;
-    using L = BwdSmemWg<D, NWG, PIPE>;
-    constexpr int THREADS = WG_THREADS * NWG, BK = L::BK, BQ = L::BQ;
+    constexpr bool WS = STAGES > 0;
+    constexpr int NST = WS ? STAGES : 2;     // stages of Q, dO, L and delta
+    using L = BwdSmemWg<D, NWG, PIPE, NST>;
+    constexpr int THREADS = WG_THREADS * NWG, BK = L::BK, BQ = L::BQ;   // THREADS: the computing threads
     constexpr int NS = BQ / 2;               // score registers per thread (64 keys x BQ queries)
     constexpr int KD = D / 16;               // k-steps over the head dimension
     constexpr int KQ = BQ / 16;              // k-steps over the queries of a tile
@@ -205,33 +231,100 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T))
     constexpr int NQ = D / NWG;              // dQ columns of one warpgroup
     constexpr int NP = (PIPE && NQ > 32) ? 2 : 1;   // PIPE: dQ in column parts of 32 (fewer live registers)
     constexpr int NC = NQ / NP;              // columns of one part
+    constexpr int PREG = D == 64 ? 40 : 24, CREG = D == 64 ? 232 : 240;   // STAGES > 0: registers per thread
     static_assert((D == 64 || D == 128) && (NWG == 1 || NWG == 2), "D: 64 or 128; NWG: 1 or 2");
+    static_assert(STAGES == 0 || (NWG == 2 && STAGES >= 2 && STAGES <= 4), "STAGES: 0, or 2..4 with NWG = 2");
 
     extern __shared__ __align__(128) unsigned char smem_bwd[];
     const unsigned sK = (unsigned)__cvta_generic_to_shared(smem_bwd);
     const unsigned sV = sK + L::OFF_V, sDS = sK + L::OFF_DS;
     float* const sL = reinterpret_cast<float*>(smem_bwd + L::OFF_L);
+#define BWD_FULL(s) (sK + L::OFF_BAR + 8 * (s))
+#define BWD_EMPTY(s) (sK + L::OFF_BAR + 8 * (NST + (s)))
 
-    const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
-    const int g = lane >> 2, t = lane & 3;
-    const int k0 = blockIdx.y * BK;
-    DILATED_FWD_PROBLEM_OFFSETS;
+    // blocks numbered key block fastest (the grid is problems x key blocks): the key blocks of one problem run
+    // at the same time and share its Q, dO, L, delta and dq in L2
+    const long long block = blockIdx.x + (long long)gridDim.x * blockIdx.y;
+    const long long problem_seg = block / gridDim.y / heads;
+    const int problem_head = (int)(block / gridDim.y % heads);
+    const int k0 = (int)(block % gridDim.y) * BK;
+    const long long qoff = q_base + problem_seg * q_seg + problem_head * q_head;
+    const long long koff = k_base + problem_seg * k_seg + problem_head * k_head;
+    const long long voff = v_base + problem_seg * v_seg + problem_head * v_head;
+    const long long loff = l_base + problem_seg * l_seg + problem_head * l_head;
 
     const int q_begin = causal ? max(0, k0 - causal_shift) : 0;   // the first query that sees key k0
     if (q_begin >= mq) return;               // no query sees these keys (uniform)
+    const int ntiles = (mq - q_begin + BQ - 1) / BQ;
 
-    stage_core_rows<T, D, BK, THREADS>(sK, k, koff, k_row, k0, mk);
-    stage_core_rows<T, D, BK, THREADS>(sV, v, voff, v_row, k0, mk);
-    stage_core_rows<T, D, BQ, THREADS>(sK + L::OFF_Q, q, qoff, q_row, q_begin, mq);
-    stage_core_rows<T, D, BQ, THREADS>(sK + L::OFF_Q + L::TILE, dout, qoff, q_row, q_begin, mq);
-    cp_async_commit();
-    float next_l = 0.0f, next_d = 0.0f;      // L and delta of row tid of the next tile
-    if (tid < BQ) {
-        query_stats(lse, delta, loff, l_row, q_begin + tid, mq, next_l, next_d);
-        sL[tid] = next_l;
-        sL[BQ + tid] = next_d;
+    float next_l = 0.0f, next_d = 0.0f;      // STAGES = 0: L and delta of row tid of the next tile
+    if (WS) {
+        constexpr int ALL = THREADS + WG_THREADS;
+        stage_core_rows<T, D, BK, ALL>(sK, k, koff, k_row, k0, mk, threadIdx.x);
+        stage_core_rows<T, D, BK, ALL>(sV, v, voff, v_row, k0, mk, threadIdx.x);
+        cp_async_commit();
+        if (threadIdx.x == 0) {
+            for (int s = 0; s < NST; ++s) {
+                mbar_init(BWD_FULL(s), WG_THREADS);
+                mbar_init(BWD_EMPTY(s), THREADS);
+            }
+            mbar_fence_init();
+        }
+        cp_async_wait_all();
+        fence_async_shared();
+        __syncthreads();                     // K, V and the barriers ready
+        if (threadIdx.x < WG_THREADS) {      // producer: Q, dO (cp.async), L and delta of tile it into stage
+            setmaxnreg_dec<PREG>();      // it % STAGES; full once they landed, refilled once empty
+            const int self = threadIdx.x;
+            float lr = 0.0f, dr = 0.0f;      // raw L and delta of row `self` of the last tile issued
+            for (int it = 0; it <= ntiles; ++it) {
+                if (it < ntiles) {
+                    const int s = stage_of<NST>(it), q0 = q_begin + it * BQ;
+                    if (it >= NST) mbar_wait(BWD_EMPTY(s), (phase_of<NST>(it) + 1) & 1);
+                    const unsigned st = sK + L::OFF_Q + 2 * s * L::TILE;
+                    stage_core_rows<T, D, BQ, WG_THREADS, 1>(st, q, qoff, q_row, q0, mq, self);
+                    stage_core_rows<T, D, BQ, WG_THREADS, 1>(st + L::TILE, dout, qoff, q_row, q0, mq, self);
+                    cp_async_commit();
+                }
+                if (it > 0) {                // tile it - 1 complete: its L, delta stored, then published
+                    const int p = stage_of<NST>(it - 1);
+                    if (it < ntiles)
+                        cp_async_wait<1>();
+                    else
+                        cp_async_wait_all();
+                    if (self < BQ) {
+                        const unsigned sl = sK + L::OFF_L + 4 * (2 * p * BQ + self);
+                        st_shared_f32(sl, lr == NEG_INF ? -NEG_INF : lr * LOG2E);
+                        st_shared_f32(sl + 4 * BQ, dr);
+                    }
+                    fence_async_shared();
+                    mbar_arrive(BWD_FULL(p));
+                }
+                if (it < ntiles && self < BQ) {
+                    const int i = q_begin + it * BQ + self;
+                    lr = i < mq ? lse[loff + i * l_row] : NEG_INF;
+                    dr = i < mq ? delta[loff + i * l_row] : 0.0f;
+                }
+            }
+            return;
+        }
+        setmaxnreg_inc<CREG>();
+    } else {
+        stage_core_rows<T, D, BK, THREADS>(sK, k, koff, k_row, k0, mk, threadIdx.x);
+        stage_core_rows<T, D, BK, THREADS>(sV, v, voff, v_row, k0, mk, threadIdx.x);
+        stage_core_rows<T, D, BQ, THREADS>(sK + L::OFF_Q, q, qoff, q_row, q_begin, mq, threadIdx.x);
+        stage_core_rows<T, D, BQ, THREADS>(sK + L::OFF_Q + L::TILE, dout, qoff, q_row, q_begin, mq, threadIdx.x);
+        cp_async_commit();
+        if (threadIdx.x < BQ) {
+            query_stats(lse, delta, loff, l_row, q_begin + threadIdx.x, mq, next_l, next_d);
+            sL[threadIdx.x] = next_l;
+            sL[BQ + threadIdx.x] = next_d;
+        }
     }
 
+    const int tid = threadIdx.x - (WS ? WG_THREADS : 0);    // among the computing threads
+    const int wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+    const int g = lane >> 2, t = lane & 3;
     const int kw0 = k0 + 64 * wg;            // this warpgroup's first key
     const int key0 = kw0 + 16 * warp + g;    // this thread's keys: key0, key0 + 8
     const float mul = scale * LOG2E;
@@ -270,22 +363,30 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T))
 
     int it = 0;
     for (int q0 = q_begin; q0 < mq; q0 += BQ, ++it) {
-        const int cur = it & 1;
+        const int cur = it & 1;              // dS^T buffer (PIPE); STAGES = 0: also the stage
+        const int stage = WS ? stage_of<NST>(it) : cur;
         const bool more = q0 + BQ < mq;
-        cp_async_wait_all();
-        fence_async_shared();
-        __syncthreads();                     // tile q0 landed; every warpgroup is done with tile q0 - BQ's
+        if (WS) {
+            mbar_wait(BWD_FULL(stage), phase_of<NST>(it));
+            fence_async_shared();
+            consumers_sync();                // every consumer is done with tile q0 - BQ's products (PIPE: its
+                                             // dS^T is in shared memory)
+        } else {
+            cp_async_wait_all();
+            fence_async_shared();
+            __syncthreads();                 // tile q0 landed; every warpgroup is done with tile q0 - BQ's
                                              // products (PIPE: its dS^T is in shared memory)
-        if (more) {                          // the next tile into the other stage (read last in tile q0 - BQ)
-            const unsigned st = sK + L::OFF_Q + 2 * (cur ^ 1) * L::TILE;
-            stage_core_rows<T, D, BQ, THREADS>(st, q, qoff, q_row, q0 + BQ, mq);
-            stage_core_rows<T, D, BQ, THREADS>(st + L::TILE, dout, qoff, q_row, q0 + BQ, mq);
-            cp_async_commit();
-            if (tid < BQ) query_stats(lse, delta, loff, l_row, q0 + BQ + tid, mq, next_l, next_d);
+            if (more) {                      // the next tile into the other stage (read last in tile q0 - BQ)
+                const unsigned st = sK + L::OFF_Q + 2 * (cur ^ 1) * L::TILE;
+                stage_core_rows<T, D, BQ, THREADS>(st, q, qoff, q_row, q0 + BQ, mq, tid);
+                stage_core_rows<T, D, BQ, THREADS>(st + L::TILE, dout, qoff, q_row, q0 + BQ, mq, tid);
+                cp_async_commit();
+                if (tid < BQ) query_stats(lse, delta, loff, l_row, q0 + BQ + tid, mq, next_l, next_d);
+            }
         }
-        const unsigned sQ = sK + L::OFF_Q + 2 * cur * L::TILE, sO = sQ + L::TILE;
+        const unsigned sQ = sK + L::OFF_Q + 2 * stage * L::TILE, sO = sQ + L::TILE;
         const unsigned ds_buf = sDS + (PIPE ? cur * L::DS : 0);
-        const float* const lt = sL + 2 * cur * BQ;
+        const float* const lt = sL + 2 * stage * BQ;
         const float* const dt = lt + BQ;
         const bool masked = kw0 + 64 > mk || (causal && q0 + causal_shift < kw0 + 63);
 
@@ -397,7 +498,10 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T))
             }
         } else {
             fence_async_shared();
-            __syncthreads();                 // dS^T of every warpgroup in shared memory, visible to wgmma
+            if (WS)
+                consumers_sync();            // dS^T of every warpgroup in shared memory, visible to wgmma
+            else
+                __syncthreads();
             wgmma_fence();
             issue_dq(sDS, 0);
             wgmma_commit();
@@ -410,14 +514,19 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T))
         pin(gv);
         pin_u(pa);
         pin_u(da);
-        if (more && tid < BQ) {              // L and delta of the next tile (stage cur ^ 1 read last in q0 - BQ)
+        if (WS) {
+            mbar_arrive(BWD_EMPTY(stage));   // this thread's reads of the stage are done
+        } else if (more && tid < BQ) {       // L and delta of the next tile (stage cur ^ 1 read last in q0 - BQ)
             sL[2 * (cur ^ 1) * BQ + tid] = next_l;
             sL[(2 * (cur ^ 1) + 1) * BQ + tid] = next_d;
         }
     }
     if (PIPE) {                              // dQ of the last tile
         fence_async_shared();
-        __syncthreads();                     // its dS^T (every warpgroup) in shared memory
+        if (WS)
+            consumers_sync();                // its dS^T (every warpgroup) in shared memory
+        else
+            __syncthreads();
         for (int part = 0; part < NP; ++part) {
             pin(c);
             wgmma_fence();
@@ -449,3 +558,5 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T))
         }
     }
 }
+#undef BWD_FULL
+#undef BWD_EMPTY

@@ -300,28 +300,35 @@ def mma16_bwd_shared_bytes(head_dim: int, keys: int) -> int:
     return 4 * (head_dim + 8) * (keys + 2 * queries) + 2 * keys * (queries + 8) + 16 * queries
 
 
-def wgmma16_bwd_shared_bytes(head_dim: int, warpgroups: int, pipe: int) -> int:
+def wgmma16_bwd_shared_bytes(head_dim: int, warpgroups: int, pipe: int, stages: int) -> int:
     """Dynamic shared memory of one wgmma16_bwd block (BwdSmemWg in dilated_bwd_wgmma_16.cu): K and V of its
-    64 NWG keys, Q and dO of two 64-row query-tile stages, dS^T in 16 bits (two buffers with PIPE), L and delta
-    of two stages."""
-    keys, queries = 64 * warpgroups, 64
-    return 4 * head_dim * (keys + 2 * queries) + (2 if pipe else 1) * 2 * keys * queries + 16 * queries
+    64 NWG keys, Q, dO, L and delta of the 64-row query-tile stages (``stages``, two where 0), dS^T in 16 bits
+    (two buffers with PIPE), and with a producer (``stages`` > 0) two mbarriers per stage."""
+    keys, queries, n = 64 * warpgroups, 64, stages or 2
+    return (4 * head_dim * keys + 4 * n * head_dim * queries + (2 if pipe else 1) * 2 * keys * queries
+            + 8 * n * queries + (16 * n if stages else 0))
 
 
-#: wgmma16_bwd per head dim: (warpgroups NWG, PIPE), template arguments of dilated_bwd_wgmma_16<T, D, NWG, PIPE>:
-#: a warpgroup per 64 keys (BK = 64 NWG keys per block); PIPE = 1 computes a tile's dQ during the next tile's
-#: softmax. No spills with ptxas for sm_90a. Measured on an H200 (tests/scripts/bwd_wgmma16_check.py, 2026-11-25;
-#: N = 262,144, patterns (2048,1) (4096,2) (8192,4), bf16, ms non-causal / causal): D = 64 (H = 12): (2, 1) 31.4 /
-#: 20.2, (2, 0) 34.3 / 21.0, (1, 1) 49.8 / 26.8 (mma16_bwd 37.1 / 21.2); D = 128 (H = 8): (2, 1) 36.0 / 21.2,
-#: (2, 0) 39.4 / 22.8 (mma16_bwd 48.0 / 26.4). dQ through shared memory and one bulk reduce per row, v4 atomics,
-#: and the A operands of dV and dK from shared memory were no faster.
+#: wgmma16_bwd per head dim: (warpgroups NWG, PIPE, STAGES), template arguments of
+#: dilated_bwd_wgmma_16<T, D, NWG, PIPE, STAGES>: a warpgroup per 64 keys (BK = 64 NWG keys per block); PIPE = 1
+#: computes a tile's dQ during the next tile's softmax; STAGES = 0: every thread loads (two stages, block
+#: barriers), STAGES >= 2 (NWG = 2): a producer warpgroup fills that many stages behind mbarriers. No spills with
+#: ptxas for sm_90a (D = 128 with a producer spills at the 240 registers setmaxnreg allows, so it is not listed).
+#: Measured on an H200 (tests/scripts/bwd_wgmma16_check.py, 2026-11-25; N = 262,144, patterns (2048,1) (4096,2)
+#: (8192,4), bf16, ms non-causal / causal, key blocks of a problem adjacent in the grid): D = 64 (H = 12):
+#: (2, 1, 3) 24.8 / 15.7, (2, 1, 4) 24.6 / 15.5, (2, 1, 2) 28.8 / 18.0, (2, 1, 0) 28.3 / 17.4; D = 128 (H = 8):
+#: (2, 1, 0) 31.1 / 18.4, (2, 0, 0) 33.6 / 19.5 (and (2, 1, 3), with spills, 29.3 / 17.1). dQ through shared
+#: memory and one bulk reduce per row, v4 atomics, and the A operands of dV and dK from shared memory were no
+#: faster (before the producer).
 WGMMA16_BWD = KernelFamily(
     "wgmma16_bwd", "dilated_bwd_wgmma_16.cu", SIXTEEN_BIT,
-    lambda t, d, c, o: f"dilated_bwd_wgmma_16<{t},{d},{c[0]},{c[1]}>", ("NWG", "PIPE"),
-    lambda d, c: wgmma16_bwd_shared_bytes(d, *c), lambda c: 128 * c[0], lambda d, c: 64 * c[0],
-    SIXTEEN_BIT_ALIGN, defaults={64: (2, 1), 128: (2, 1)}, alternatives={64: ((2, 0), (1, 1)), 128: ((2, 0),)},
+    lambda t, d, c, o: f"dilated_bwd_wgmma_16<{t},{d},{c[0]},{c[1]},{c[2]}>", ("NWG", "PIPE", "STAGES"),
+    lambda d, c: wgmma16_bwd_shared_bytes(d, *c), lambda c: 128 * (c[0] + (1 if c[2] else 0)),
+    lambda d, c: 64 * c[0], SIXTEEN_BIT_ALIGN, defaults={64: (2, 1, 3), 128: (2, 1, 0)},
+    alternatives={64: ((2, 1, 4), (2, 1, 2), (2, 1, 0), (2, 0, 0), (1, 1, 0)), 128: ((2, 0, 0),)},
     min_cc=90, max_cc=90, arch=HOPPER_ARCH, max_shared=HOPPER_SHARED,
-    valid=lambda c: c[0] in (1, 2) and c[1] in (0, 1), direction=BACKWARD)
+    valid=lambda c: c[0] in (1, 2) and c[1] in (0, 1) and (c[2] == 0 or (c[0] == 2 and 2 <= c[2] <= 4)),
+    direction=BACKWARD)
 
 #: mma16_bwd per head dim: keys per block BK (a warp per 16 keys), template argument of
 #: dilated_bwd_mma_16<T, D, BK>; no spills with ptxas for sm_80 and sm_90. Measured on an H100 (N = 262,144,

@@ -48,7 +48,7 @@ ANCHOR_128 = (262144, 8, ANCHOR[2])
 
 
 def variant(dtype: str, head_dim: int, config: tuple) -> Variant:
-    """The wgmma16_bwd instantiation of ``config`` (NWG, DQ); () gives mma16_bwd with BK = 128."""
+    """The wgmma16_bwd instantiation of ``config`` (NWG, PIPE, STAGES); () gives mma16_bwd with BK = 128."""
     if not config:
         return MMA16_BWD.variant(head_dim, dtype, (128,))
     return WGMMA16_BWD.variant(head_dim, dtype, config)
