@@ -4,7 +4,8 @@ Each contender runs as a torch autograd user calls it: ``out = f(q, k, v)`` with
 gradients, then ``out.backward(dout)``; both phases are timed with CUDA events (median of ``--repeat`` after
 ``--warmup``). Contenders: ``ours`` (hilbert_hpc.nn.dilated_attention, natural order), ``torch`` (the torch peer:
 gather, SDPA with log-sum-exp, FP32 merge; its backward op per pattern with the merged O and L) and ``flash``
-(the same with FlashAttention-4) where it can run. Useful FLOPs: forward 4 N' M D per pattern and head (N' the
+(the same with FlashAttention-4) where it can run; ``flash-dense`` is FlashAttention-4 alone on pre-gathered rows
+(no gather, no merge, the sum of the backward times: the issue's dense anchors). Useful FLOPs: forward 4 N' M D per pattern and head (N' the
 selected rows, M the keys each sees; halved for causal), backward 2.5 times the forward's. Peak memory is
 also given over the bytes of Q, K, V, O, dO, dQ, dK, dV. Gradient errors
 (max |err| / max |ref| of dQ, dK, dV) are measured on an 8,192-row case of the same shape family against the
@@ -130,6 +131,29 @@ def measure(name: str, f, dtype, n: int, heads: int, d: int, causal: bool, warmu
 ERROR_ROWS = 8192
 
 
+def measure_dense(dtype, n: int, heads: int, d: int, causal: bool, warmup: int, repeat: int) -> dict:
+    """FlashAttention-4 alone on the rows each pattern and head offset selects, gathered before the clock
+    starts (no gather, no merge: the issue's dense anchors): forward, and backward with its own O and L."""
+    from hilbert_hpc.backends.flash_peer import FA4
+    from hilbert_hpc.backends.gather_merge import _gather
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    full = [torch.randn((n, heads, d), generator=gen, device="cuda", dtype=torch.float32).to(dtype)
+            for _ in range(4)]
+    scale = d ** -0.5
+    batches = [[_gather(FA4, x, p, heads, o) for x in full] for p in (Pattern(w, r) for w, r in ANCHOR)
+               for o in range(min(p.dilation, heads))]
+    del full
+    outs = [FA4.forward(q, k, v, causal, scale) for q, k, v, _ in batches]
+    fwd = timed(lambda: [FA4.forward(q, k, v, causal, scale) for q, k, v, _ in batches], warmup, repeat)
+    bwd = timed(lambda: [FA4.backward(do, q, k, v, o, lse, causal, scale)
+                         for (q, k, v, do), (o, lse) in zip(batches, outs)], warmup, repeat)
+    flops = useful_flops(n, heads, d, ANCHOR, causal)
+    return dict(contender="flash-dense", fwd_ms=fwd, bwd_ms=bwd, fwd_bwd_ms=fwd + bwd,
+                fwd_tflops=flops / fwd / 1e9, bwd_tflops=2.5 * flops / bwd / 1e9,
+                fwd_bwd_tflops=3.5 * flops / (fwd + bwd) / 1e9)
+
+
 def error_inputs(dtype, heads: int, d: int, causal: bool) -> tuple[list, list]:
     """The rounded inputs (q, k, v, dout) of the gradient-error case and the float64 CPU gradients of them."""
     gen = torch.Generator().manual_seed(1)
@@ -168,6 +192,11 @@ def main() -> int:
             except Exception as exc:       # one contender failing must not hide the others' rows
                 print(f"# {case} {name}: failed: {type(exc).__name__}: {exc}", flush=True)
                 continue
+            rows.append(row)
+            print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
+                  flush=True)
+        if dtype in (torch.bfloat16, torch.float16) and any(name == "flash" for name, _ in contenders(dtype)):
+            row = dict(case=case, **measure_dense(dtype, n, heads, d, causal, args.warmup, args.repeat))
             rows.append(row)
             print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
                   flush=True)
