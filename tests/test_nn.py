@@ -179,3 +179,14 @@ def test_torch_compile_keeps_one_graph(backend):
 def test_import_hilbert_hpc_does_not_import_torch():
     code = "import sys, hilbert_hpc; assert 'torch' not in sys.modules and 'hilbert_hpc.nn' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_16_bit_backward_chunks_hold_whole_segments():
+    from hilbert_hpc.backends.cuda_autograd import chunk_rows
+    from hilbert_hpc.core.patterns import Pattern
+
+    pats = [Pattern(2048, 1), Pattern(4096, 2), Pattern(8192, 4)]
+    assert chunk_rows(262144, pats, 0.1) == 32768                   # 0.133 N = 34,952 rounded down to 8192s
+    assert chunk_rows(262144, pats, 0.0) == 262144 and chunk_rows(262144, pats, 1.0) == 262144
+    assert chunk_rows(262144, pats, 1e-9) == 8192                    # at least one lcm of the segments
+    assert chunk_rows(24576, [Pattern(3072, 1), Pattern(8192, 2)], 0.5) == 24576   # lcm 24576: one chunk

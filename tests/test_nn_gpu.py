@@ -107,3 +107,21 @@ def test_the_numpy_api_computes_cuda_tensors_on_their_gpu():
     out = dilated_attention(q, k, v, patterns=[(256, 1), (512, 2)], causal=True)
     assert out.is_cuda and torch.equal(out, hnn.dilated_attention(q, k, v, patterns=[(256, 1), (512, 2)],
                                                                     causal=True))
+
+
+def test_16_bit_gradients_in_row_chunks_equal_the_whole_sequence_at_once(monkeypatch):
+    """A tiny scratch share makes the 16-bit backward take one lcm of the segments at a time; its gradients
+    are those of the whole sequence at once (up to the order of dQ's float32 additions)."""
+    from hilbert_hpc.backends import cuda_autograd
+    from hilbert_hpc.core.patterns import Pattern
+
+    case = ((2048,), 4, 64, [(256, 1), (512, 2), (1024, 4)], True, "natural", None)
+    tensors = make(shape_of(case), seed=9, dtype=torch.bfloat16, device="cuda")
+    monkeypatch.setattr(cuda_autograd, "SCRATCH_SHARE", 0.0)
+    whole = run(case, *tensors)
+    monkeypatch.setattr(cuda_autograd, "SCRATCH_SHARE", 1e-6)
+    assert cuda_autograd.chunk_rows(2048, [Pattern(w, r) for w, r in case[3]], 1e-6) == 1024
+    chunked = run(case, *tensors)
+    assert torch.equal(chunked[0], whole[0])
+    for got, want in zip(chunked[1:], whole[1:]):
+        assert worst(got, want.double().cpu()) <= 1e-2
