@@ -40,11 +40,13 @@
 // one block of 8 warps per SM. STAGES > 0: 168 at launch, producer 40 / consumers 232 (D = 64), 24 / 240
 // (D = 128), no spills at STAGES = 3 (D = 128 spills a few bytes at STAGES = 2 and 4). Measured on an H200
 // (tests/scripts/bwd_wgmma16_check.py, 2026-11-25; N = 262,144, patterns (2048,1) (4096,2) (8192,4), bf16,
-// useful TFLOP/s = 2.5 x the forward's FLOPs): D = 64 (H = 12) (2, 2, 3): 295, causal 250 ((2, 1, 3): 291 / 235);
-// D = 128 (H = 8) (2, 2, 3): 340, causal 292 ((2, 1, 3): 333 / 282, (2, 1, 0): 311 / 261). Numbering the blocks
-// problem-major cut the DRAM traffic from 50 % to 7 % of its peak (L2 hit rate 57 % -> 92 %, ncu). A dQ per
-// warpgroup over its own 64 keys and every column (no dS^T exchange at all, twice the dq atomics) was slower:
-// 29.3 / 17.5 ms at D = 64 against 24.5 / 14.4.
+// useful TFLOP/s = 2.5 x the forward's FLOPs): D = 64 (H = 12) (2, 2, 3): 299, causal 253 ((2, 1, 3): 292 / 235);
+// D = 128 (H = 8) (2, 2, 3): 338, causal 294 ((2, 1, 3): 333 / 283, (2, 1, 0): 314 / 264). Numbering the blocks
+// problem-major cut the DRAM traffic from 50 % to 7 % of its peak (L2 hit rate 57 % -> 92 %, ncu). Tried and no
+// faster: a dQ per warpgroup over its own 64 keys and every column (no dS^T exchange at all, twice the dq
+// atomics: 29.3 / 17.5 ms at D = 64 against 24.5 / 14.4 in that run); no wait at the end of a tile, so that its
+// dV and dK run on into the next tile's S^T and dP^T (the stage released after that S^T): 24.3 / 14.1 ms at
+// D = 64 against 24.1 / 14.3, and it spills at D = 128.
 // Tried and no faster (before the producer): dQ staged in shared memory and added by one bulk reduce
 // (cp.reduce.async.bulk) per row, red.global.add.v4.f32 after a lane exchange, the A operands of dV and dK
 // (P^T, dS^T) read from shared memory.

@@ -317,10 +317,11 @@ def wgmma16_bwd_shared_bytes(head_dim: int, warpgroups: int, pipe: int, stages: 
 #: ptxas for sm_90a (D = 128 with a producer spills a few bytes at STAGES = 2 and 4, so those are not listed).
 #: Measured on an H200 (tests/scripts/bwd_wgmma16_check.py, 2026-11-25; N = 262,144, patterns (2048,1) (4096,2)
 #: (8192,4), bf16, ms non-causal / causal, key blocks of a problem adjacent in the grid): D = 64 (H = 12):
-#: (2, 2, 3) 24.5 / 14.4, (2, 1, 3) 24.8 / 15.4, (2, 1, 4) 24.7 / 15.3, (2, 1, 2) 28.5 / 17.6, (2, 1, 0) 28.0 /
-#: 17.1; D = 128 (H = 8): (2, 2, 3) 28.3 / 16.5, (2, 1, 3) 28.9 / 17.0, (2, 1, 0) 31.0 / 18.4, (2, 0, 0) 33.5 /
-#: 19.3. A dQ per warpgroup over its own keys (no dS^T exchange, twice the atomics: 29.3 / 17.5 at D = 64), dQ
-#: through shared memory and one bulk reduce per row, v4 atomics, and the A operands of dV and dK from shared
+#: (2, 2, 3) 24.1 / 14.3, (2, 2, 4) 23.9 / 14.3 (not listed: within 1 %, more shared memory), (2, 1, 3) 24.7 /
+#: 15.3, (2, 1, 4) 24.4 / 15.3, (2, 1, 2) 28.7 / 17.7, (2, 1, 0) 28.0 / 17.1; D = 128 (H = 8): (2, 2, 3) 28.5 /
+#: 16.4, (2, 1, 3) 28.9 / 17.0, (2, 1, 0) 30.7 / 18.2, (2, 0, 0) 33.3 / 19.3. A dQ per warpgroup over its own
+#: keys (no dS^T exchange, twice the atomics: 29.3 / 17.5 at D = 64), dV and dK left running into the next tile,
+#: dQ through shared memory and one bulk reduce per row, v4 atomics, and the A operands of dV and dK from shared
 #: memory were no faster.
 WGMMA16_BWD = KernelFamily(
     "wgmma16_bwd", "dilated_bwd_wgmma_16.cu", SIXTEEN_BIT,
