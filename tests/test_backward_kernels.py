@@ -100,6 +100,10 @@ def test_backward_override(monkeypatch):
     assert choose_backward("float16", 128, cc=90, override="wgmma16_bwd:2,0,0").variant.name == \
         "dilated_bwd_wgmma_16<f16_t,128,2,0,0>"
     assert choose_backward("bfloat16", 64, cc=90, override="wgmma16_bwd:2,1,3").variant.threads == 384
+    assert choose_backward("bfloat16", 128, cc=90, override="").variant.name == "dilated_bwd_wgmma_16<bf16_t,128,2,2,3>"
+    assert choose_backward("bfloat16", 128, cc=90, override="wgmma16_bwd:2,1,0").variant.threads == 256
+    with pytest.raises(ValueError, match=r"wgmma16_bwd configuration \(NWG, PIPE, STAGES\)"):
+        choose_backward("bfloat16", 64, cc=90, override="wgmma16_bwd:2,2,0")   # the handoff needs the producer
     with pytest.raises(RuntimeError, match="HILBERT_HPC_BWD_KERNEL=wgmma16_bwd: needs compute capability 9.0"):
         choose_backward("bfloat16", 64, cc=80, override="wgmma16_bwd")
     with pytest.raises(ValueError, match=r"wgmma16_bwd supports head_dim in \[64, 128\], got 96"):

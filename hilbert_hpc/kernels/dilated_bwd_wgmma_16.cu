@@ -14,7 +14,8 @@
 //   STAGES >= 2 (NWG = 2): warpgroup 0 is a producer (setmaxnreg.dec) that fills STAGES stages by cp.async,
 //     publishes tile it on full[it % STAGES] (128 arrivals, after its copies landed and a proxy fence) and
 //     refills a stage once empty[s] has the 256 arrivals of the consumers (warpgroups 1, 2, setmaxnreg.inc),
-//     which meet only at named barrier 1 (dS^T of the previous tile published) instead of a block barrier.
+//     which meet only at named barrier 1 (dS^T of the previous tile published; PIPE = 2: an mbarrier) instead
+//     of a block barrier.
 // Per query tile and computing warpgroup:
 //   S^T = K Q^T and dP^T = V dO^T (D / 16 wgmma m64n64k16 each, A = this warpgroup's K / V rows and B = the
 //     Q / dO tile from shared memory, both K-major; issued together, S^T waited for first);
@@ -29,14 +30,23 @@
 // a tile's dQ is issued with the next tile's S^T and dP^T, so that it runs during that tile's softmax (one block
 // barrier a tile, the one that also publishes the next Q / dO stage); with more than 32 dQ columns per
 // warpgroup (D = 128) only the first 32 are, the rest follow once S^T and dP^T are dead (255 registers, no
-// spills). The last tile's dQ follows the loop.
+// spills). PIPE = 2 (STAGES > 0): as PIPE = 1, but the consumers hand dS^T over through an mbarrier instead of
+// meeting at the named barrier: a consumer arrives once its dS^T of tile it is stored (and fenced) and its
+// reads of tile it - 1's dS^T (the dQ of it - 1, every column part) are done, and waits for the 256 arrivals of
+// tile it - 1 only right before issuing that tile's dQ; the two warpgroups drift apart by up to a tile, so one's
+// softmax overlaps the other's wgmma. The last tile's dQ follows the loop.
 // At the end dK is scaled and dK, dV are added to dk, dv (read-add-write: a key row belongs to one block).
 // Registers (ptxas, sm_90a; NWG = 2): STAGES = 0: D = 64: 214 (PIPE = 1), 198 (PIPE = 0); D = 128: 255, 255;
-// one block of 8 warps per SM. STAGES > 0: 168 at launch, producer 40 / consumers 232 (D = 64) without spills;
-// D = 128 spills at 24 / 240. Measured on an H200 (tests/scripts/bwd_wgmma16_check.py, 2026-11-25; N = 262,144,
-// patterns (2048,1) (4096,2) (8192,4), bf16, useful TFLOP/s = 2.5 x the forward's FLOPs): D = 64 (H = 12)
-// STAGES = 3: 291, causal 230 (STAGES = 0: 255 / 207); D = 128 (H = 8) STAGES = 0: 310, causal 262. Numbering the
-// blocks problem-major cut the DRAM traffic from 50 % to 7 % of its peak (L2 hit rate 57 % -> 92 %, ncu).
+// one block of 8 warps per SM. STAGES > 0: 168 at launch, producer 40 / consumers 232 (D = 64), 24 / 240
+// (D = 128), no spills at STAGES = 3 (D = 128 spills a few bytes at STAGES = 2 and 4). Measured on an H200
+// (tests/scripts/bwd_wgmma16_check.py, 2026-11-25; N = 262,144, patterns (2048,1) (4096,2) (8192,4), bf16,
+// useful TFLOP/s = 2.5 x the forward's FLOPs): D = 64 (H = 12) (2, 2, 3): 299, causal 253 ((2, 1, 3): 292 / 235);
+// D = 128 (H = 8) (2, 2, 3): 338, causal 294 ((2, 1, 3): 333 / 283, (2, 1, 0): 314 / 264). Numbering the blocks
+// problem-major cut the DRAM traffic from 50 % to 7 % of its peak (L2 hit rate 57 % -> 92 %, ncu). Tried and no
+// faster: a dQ per warpgroup over its own 64 keys and every column (no dS^T exchange at all, twice the dq
+// atomics: 29.3 / 17.5 ms at D = 64 against 24.5 / 14.4 in that run); no wait at the end of a tile, so that its
+// dV and dK run on into the next tile's S^T and dP^T (the stage released after that S^T): 24.3 / 14.1 ms at
+// D = 64 against 24.1 / 14.3, and it spills at D = 128.
 // Tried and no faster (before the producer): dQ staged in shared memory and added by one bulk reduce
 // (cp.reduce.async.bulk) per row, red.global.add.v4.f32 after a lane exchange, the A operands of dV and dK
 // (P^T, dS^T) read from shared memory.
@@ -48,8 +58,8 @@
 //   Q, dO, NST stages     2 * NST * BQ * D * 2 (NST = STAGES, or 2 where STAGES = 0)
 //   dS^T (keys x queries) (1 + PIPE) * BK * BQ * 2
 //   L, delta, NST stages  8 * NST * BQ
-//   STAGES > 0: mbarriers full[NST], empty[NST]: 16 * NST
-//   (NWG = 2, PIPE = 1: D = 64: 99,328 (STAGES = 0), 116,272 (3); D = 128: 164,864 (0))
+//   STAGES > 0: mbarriers full[NST], empty[NST]: 16 * NST; PIPE = 2: + the dS^T handoff mbarrier, 8
+//   (NWG = 2: D = 64: 99,328 (PIPE = 1, STAGES = 0), 116,280 (2, 3); D = 128: 164,864 (1, 0), 198,200 (2, 3))
 // Fragments (per warp of a warpgroup, lane = 4 g + t): accumulator element 4 i + 2 h + e = (row g + 8 h of the
 // warp's 16, column 8 i + 2 t + e); element r of the 16-bit A fragment of k-step kk is accumulator element
 // 8 kk + r (dilated_fwd_wgmma_16.cu), so P^T and dS^T become A operands in place.
@@ -209,12 +219,12 @@ struct BwdSmemWg {
     static constexpr int OFF_DS = OFF_Q + 2 * NST * TILE;  // stage s: Q at OFF_Q + 2 s TILE, dO at + TILE
     static constexpr int OFF_L = OFF_DS + (PIPE ? 2 : 1) * DS;  // stage s: L at float 2 s BQ, delta at (2 s + 1) BQ
     static constexpr int OFF_BAR = OFF_L + 8 * NST * BQ;        // STAGES > 0: full[NST], empty[NST]
-    static constexpr int bytes = OFF_BAR + 16 * NST;
+    static constexpr int bytes = OFF_BAR + 16 * NST + (PIPE == 2 ? 8 : 0);   // PIPE = 2: + the dS^T handoff
 };
 
 // STAGES = 0: every thread computes and loads (two stages, block barriers). STAGES >= 2 (NWG = 2): warpgroup 0
 // is the producer (setmaxnreg.dec to PREG), warpgroups 1 and 2 the consumers (setmaxnreg.inc to CREG): 40 / 232
-// for D = 64, 24 / 240 for D = 128 (the launch bound gives 168 each).
+// for D = 64, 24 / 240 for D = 128 (the launch bound gives 168 each). PIPE: 0, 1, or 2 with STAGES > 0.
 template <typename T, int D, int NWG, int PIPE, int STAGES>
 __global__ void __launch_bounds__(WG_THREADS * (NWG + (STAGES ? 1 : 0)), 1)
 dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T))
@@ -234,6 +244,7 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T))
     constexpr int PREG = D == 64 ? 40 : 24, CREG = D == 64 ? 232 : 240;   // STAGES > 0: registers per thread
     static_assert((D == 64 || D == 128) && (NWG == 1 || NWG == 2), "D: 64 or 128; NWG: 1 or 2");
     static_assert(STAGES == 0 || (NWG == 2 && STAGES >= 2 && STAGES <= 4), "STAGES: 0, or 2..4 with NWG = 2");
+    static_assert(PIPE >= 0 && PIPE <= 2 && (PIPE != 2 || STAGES), "PIPE: 0, 1, or 2 with STAGES");
 
     extern __shared__ __align__(128) unsigned char smem_bwd[];
     const unsigned sK = (unsigned)__cvta_generic_to_shared(smem_bwd);
@@ -241,6 +252,7 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T))
     float* const sL = reinterpret_cast<float*>(smem_bwd + L::OFF_L);
 #define BWD_FULL(s) (sK + L::OFF_BAR + 8 * (s))
 #define BWD_EMPTY(s) (sK + L::OFF_BAR + 8 * (NST + (s)))
+#define BWD_DS (sK + L::OFF_BAR + 16 * NST)
 
     // blocks numbered key block fastest (the grid is problems x key blocks): the key blocks of one problem run
     // at the same time and share its Q, dO, L, delta and dq in L2
@@ -268,6 +280,7 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T))
                 mbar_init(BWD_FULL(s), WG_THREADS);
                 mbar_init(BWD_EMPTY(s), THREADS);
             }
+            if (PIPE == 2) mbar_init(BWD_DS, THREADS);
             mbar_fence_init();
         }
         cp_async_wait_all();
@@ -349,6 +362,11 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T))
 #pragma unroll
         for (int kk = 1; kk < KB; ++kk) WgmmaMnA<T, NC>::template ss<1>(c, a + 2 * BQ * kk, b + 2 * D * kk);
     };
+    // PIPE = 2: this thread's dS^T of the current tile stored and its reads of the other buffer done
+    auto ds_release = [&]() {
+        fence_async_shared();
+        mbar_arrive(BWD_DS);
+    };
     // scale dQ (column part `part`) of the tile at query qt added to dq (red.global.add.v2.f32)
     auto add_dq = [&](int qt, int part) {
 #pragma unroll
@@ -369,7 +387,8 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T))
         if (WS) {
             mbar_wait(BWD_FULL(stage), phase_of<NST>(it));
             fence_async_shared();
-            consumers_sync();                // every consumer is done with tile q0 - BQ's products (PIPE: its
+            if (PIPE != 2)
+                consumers_sync();            // every consumer is done with tile q0 - BQ's products (PIPE: its
                                              // dS^T is in shared memory)
         } else {
             cp_async_wait_all();
@@ -408,7 +427,10 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T))
             wgmma_commit();
         }
         if (PIPE) {
-            if (it > 0) issue_dq(sDS + (cur ^ 1) * L::DS, 0);
+            if (it > 0) {
+                if (PIPE == 2) mbar_wait(BWD_DS, (it - 1) & 1);   // every consumer's dS^T of tile q0 - BQ
+                issue_dq(sDS + (cur ^ 1) * L::DS, 0);
+            }
             wgmma_commit();                  // (an empty group for the first tile)
             wgmma_wait<2>();
         } else {
@@ -485,6 +507,7 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T))
         if (PIPE) {
             wgmma_wait<2>();                 // dQ of the previous tile landed
             pin(c);
+            if (PIPE == 2 && (it == 0 || NP == 1)) ds_release();
             if (it > 0) {
                 add_dq(q0 - BQ, 0);
                 if (NP == 2) {               // its second column part, now that S^T and dP^T are dead
@@ -493,6 +516,7 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T))
                     wgmma_commit();
                     wgmma_wait<0>();
                     pin(c);
+                    if (PIPE == 2) ds_release();
                     add_dq(q0 - BQ, 1);
                 }
             }
@@ -523,7 +547,9 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T))
     }
     if (PIPE) {                              // dQ of the last tile
         fence_async_shared();
-        if (WS)
+        if (PIPE == 2)
+            mbar_wait(BWD_DS, (it - 1) & 1); // its dS^T (every warpgroup) in shared memory
+        else if (WS)
             consumers_sync();                // its dS^T (every warpgroup) in shared memory
         else
             __syncthreads();
@@ -560,3 +586,4 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T))
 }
 #undef BWD_FULL
 #undef BWD_EMPTY
+#undef BWD_DS

@@ -306,28 +306,33 @@ def wgmma16_bwd_shared_bytes(head_dim: int, warpgroups: int, pipe: int, stages: 
     (two buffers with PIPE), and with a producer (``stages`` > 0) two mbarriers per stage."""
     keys, queries, n = 64 * warpgroups, 64, stages or 2
     return (4 * head_dim * keys + 4 * n * head_dim * queries + (2 if pipe else 1) * 2 * keys * queries
-            + 8 * n * queries + (16 * n if stages else 0))
+            + 8 * n * queries + (16 * n if stages else 0) + (8 if pipe == 2 else 0))
 
 
 #: wgmma16_bwd per head dim: (warpgroups NWG, PIPE, STAGES), template arguments of
 #: dilated_bwd_wgmma_16<T, D, NWG, PIPE, STAGES>: a warpgroup per 64 keys (BK = 64 NWG keys per block); PIPE = 1
-#: computes a tile's dQ during the next tile's softmax; STAGES = 0: every thread loads (two stages, block
+#: computes a tile's dQ during the next tile's softmax, PIPE = 2 too, with the consumers handing dS^T over through
+#: an mbarrier instead of a named barrier (STAGES > 0 only); STAGES = 0: every thread loads (two stages, block
 #: barriers), STAGES >= 2 (NWG = 2): a producer warpgroup fills that many stages behind mbarriers. No spills with
-#: ptxas for sm_90a (D = 128 with a producer spills at the 240 registers setmaxnreg allows, so it is not listed).
+#: ptxas for sm_90a (D = 128 with a producer spills a few bytes at STAGES = 2 and 4, so those are not listed).
 #: Measured on an H200 (tests/scripts/bwd_wgmma16_check.py, 2026-11-25; N = 262,144, patterns (2048,1) (4096,2)
 #: (8192,4), bf16, ms non-causal / causal, key blocks of a problem adjacent in the grid): D = 64 (H = 12):
-#: (2, 1, 3) 24.8 / 15.7, (2, 1, 4) 24.6 / 15.5, (2, 1, 2) 28.8 / 18.0, (2, 1, 0) 28.3 / 17.4; D = 128 (H = 8):
-#: (2, 1, 0) 31.1 / 18.4, (2, 0, 0) 33.6 / 19.5 (and (2, 1, 3), with spills, 29.3 / 17.1). dQ through shared
-#: memory and one bulk reduce per row, v4 atomics, and the A operands of dV and dK from shared memory were no
-#: faster (before the producer).
+#: (2, 2, 3) 24.1 / 14.3, (2, 2, 4) 23.9 / 14.3 (not listed: within 1 %, more shared memory), (2, 1, 3) 24.7 /
+#: 15.3, (2, 1, 4) 24.4 / 15.3, (2, 1, 2) 28.7 / 17.7, (2, 1, 0) 28.0 / 17.1; D = 128 (H = 8): (2, 2, 3) 28.5 /
+#: 16.4, (2, 1, 3) 28.9 / 17.0, (2, 1, 0) 30.7 / 18.2, (2, 0, 0) 33.3 / 19.3. A dQ per warpgroup over its own
+#: keys (no dS^T exchange, twice the atomics: 29.3 / 17.5 at D = 64), dV and dK left running into the next tile,
+#: dQ through shared memory and one bulk reduce per row, v4 atomics, and the A operands of dV and dK from shared
+#: memory were no faster.
 WGMMA16_BWD = KernelFamily(
     "wgmma16_bwd", "dilated_bwd_wgmma_16.cu", SIXTEEN_BIT,
     lambda t, d, c, o: f"dilated_bwd_wgmma_16<{t},{d},{c[0]},{c[1]},{c[2]}>", ("NWG", "PIPE", "STAGES"),
     lambda d, c: wgmma16_bwd_shared_bytes(d, *c), lambda c: 128 * (c[0] + (1 if c[2] else 0)),
-    lambda d, c: 64 * c[0], SIXTEEN_BIT_ALIGN, defaults={64: (2, 1, 3), 128: (2, 1, 0)},
-    alternatives={64: ((2, 1, 4), (2, 1, 2), (2, 1, 0), (2, 0, 0), (1, 1, 0)), 128: ((2, 0, 0),)},
+    lambda d, c: 64 * c[0], SIXTEEN_BIT_ALIGN, defaults={64: (2, 2, 3), 128: (2, 2, 3)},
+    alternatives={64: ((2, 1, 3), (2, 1, 4), (2, 1, 2), (2, 1, 0), (2, 0, 0), (1, 1, 0)),
+                  128: ((2, 1, 3), (2, 1, 0), (2, 0, 0))},
     min_cc=90, max_cc=90, arch=HOPPER_ARCH, max_shared=HOPPER_SHARED,
-    valid=lambda c: c[0] in (1, 2) and c[1] in (0, 1) and (c[2] == 0 or (c[0] == 2 and 2 <= c[2] <= 4)),
+    valid=lambda c: (c[0] in (1, 2) and c[1] in (0, 1, 2) and (c[2] == 0 or (c[0] == 2 and 2 <= c[2] <= 4))
+                     and (c[1] != 2 or c[2] > 0)),
     direction=BACKWARD)
 
 #: mma16_bwd per head dim: keys per block BK (a warp per 16 keys), template argument of
