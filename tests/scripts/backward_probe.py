@@ -24,7 +24,7 @@ import sys
 import torch
 
 from hilbert_hpc import nn as hnn
-from hilbert_hpc.backends import get_backend
+from hilbert_hpc.backends import cuda_autograd, get_backend
 from hilbert_hpc.core.patterns import Pattern
 
 ANCHOR = [(2048, 1), (4096, 2), (8192, 4)]
@@ -49,8 +49,13 @@ def useful_flops(n: int, heads: int, d: int, patterns, causal: bool) -> float:
 
 
 def contenders(dtype):
-    """(name, f(q, k, v) in natural order) of every contender that runs these inputs here."""
-    found = [("ours", lambda q, k, v, causal: hnn.dilated_attention(q, k, v, patterns=ANCHOR, causal=causal))]
+    """(name, f(q, k, v) in natural order, 16-bit backward scratch share) of every contender that runs these
+    inputs here: ``ours`` with the default share of the float32 accumulators (chunks of rows), for 16 bits also
+    ``ours-whole`` (float32 accumulators of the whole sequence: the speed the chunks cost)."""
+    ours = lambda q, k, v, causal: hnn.dilated_attention(q, k, v, patterns=ANCHOR, causal=causal)  # noqa: E731
+    found = [("ours", ours, cuda_autograd.SCRATCH_SHARE)]
+    if dtype in (torch.bfloat16, torch.float16):
+        found.append(("ours-whole", ours, 0.0))
     pats = [Pattern(w, r) for w, r in ANCHOR]
     for name in ("torch", "flash"):
         try:
@@ -62,7 +67,7 @@ def contenders(dtype):
             continue
         scale_of = lambda q: q.shape[-1] ** -0.5  # noqa: E731
         found.append((name, lambda q, k, v, causal, b=backend:
-                      b.serialized_attention(q, k, v, pats, causal, scale_of(q))))
+                      b.serialized_attention(q, k, v, pats, causal, scale_of(q)), None))
     return found
 
 
@@ -184,7 +189,9 @@ def main() -> int:
     for case in args.case or list(CASES):
         dtype, n, heads, d, causal = CASES[case]
         inputs, want = error_inputs(dtype, heads, d, causal)
-        for name, f in contenders(dtype):
+        for name, f, share in contenders(dtype):
+            if share is not None:
+                cuda_autograd.SCRATCH_SHARE = share
             torch.cuda.reset_peak_memory_stats()
             try:
                 row = dict(case=case, **measure(name, f, dtype, n, heads, d, causal, args.warmup, args.repeat),
@@ -195,7 +202,7 @@ def main() -> int:
             rows.append(row)
             print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
                   flush=True)
-        if dtype in (torch.bfloat16, torch.float16) and any(name == "flash" for name, _ in contenders(dtype)):
+        if dtype in (torch.bfloat16, torch.float16) and any(c[0] == "flash" for c in contenders(dtype)):
             row = dict(case=case, **measure_dense(dtype, n, heads, d, causal, args.warmup, args.repeat))
             rows.append(row)
             print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
