@@ -96,6 +96,7 @@ def measure(name: str, f, dtype, n: int, heads: int, d: int, causal: bool, warmu
     state = {}
 
     def forward():
+        state["out"] = None              # the previous output is freed first: peak memory is one step's
         state["out"] = f(q, k, v, causal)
 
     def backward():
@@ -185,6 +186,7 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--json", help="also write the rows to this file")
+    parser.add_argument("--only", action="append", help="run only these contenders (default: all)")
     args = parser.parse_args()
     rows = []
     print(f"# {torch.cuda.get_device_name()}, patterns {ANCHOR}")
@@ -192,6 +194,8 @@ def main() -> int:
         dtype, n, heads, d, causal = CASES[case]
         inputs, want = error_inputs(dtype, heads, d, causal)
         for name, f, share in contenders(dtype):
+            if args.only and name not in args.only:
+                continue
             if share is not None:
                 cuda_autograd.SCRATCH_SHARE = share
             torch.cuda.reset_peak_memory_stats()
@@ -204,7 +208,8 @@ def main() -> int:
             rows.append(row)
             print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
                   flush=True)
-        if dtype in (torch.bfloat16, torch.float16) and any(c[0] == "flash" for c in contenders(dtype)):
+        if dtype in (torch.bfloat16, torch.float16) and any(c[0] == "flash" for c in contenders(dtype)) and \
+                (not args.only or "flash-dense" in args.only):
             row = dict(case=case, **measure_dense(dtype, n, heads, d, causal, args.warmup, args.repeat))
             rows.append(row)
             print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
