@@ -185,7 +185,7 @@ def _float32_zeros(x: Any) -> Any:
 
 
 #: elements of the float32 temporaries of one chunk of :func:`row_dot`
-ROW_DOT_CHUNK = 1 << 24
+ROW_DOT_CHUNK = 1 << 22
 
 
 def row_dot(a: Any, b: Any) -> Any:
