@@ -34,6 +34,7 @@
 #include "convert.cuh"
 #include "cp_async.cuh"
 #include "mma_sync.cuh"
+#include "backward.cuh"
 
 #define TF32X3_BWD_BQ 32
 #define TF32X3_BWD_GROUP 2
@@ -292,23 +293,5 @@ dilated_bwd_tf32x3(DILATED_BWD_PARAMS(float))
         }
     }
 
-    // dK (scaled) and dV of this warp's keys added to dk, dv: every old value of a row read before any store
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int j = key0 + 8 * h;
-        if (j >= mk) continue;
-        float2* krow = reinterpret_cast<float2*>(dk + koff + j * k_row + 2 * t);
-        float2* vrow = reinterpret_cast<float2*>(dv + voff + j * v_row + 2 * t);
-        float2 pk[ND], pv[ND];
-#pragma unroll
-        for (int n = 0; n < ND; ++n) {
-            pk[n] = krow[4 * n];
-            pv[n] = vrow[4 * n];
-        }
-#pragma unroll
-        for (int n = 0; n < ND; ++n) {
-            krow[4 * n] = make_float2(pk[n].x + scale * gk[n][2 * h], pk[n].y + scale * gk[n][2 * h + 1]);
-            vrow[4 * n] = make_float2(pv[n].x + gv[n][2 * h], pv[n].y + gv[n][2 * h + 1]);
-        }
-    }
+    add_key_gradients<ND>(dk, dv, koff, voff, k_row, v_row, key0, mk, t, scale, gk, gv);
 }
