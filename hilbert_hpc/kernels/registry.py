@@ -13,8 +13,8 @@ FP32 families (float32 inputs): ``wgmma`` (split-TF32 warpgroup MMA, Hopper), ``
 (FP32 FMA, any row alignment). 16-bit families (bfloat16, float16): ``tma16`` (warp-specialized, TMA loads,
 Hopper), ``wgmma16`` (Hopper) and ``mma16`` (``mma.sync``, compute capability 8.0+). Backward families
 (``direction`` "backward", never picked by the forward selection), preferred first: ``wgmma16_bwd`` (16-bit,
-warpgroup MMA, Hopper), ``mma16_bwd`` (16-bit, ``mma.sync``, compute capability 8.0+) and ``fma_bwd`` (FP32 FMA,
-every dtype, any row alignment). ``docs/kernels.md`` describes each and the measurements behind the defaults.
+warpgroup MMA, Hopper), ``mma16_bwd`` (16-bit, ``mma.sync``, compute capability 8.0+), ``tf32x3_bwd`` (float32,
+split-TF32 ``mma.sync``, compute capability 8.0+) and ``fma_bwd`` (FP32 FMA, every dtype, any row alignment). ``docs/kernels.md`` describes each and the measurements behind the defaults.
 """
 
 from __future__ import annotations
