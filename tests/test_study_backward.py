@@ -1,4 +1,4 @@
-"""Studies of the backward pass (pass = "forward+backward", numpy backend, one rank)."""
+"""Studies of the backward pass (pass = "forward+backward", numpy backend; one rank, and the ring on several)."""
 
 from __future__ import annotations
 
@@ -99,13 +99,66 @@ def test_dout_has_its_own_stream_and_the_check_sees_a_wrong_gradient():
     assert bad["grad_k_max_rel_err"] > 5e-3 and bad["grad_q_max_rel_err"] < 1e-5
 
 
-def test_backward_on_several_ranks_is_refused_in_one_line():
+def test_backward_on_several_ranks_needs_a_ring_backward_else_is_refused_in_one_line(monkeypatch):
+    from hilbert_hpc.backends.numpy_backend import NumpyBackend
     from hilbert_hpc.errors import ConfigError
     from hilbert_hpc.study.setup import check_case
 
+    assert check_case(_case(), ranks=2).ranks == 2                       # numpy's ring has a backward
+    monkeypatch.setattr(NumpyBackend, "ring_backward_fn", None)
     with pytest.raises(ConfigError) as err:
         check_case(_case(), ranks=2)
     assert err.value.param.endswith(".pass") and "one rank" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+RING_JOB = JobSpec({"name": "ringbwd", "repeats": 1, "warmup": 0, "accuracy_rows": 16, "save_output": True},
+                   defaults={"heads": 3, "head_dim": 16, "backend": "numpy", "pass": "forward+backward"},
+                   cases=[{"name": "s", "grid": [32, 32], "ranks": "pow2", "patterns": [[64, 1], [256, 4],
+                                                                                        ["N", "N/64"]],
+                           "sweep": {"dtype": ["float64", "float32"], "causal": [False, True]}}])
+
+
+@pytest.mark.mpi(min_size=2)
+def test_strong_scaling_forward_backward_on_several_ranks_matches_one_rank(tmp_path_factory):
+    """pass = forward+backward on 1, 2, 4 ... ranks (sub-communicators, the ring backward): the same gradients,
+    the same gradient errors against float64, the backward timed on every rank."""
+    import io
+
+    from mpi4py import MPI
+
+    from hilbert_hpc.study.jobfile import load_job
+    from hilbert_hpc.study.runner import run_job
+
+    comm = MPI.COMM_WORLD
+    tmp = Path(comm.bcast(str(tmp_path_factory.mktemp("ringbwd")) if comm.Get_rank() == 0 else None))
+    job = load_job(tmp / "job.toml", text=RING_JOB.text(), world_size=comm.Get_size())
+    out = run_job(job, output=str(tmp / "r.h5"), stream=io.StringIO(), comm=comm, progress=io.StringIO())
+    comm.Barrier()
+    if comm.Get_rank() != 0:
+        return
+    with h5py.File(out) as f:
+        groups = {}
+        for g in f["cases"].values():
+            groups.setdefault((g.attrs["dtype"], bool(g.attrs["causal"])), []).append(g)
+        assert len(groups) == 4
+        for (dtype, _), cases in groups.items():
+            cases.sort(key=lambda g: int(g.attrs["ranks"]))
+            assert [int(g.attrs["ranks"]) for g in cases] == [p for p in (1, 2, 4, 8) if p <= comm.Get_size()]
+            one = cases[0]
+            bound = 1e-12 if dtype == "float64" else 1e-5
+            for g in cases:
+                acc, tim = g["accuracy"].attrs, g["timings"]
+                assert acc["within_tolerance"]
+                assert tim["backward"].shape[0] == g.attrs["ranks"] and (tim["backward"][()] > 0).all()
+                for t in "qkv":
+                    for e in ("max_rel_err", "rel_l2_err"):
+                        name = f"grad_{t}_{e}"
+                        assert acc[name] <= bound
+                        # float64: both at rounding level; float32: the same size (the sums run in another order)
+                        assert acc[name] == pytest.approx(one["accuracy"].attrs[name], rel=0.5, abs=1e-14)
+                    want = one[f"grad_{t}"][...]
+                    assert np.abs(g[f"grad_{t}"][...] - want).max() <= bound * np.abs(want).max()
 
 
 def test_results_without_pass_resume_as_forward(tmp_path):
@@ -135,6 +188,13 @@ def test_plan_counts_the_backward_memory():
     extra = n * row * 4 + n * (3 * row + heads) * 4 + n * (8 * row + 2 * heads) * 8    # dO; dQ dK dV, delta; check
     assert estimate(both).memory_bytes - estimate(fwd).memory_bytes == extra
     assert estimate(both).floor_bytes == estimate(fwd).floor_bytes
+    # on 8 ranks: the shard's part, the two accumulator blocks of the ring backward (the pattern (256, 4) spans
+    # 2 ranks: 128/4 rows of every head's K and V per rank, float32) and the whole sequence's check on one rank
+    fwd8, both8 = (dataclasses.replace(c, ranks=8) for c in (fwd, both))
+    shard = n // 8
+    accumulators = 2 * (shard // 4) * heads * 2 * both.head_dim * 4
+    extra8 = shard * row * 4 + shard * (3 * row + heads) * 4 + accumulators + n * (8 * row + 2 * heads) * 8
+    assert estimate(both8).memory_bytes - estimate(fwd8).memory_bytes == extra8
 
 
 def test_the_default_forward_returns_the_merged_log_sum_exp_for_kernels_and_array_modules():

@@ -20,6 +20,7 @@ from hilbert_hpc.core.arrays import is_tensor
 from hilbert_hpc.core.blockwise import array_module, attend
 from hilbert_hpc.core.dilated import AttendFn, empty_accumulators, local_dilated_forward
 from hilbert_hpc.core.patterns import Pattern
+from hilbert_hpc.distributed.ring_backward import BackwardFn
 from hilbert_hpc.errors import ConfigError
 
 #: what a study case computes (its ``pass`` key): the forward alone, or the forward and then the backward
@@ -50,6 +51,9 @@ class Backend:
     #: the passes it computes (of ``PASSES``): "forward+backward" needs :meth:`serialized_backward` (and
     #: :meth:`serialized_forward`, whose default fits every backend)
     passes: tuple[str, ...] = ("forward",)
+    #: the per-block backward of the ring (``distributed.ring_backward.BackwardFn``), or None for a backend
+    #: whose ring has no backward: its "forward+backward" cases then run on one rank only
+    ring_backward_fn: BackwardFn | None = None
 
     def require(self, param: str = "backend") -> "Backend":
         """This backend with its optional modules imported; a ConfigError names the one missing."""

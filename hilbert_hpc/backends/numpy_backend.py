@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from hilbert_hpc.backends.base import Backend
-from hilbert_hpc.core.backward import local_dilated_backward
+from hilbert_hpc.core.backward import attend_backward, local_dilated_backward
 from hilbert_hpc.core.dilated import local_dilated_attention
 from hilbert_hpc.core.patterns import Pattern
 
@@ -27,6 +27,7 @@ class NumpyBackend(Backend):
     name = "numpy"
     dtypes = ("float64", "float32")
     passes = ("forward", "forward+backward")
+    ring_backward_fn = staticmethod(attend_backward)
 
     def workspace_bytes(self, shard: int, heads: int, head_dim: int, itemsize: int, qkvo_bytes: int,
                         kernel: KernelChoice | None) -> int:

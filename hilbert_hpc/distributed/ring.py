@@ -202,7 +202,18 @@ def ring_dilated_attention(qs: Array, ks: Array, vs: Array, *, patterns: Sequenc
                            causal: bool = False, scale: float | None = None, transport: Any = None,
                            attend_fn: AttendFn = attend, stats: RingStats | None = None,
                            sync_rings: bool = False, kernels: Any = None) -> Array:
-    """Dilated attention of this rank's serialized shard (L, H, D); returns its output shard (L, H, Dv).
+    """The output shard (L, H, Dv) of :func:`ring_dilated_forward`, without its log-sum-exp."""
+    return ring_dilated_forward(qs, ks, vs, patterns=patterns, comm=comm, causal=causal, scale=scale,
+                                transport=transport, attend_fn=attend_fn, stats=stats, sync_rings=sync_rings,
+                                kernels=kernels)[0]
+
+
+def ring_dilated_forward(qs: Array, ks: Array, vs: Array, *, patterns: Sequence[Pattern], comm: Any,
+                         causal: bool = False, scale: float | None = None, transport: Any = None,
+                         attend_fn: AttendFn = attend, stats: RingStats | None = None,
+                         sync_rings: bool = False, kernels: Any = None) -> tuple[Array, Array]:
+    """Dilated attention of this rank's serialized shard (L, H, D): its output shard (L, H, Dv) and merged
+    log-sum-exp (L, H), the ``L`` that :func:`hilbert_hpc.distributed.ring_backward.ring_dilated_backward` needs.
 
     Every rank of ``comm`` calls this with its shard (rank ``p`` owns serialized
     positions ``[p*L, (p+1)*L)``). Patterns must satisfy
@@ -245,7 +256,7 @@ def ring_dilated_attention(qs: Array, ks: Array, vs: Array, *, patterns: Sequenc
                 stats.imbalance_s += time.perf_counter() - t1
             stats.add(ring_attention(qs, ks, vs, geom, causal, scale, out, lse, comm, transport, tag=100 + i,
                                      attend_fn=attend_fn, kernels=kernels))
-    return out
+    return out, lse
 
 
 def ring_transfer_only(ks: Array, vs: Array, *, patterns: Sequence[Pattern], comm: Any, causal: bool,

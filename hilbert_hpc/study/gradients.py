@@ -7,8 +7,9 @@ cases that read Q, K, V from a file. The gradients of the first call are
 compared with float64 on the sampled rows of the forward's accuracy check: the
 reference is the exact backward (``core.backward``) run on float64 copies of
 the inputs and dO as the backend saw them, on the backend's GPU (CuPy) when it
-has one, else on the CPU. Only one rank computes the
-backward so far (``setup.check_case``), so the whole sequence is here.
+has one, else on the CPU. On several ranks (the ring backward,
+``distributed.ring_backward``) the case's first rank gathers the inputs and dO
+and checks every rank's sampled rows.
 """
 
 from __future__ import annotations
@@ -51,21 +52,48 @@ def _error_sums(got: np.ndarray, ref: np.ndarray) -> dict:
 
 
 def gradient_accuracy(setup: CaseSetup, seed: int, rows: int, inputs: list[Any], dout: Any,
-                      grads: list[Any]) -> dict[str, dict]:
+                      grads: list[Any], comm: Any = None) -> dict[str, dict] | None:
     """Error sums of dQ, dK and dV (every head of the sampled rows) against the float64 backward.
 
-    ``inputs`` (Q, K, V), ``dout`` and ``grads`` (dQ, dK, dV): batch element 0,
-    serialized, the whole sequence (one rank). Returns ``{"q": sums, ...}``.
+    ``inputs`` (Q, K, V), ``dout`` and ``grads`` (dQ, dK, dV): this rank's
+    serialized shards of batch element 0 (the whole sequence on one rank).
+    Returns ``{"q": sums, ...}``. On several ranks (``comm`` of more than one
+    rank, every rank calls this) the inputs and dO are gathered on the case's
+    first rank, which alone computes the reference (the whole sequence, as on one
+    rank) and receives each rank's sampled gradient rows; it returns the sums,
+    the other ranks None.
     """
     case, be = setup.case, setup.backend
     serial = sample_selected_rows(case.tokens, case.heads, case.patterns, rows, seed)
+    ranks = 1 if comm is None else comm.Get_size()
+    if ranks == 1:
+        got = [np.asarray(be.to_numpy(g)[serial], dtype=np.float64) for g in grads]
+        whole = [np.asarray(be.to_numpy(x), dtype=np.float64) for x in (*inputs, dout)]
+    else:
+        rank, shard = comm.Get_rank(), setup.layout.shard
+        mine = serial[setup.layout.owner(serial) == rank] - rank * shard
+        parts = comm.gather([np.asarray(be.to_numpy(g)[mine], dtype=np.float64) for g in grads], root=0)
+        whole = [_gather_rows(comm, np.asarray(be.to_numpy(x), dtype=np.float64)) for x in (*inputs, dout)]
+        if rank != 0:
+            return None
+        got = [np.concatenate([p[i] for p in parts]) for i in range(len(GRADIENTS))]   # serial is sorted
     xp = _reference_module(be.on_gpu)
-    q, k, v, do = (xp.asarray(np.asarray(be.to_numpy(x), dtype=np.float64)) for x in (*inputs, dout))
+    q, k, v, do = (xp.asarray(x) for x in whole)
+    del whole
     out, lse = local_dilated_forward(q, k, v, case.patterns, case.causal, case.softmax_scale)
     ref = local_dilated_backward(q, k, v, out, lse, do, case.patterns, case.causal, case.softmax_scale)
     del q, k, v, do, out, lse
-    return {name: _error_sums(np.asarray(be.to_numpy(g)[serial], dtype=np.float64), _host(r[serial]))
-            for name, g, r in zip(GRADIENTS, grads, ref)}
+    return {name: _error_sums(g, _host(r[serial])) for name, g, r in zip(GRADIENTS, got, ref)}
+
+
+def _gather_rows(comm: Any, shard: np.ndarray) -> np.ndarray | None:
+    """Every rank's equal-sized ``shard`` stacked in rank order (the serialized sequence) on rank 0; None
+    elsewhere."""
+    shard = np.ascontiguousarray(shard)
+    whole = np.empty((comm.Get_size() * shard.shape[0], *shard.shape[1:]), dtype=shard.dtype) \
+        if comm.Get_rank() == 0 else None
+    comm.Gather(shard, whole, root=0)
+    return whole
 
 
 def _reference_module(on_gpu: bool) -> Any:

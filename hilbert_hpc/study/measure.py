@@ -26,7 +26,8 @@ from hilbert_hpc.study.record import PHASES, RING_STATS, SAVED, Timings, names
 from hilbert_hpc.core.patterns import BACKWARD_FLOPS, useful_flops
 from hilbert_hpc.core.precision import precision
 from hilbert_hpc.core.reference import reference_rows, sample_selected_rows, selected_heads
-from hilbert_hpc.distributed.ring import RingStats, ring_dilated_attention, ring_transfer_only
+from hilbert_hpc.distributed.ring import RingStats, ring_dilated_forward, ring_transfer_only
+from hilbert_hpc.distributed.ring_backward import ring_dilated_backward
 from hilbert_hpc.distributed.sharding import IndexView, Layout
 from hilbert_hpc.study.gradients import backward_pass, dout_shard, gradient_accuracy, gradient_fields
 from hilbert_hpc.study.setup import CaseSetup
@@ -179,18 +180,30 @@ class CaseRun:
 
     def attention(self, qs: Any, ks: Any, vs: Any, stats: RingStats) -> Any:
         """Dilated attention of this rank's shard (the whole sequence on one rank); with a backward, the
-        output and its merged log-sum-exp (one rank)."""
+        output and its merged log-sum-exp."""
         c = self.case
-        if backward_pass(c):
+        if self.ranks == 1 and backward_pass(c):
             return self.be.serialized_forward(qs, ks, vs, c.patterns, c.causal, c.softmax_scale, self.setup.kernel)
         if self.ranks == 1:
             return self.be.serialized_attention(qs, ks, vs, c.patterns, c.causal, c.softmax_scale,
                                                 self.setup.kernel)
-        out = ring_dilated_attention(qs, ks, vs, patterns=c.patterns, comm=self.comm, causal=c.causal,
-                                     scale=c.softmax_scale, transport=self.transport,
-                                     attend_fn=self.be.attend_fn, stats=stats, sync_rings=True,
-                                     kernels=self.ring_kernels)
-        return self.be.ring_output(out, c.dtype)
+        out, lse = ring_dilated_forward(qs, ks, vs, patterns=c.patterns, comm=self.comm, causal=c.causal,
+                                        scale=c.softmax_scale, transport=self.transport,
+                                        attend_fn=self.be.attend_fn, stats=stats, sync_rings=True,
+                                        kernels=self.ring_kernels)
+        out = self.be.ring_output(out, c.dtype)
+        return (out, lse) if backward_pass(c) else out
+
+    def backward(self, qs: Any, ks: Any, vs: Any, out: Any, lse: Any, dout: Any) -> Any:
+        """Gradients (dQ, dK, dV) of this rank's shard: the backend's backward on one rank, the ring backward
+        with the backend's ``ring_backward_fn`` on several (its counters are not part of the ring's)."""
+        c = self.case
+        if self.ranks == 1:
+            return self.be.serialized_backward(qs, ks, vs, out, lse, dout, c.patterns, c.causal, c.softmax_scale,
+                                               self.setup.backward_kernel)
+        return ring_dilated_backward(qs, ks, vs, out, lse, dout, patterns=c.patterns, comm=self.comm,
+                                     causal=c.causal, scale=c.softmax_scale, transport=self.transport,
+                                     backward_fn=self.be.ring_backward_fn, sync_rings=True)
 
     def run(self) -> tuple[dict, dict[str, list[np.ndarray]], dict]:
         """Warm-up and timed repeats; returns (per-repeat timings, host outputs, accuracy sums).
@@ -260,8 +273,7 @@ class CaseRun:
             t2 = t3 = time.perf_counter()
             grads = []
             if backward_pass(c):
-                grads = be.serialized_backward(qs, ks, vs, out_s, lse, self.douts[b], c.patterns, c.causal,
-                                               c.softmax_scale, self.setup.backward_kernel)
+                grads = self.backward(qs, ks, vs, out_s, lse, self.douts[b])
                 be.synchronize()
                 t3 = time.perf_counter()
             if job.save_output:
@@ -280,7 +292,8 @@ class CaseRun:
                     self.accuracy = self._agreed_accuracy(RowReader(out_s))
                     if grads:
                         self.accuracy["grads"] = gradient_accuracy(self.setup, job.seed, job.accuracy_rows,
-                                                                   [qs, ks, vs], self.douts[b], grads)
+                                                                   [qs, ks, vs], self.douts[b], grads,
+                                                                   self.comm)
             del out_s, lse, grads          # before the next call allocates its output
             if self.ranks > 1:
                 self.comm.Barrier()

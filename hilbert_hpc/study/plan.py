@@ -65,15 +65,18 @@ def _ring_bytes(case: Case, shard: int, itemsize: int) -> tuple[int, int]:
 
 def backward_bytes(case: Case, shard: int, itemsize: int) -> int:
     """What a forward+backward case holds beyond the forward's Q, K, V, O and L (0 for pass = forward): dO of
-    every batch element, dQ, dK, dV and rowsum(dO * O) of one, and the first call's float64 gradient check
-    (copies of Q, K, V, dO; its O, L, dQ, dK, dV and rowsum)."""
+    every batch element, dQ, dK, dV and rowsum(dO * O) of one, the ring backward's two accumulator blocks (the
+    size of the largest packed K/V block, in the accumulator dtype), and the first call's float64 gradient
+    check of the whole sequence (copies of Q, K, V, dO; its O, L, dQ, dK, dV and rowsum), which on several
+    ranks the case's first rank holds."""
     if not backward_pass(case):
         return 0
     acc = max(itemsize, 4)
     row, heads = case.heads * case.head_dim, case.heads
     grads = case.batch * shard * row * itemsize + shard * (3 * row + heads) * acc
-    check = shard * (8 * row + 2 * heads) * 8
-    return grads + check
+    largest = _ring_bytes(case, shard, itemsize)[0] if case.ranks > 1 else 0
+    check = case.tokens * (8 * row + 2 * heads) * 8
+    return grads + 2 * largest // itemsize * acc + check
 
 
 def estimate(case: Case, torch_on_gpu: bool | None = None, setup: CaseSetup | None = None) -> Estimate:
