@@ -24,6 +24,7 @@ from hilbert_hpc.core.inputs import random_rows
 from hilbert_hpc.study.jobfile import Case, Job
 from hilbert_hpc.study.record import PHASES, RING_STATS, SAVED, Timings, names
 from hilbert_hpc.core.patterns import BACKWARD_FLOPS, useful_flops
+from hilbert_hpc.core.work import imbalance, rank_useful_flops
 from hilbert_hpc.core.precision import precision
 from hilbert_hpc.core.reference import reference_rows, sample_selected_rows, selected_heads
 from hilbert_hpc.distributed.ring import RingStats, ring_dilated_forward, ring_transfer_only
@@ -241,6 +242,8 @@ class CaseRun:
                       for b in range(c.batch)]
         device_memory.reset_peak()
         self.timings: dict[str, list[float]] = {name: [] for name in names(Timings)}
+        self.useful_flops = float(rank_useful_flops(c.tokens, self.ranks, c.heads, c.head_dim, c.patterns, c.causal,
+                                                    c.batch)[self.rank])
         self.outputs: dict[str, list[np.ndarray]] = {}
         self.accuracy: dict = {}
         self.rep = 0
@@ -308,6 +311,7 @@ class CaseRun:
                 self.timings[name].append(float(getattr(stats, name)))
             self.timings["transfer_only_s"].append(transfer_only)
             self.timings["peak_device_bytes"].append(float(device_memory.peak_bytes()))
+            self.timings["useful_flops"].append(self.useful_flops)
         self.rep += 1
         self.elapsed_s += time.perf_counter() - started
 
@@ -336,7 +340,7 @@ class CaseRun:
 
 
 def derive_metrics(case: Case, timings: dict[str, np.ndarray]) -> dict[str, float]:
-    """Medians over repeats of the slowest rank, throughput, ring bandwidth and overlap."""
+    """Medians over repeats of the slowest rank, throughput, ring bandwidth and overlap, load imbalance."""
     att = float(np.median(timings["attention"].max(axis=0)))
     tot = float(np.median(timings["total"].max(axis=0)))
     tokens = case.tokens * case.batch
@@ -345,7 +349,9 @@ def derive_metrics(case: Case, timings: dict[str, np.ndarray]) -> dict[str, floa
                "useful_tflops": flops / att / 1e12, "useful_flops": float(flops),
                "median_attention_s": att, "median_total_s": tot,
                "ring_gb_per_s": np.nan, "overlap": np.nan, "bytes_sent_per_rank": 0.0,
-               "peak_device_bytes": 0.0, "memory_ratio": np.nan}
+               "peak_device_bytes": 0.0, "memory_ratio": np.nan,
+               "flops_imbalance": imbalance(timings["useful_flops"]),
+               "attention_imbalance": imbalance(timings["attention"])}
     metrics.update(backward_metrics(case, timings, flops))
     peak = timings["peak_device_bytes"].max(axis=1)
     if peak.max() > 0:
@@ -371,9 +377,10 @@ def backward_metrics(case: Case, timings: dict[str, np.ndarray], flops: float) -
     forward case."""
     if not backward_pass(case):
         return dict.fromkeys(("median_backward_s", "backward_useful_tflops", "median_forward_backward_s",
-                              "forward_backward_useful_tflops"), np.nan)
+                              "forward_backward_useful_tflops", "backward_imbalance"), np.nan)
     bwd = float(np.median(timings["backward"].max(axis=0)))
     both = float(np.median((timings["attention"] + timings["backward"]).max(axis=0)))
     return {"median_backward_s": bwd, "backward_useful_tflops": BACKWARD_FLOPS * flops / bwd / 1e12,
             "median_forward_backward_s": both,
-            "forward_backward_useful_tflops": (1 + BACKWARD_FLOPS) * flops / both / 1e12}
+            "forward_backward_useful_tflops": (1 + BACKWARD_FLOPS) * flops / both / 1e12,
+            "backward_imbalance": imbalance(timings["backward"])}

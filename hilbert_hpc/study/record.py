@@ -121,6 +121,9 @@ class Timings:
     transfer_only_s: np.ndarray = entry("s", "the ring's exchanges alone, without compute", kind="transfer")
     bytes_sent: np.ndarray = entry("B", "bytes the rank sent in the ring", kind="ring")
     peak_device_bytes: np.ndarray = entry("B", "GPU allocator high-water mark (0 on CPUs)", kind="memory")
+    useful_flops: np.ndarray = entry("FLOP", "useful FLOPs of the forward over the queries the rank owns "
+                                             "(core.work.rank_useful_flops; the backward's: 2.5 x), every repeat",
+                                     kind="work")
 
 
 @dataclass(frozen=True)
@@ -144,6 +147,11 @@ class Metrics:
     backward_useful_tflops: float = entry("TFLOP/s", "2.5 x useful FLOPs / median backward time")
     median_forward_backward_s: float = entry("s", "median of attention + backward (NaN for pass = forward)")
     forward_backward_useful_tflops: float = entry("TFLOP/s", "3.5 x useful FLOPs / median_forward_backward_s")
+    flops_imbalance: float = entry("1", "largest / mean of the ranks' useful FLOPs (1: balanced; the backward's "
+                                        "alike)")
+    attention_imbalance: float = entry("1", "median over repeats of largest / mean of the ranks' attention times")
+    backward_imbalance: float = entry("1", "median over repeats of largest / mean of the ranks' backward times "
+                                           "(NaN for pass = forward)")
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,10 @@ Tables (each printed only when it has rows):
 ``compute_communication``
     cases on more than one rank: ring counters (local, compute, wait, pack,
     imbalance) and the share of waiting in the attention time.
+``imbalance``
+    cases on more than one rank: the load imbalance (largest / mean across
+    ranks) of the useful FLOPs of the queries each rank owns, of the attention
+    time and (forward+backward) of the backward time.
 ``peer_ratio``
     each case whose backend is not a peer against each peer case (``torch``,
     then ``flash``) with equal parameters except backend, transport, ranks and

@@ -17,6 +17,7 @@ import h5py
 import numpy as np
 
 from hilbert_hpc.errors import UserError
+from hilbert_hpc.core.work import imbalance
 from hilbert_hpc.study import record as rec
 from hilbert_hpc.study.parts import output_notes, parts_dir
 from hilbert_hpc.study.results_read import READ_ERRORS, case_groups
@@ -96,6 +97,12 @@ class CaseResult:
     def median(self, name: str) -> float:
         """Median over repeats of the slowest rank's ``name``."""
         return self.stats(name)[0]
+
+    def imbalance(self, name: str) -> float:
+        """Load imbalance of timing ``name`` (:func:`hilbert_hpc.core.work.imbalance`: median over repeats of
+        largest / mean across ranks); NaN when the file lacks it (``useful_flops`` before it was recorded)."""
+        values = self.timings.get(name)
+        return math.nan if values is None or values.size == 0 else imbalance(values)
 
 
 def plain(value: Any) -> Any:

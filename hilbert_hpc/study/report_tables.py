@@ -23,6 +23,7 @@ TABLES = {
     "weak_scaling": "weak scaling (efficiency = T(p0)/T(P))",
     "hilbert_vs_natural": "hilbert vs natural (ratio = T(natural)/T(ordering), > 1: faster than natural)",
     "compute_communication": "compute / communication (medians over repeats of the slowest rank)",
+    "imbalance": "load imbalance (largest / mean across ranks, 1: balanced; times: median over repeats)",
     "peer_ratio": "peers: torch, flash (ratio = T(peer)/T(case), > 1: faster than the peer)",
     "bandwidth": "bandwidth (ring exchange, GB/s per rank: bytes sent / time of the slowest rank)",
 }
@@ -31,7 +32,7 @@ TABLES = {
 #: Short table names for notes.
 TITLES = {"cases": "cases", "strong_scaling": "strong scaling", "weak_scaling": "weak scaling",
           "hilbert_vs_natural": "hilbert vs natural", "compute_communication": "compute / communication",
-          "peer_ratio": "peers", "bandwidth": "bandwidth"}
+          "imbalance": "load imbalance", "peer_ratio": "peers", "bandwidth": "bandwidth"}
 
 
 #: A case whose slowest repeat took more than this many times its fastest gets a note (and ``!``).
@@ -291,6 +292,24 @@ def compute_communication_table(cases: Sequence[CaseResult]) -> list[dict[str, A
     return rows
 
 
+def imbalance_table(cases: Sequence[CaseResult]) -> list[dict[str, Any]]:
+    """Load imbalance (largest / mean across ranks; 1: balanced) of the cases on more than one rank: of the
+    useful FLOPs of the queries each rank owns, of the attention time and, for a forward+backward case, of the
+    backward time (medians over repeats)."""
+    rows = []
+    for c in cases:
+        if c.ranks <= 1:
+            continue
+        row: dict[str, Any] = {"case": c.case_id, "file": c.file, "name": c.params["name"], "ranks": c.ranks,
+                               "causal": is_true(c.params.get("causal")),
+                               "flops_imbalance": c.imbalance("useful_flops"),
+                               "attention_imbalance": c.imbalance("attention")}
+        if c.backward:
+            row["backward_imbalance"] = c.imbalance("backward")
+        rows.append(row)
+    return rows
+
+
 #: the peers, in the order their rows follow a case: the PyTorch peer, the FlashAttention-4 peer
 PEER_BACKENDS = ("torch", "flash")
 
@@ -361,6 +380,7 @@ def build_tables(cases: Sequence[CaseResult], notes: list[str] | None = None,
         "weak_scaling": weak_scaling_table(cases, notes),
         "hilbert_vs_natural": hilbert_vs_natural_table(cases),
         "compute_communication": compute_communication_table(cases),
+        "imbalance": imbalance_table(cases),
         "peer_ratio": peer_ratio_table(cases),
         "bandwidth": bandwidth_table(sweeps),
     }

@@ -5,7 +5,8 @@ Layout (docs/results.md)::
     /                     attrs: program, version, git_hash, command_line, job_text, job_path,
                                  started_utc, finished_utc, host, cpu, versions (JSON), gpus (JSON), ...
     /cases/<case-id>/     attrs: every case parameter, complete (bool), finished_utc
-        timings/<name>    float64 (ranks, repeats): phases and ring counters in seconds, bytes_sent in B
+        timings/<name>    float64 (ranks, repeats): phases and ring counters in seconds, bytes_sent in B,
+                          useful_flops (the rank's) in FLOP
         metrics           attrs: tokens_per_s, useful_tflops, ... (median over repeats)
         accuracy          attrs: rows, max_abs_err, max_rel_err, rel_l2_err (vs float64 reference)
         output            (B, N, H, Dv) in natural order, only when the job saves outputs: a virtual
