@@ -203,7 +203,7 @@ def print_projection(job: Job, counts: Sequence[int], stream: TextIO, device_mem
               f"{'causal, ' if case.causal else ''}{case.pass_}; rate forward {r.forward_tflops:g} / backward "
               f"{r.backward_tflops:g} useful TFLOP/s per GPU ({r.source})", file=stream)
         head = (f"{'GPUs':>5} {'tokens/rank':>13} {'mem/rank GiB':>12} {'fits':>4} {'TFLOP slowest':>13} "
-                f"{'imbal.':>6} {'ring GB/rank':>12} {'compute s':>9} {'comm s':>8} {'step s':>17} "
+                f"{'imbal.':>6} {'ring GB/rank':>12} {'compute s':>9} {'comm ms':>8} {'step s':>17} "
                 f"{'max N (memory)':>15}")
         print(head, file=stream)
         print("-" * len(head), file=stream)
@@ -218,6 +218,6 @@ def print_projection(job: Job, counts: Sequence[int], stream: TextIO, device_mem
             step = f"{row.overlapped_s:.3f}..{row.serial_s:.3f}"
             print(f"{p:>5} {row.tokens_per_rank:>13,} {row.memory_bytes / GIB:>12.2f} {fits:>4} "
                   f"{row.flops / 1e12:>13.1f} {row.imbalance:>6.3f} {row.ring_bytes / 1e9:>12.3f} "
-                  f"{row.compute_s:>9.3f} {row.comm_s:>8.3f} {step:>17} {top:>15}", file=stream)
+                  f"{row.compute_s:>9.3f} {row.comm_s * 1e3:>8.2f} {step:>17} {top:>15}", file=stream)
             rows.append(row)
     return rows
