@@ -103,8 +103,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     device = parse_size(args.device_memory) if args.device_memory else model.memory if model else None
     if args.project is not None:
         return _project(args, device, model.cc if model else None)
-    if args.rate_tflops is not None or args.bandwidth_gbs is not None:
-        raise UserError("only apply to a projection: add --project P1,P2,...", "--rate-tflops/--bandwidth-gbs")
+    if args.rate_tflops is not None or args.bandwidth_gbs is not None or args.from_:
+        raise UserError("only apply to a projection: add --project P1,P2,...",
+                        "--rate-tflops/--bandwidth-gbs/--from")
     ranks = _at_least(args.ranks, 1, "-n/--ranks", "a number of ranks")
     host = parse_size(args.host_memory, "--host-memory") if args.host_memory else None
     job = load_job(args.job, world_size=ranks)
@@ -128,8 +129,13 @@ def _project(args: argparse.Namespace, device: int | None, cc: int | None) -> in
     bandwidth = parse_bandwidth(args.bandwidth_gbs) if args.bandwidth_gbs is not None else None
     if args.host_memory or args.transport:
         raise UserError("a projection is for GPUs: leave out --host-memory and --transport", "--project")
+    results = []
+    if args.from_:
+        from hilbert_hpc.study.report_read import load_cases
+
+        results = load_cases(args.from_)[0]
     job = load_job(args.job)
-    print_projection(job, counts, sys.stdout, device, rate, bandwidth, cc)
+    print_projection(job, counts, sys.stdout, device, rate, bandwidth, cc, results)
     return 0
 
 
@@ -221,6 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="with --project: useful TFLOP/s of one GPU, forward and backward (default: measured)")
     plan.add_argument("--bandwidth-gbs", metavar="GBS",
                       help="with --project: ring bandwidth per rank in GB/s (default: measured on 2 GPUs)")
+    plan.add_argument("--from", dest="from_", metavar="RESULTS", action="append",
+                      help="with --project: take the rates from these results files of 1- and 2-rank runs (the "
+                           "1-rank case of the same backend, dtype, mask and D; the 2-rank ring); repeatable")
     plan.set_defaults(func=_cmd_plan)
     rep = sub.add_parser("report", help="scaling tables (strong, weak, Hilbert vs natural, communication, "
                                         "PyTorch peer, bandwidth) from results and bandwidth files")

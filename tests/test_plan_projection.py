@@ -99,7 +99,7 @@ JOB = ROOT / "jobs" / "billion_tokens.toml"
     (["--project", "8", "--bandwidth-gbs", "nan"], "--bandwidth-gbs: expected a positive number, got 'nan'"),
     (["--project", "8", "--transport", "staged"], "--project: a projection is for GPUs: leave out "
                                                   "--host-memory and --transport"),
-    (["-n", "8", "--rate-tflops", "100"], "--rate-tflops/--bandwidth-gbs: only apply to a projection: add "
+    (["-n", "8", "--rate-tflops", "100"], "--rate-tflops/--bandwidth-gbs/--from: only apply to a projection: add "
                                           "--project P1,P2,..."),
 ])
 def test_flag_errors_are_one_line_exit_2(capsys, flags, message):
@@ -131,3 +131,41 @@ def test_billion_token_job_plans_without_a_gpu(capsys, monkeypatch):
     assert [r[3] for r in rows] == ["NO", "yes"] * 2
     assert {r[-1] for r in rows} == {"536,870,912", "1,073,741,824"}
     assert "not a measurement" in out
+
+
+SMALL = """
+[job]
+name = "small"
+repeats = 2
+warmup = 0
+
+[[cases]]
+name = "s"
+tokens = 256
+heads = 2
+head_dim = 8
+dtype = "float64"
+backend = "numpy"
+pass = "{pass_}"
+patterns = [[64, 1], [256, 4]]
+"""
+
+
+def test_rates_from_a_results_file(tmp_path, capsys):
+    from hilbert_hpc.cli import main
+    from hilbert_hpc.study.report_read import load_cases
+
+    (tmp_path / "both.toml").write_text(SMALL.format(pass_="forward+backward"))
+    (tmp_path / "fwd.toml").write_text(SMALL.format(pass_="forward"))
+    for name in ("both", "fwd"):
+        assert main(["run", str(tmp_path / f"{name}.toml"), "-o", str(tmp_path / f"{name}.h5")]) == 0
+    capsys.readouterr()
+    result = load_cases([tmp_path / "both.h5"])[0][0]
+    assert main(["plan", str(tmp_path / "both.toml"), "--project", "1,2", "--from", str(tmp_path / "both.h5")]) == 0
+    out = capsys.readouterr().out
+    assert (f"rate forward {result.metrics.useful_tflops:g} / backward {result.metrics.backward_useful_tflops:g} "
+            f"useful TFLOP/s per GPU ({tmp_path / 'both.h5'}, case 0000-s, medians of 2)") in out
+    # a forward-only result cannot give a forward+backward case its backward rate
+    assert main(["plan", str(tmp_path / "both.toml"), "--project", "2", "--from", str(tmp_path / "fwd.h5")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hilbert-hpc: error: --from: case 0000-s of ") and err.count("\n") == 1

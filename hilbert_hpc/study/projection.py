@@ -14,7 +14,10 @@ and a projected step time:
     and compute + comm (none hidden),
 
 with ``R`` the measured useful TFLOP/s of one GPU (``RATES``) and ``B`` the
-measured ring bandwidth (``BANDWIDTH``), both overridable. It is a
+measured ring bandwidth (``BANDWIDTH``), both overridable, or read from the
+results files of 1- and 2-rank runs (``plan --from``: the medians of the
+1-rank case of the same backend, dtype, mask and D; the ring bandwidth of the
+2-rank case that sent the most). It is a
 projection from single-GPU rates and a 2-GPU ring, not a measurement: the rates
 are those of the benchmark problem's kernels, the bandwidth that of NVLink
 between two GPUs of one host, and the overlap of many GPUs is not measured.
@@ -36,6 +39,7 @@ from hilbert_hpc.errors import ConfigError
 from hilbert_hpc.study.gradients import backward_pass
 from hilbert_hpc.study.jobfile import Case, Job
 from hilbert_hpc.study.plan import GIB, estimate, ring_backward_bytes, ring_bytes
+from hilbert_hpc.study.report_read import CaseResult
 from hilbert_hpc.study.setup import plan_setup
 
 
@@ -135,9 +139,41 @@ def parse_bandwidth(text: str, flag: str = "--bandwidth-gbs") -> Bandwidth:
     return Bandwidth(_positive(text, flag), flag)
 
 
-def rate_for(case: Case, override: Rate | None) -> Rate:
-    """``override``, else the measured rate of the case's dtype and mask (a ConfigError names --rate-tflops)."""
-    rate = override or RATES.get((case.dtype, case.causal))
+def _same_kernel(result: CaseResult, case: Case) -> bool:
+    params = result.params
+    return (params.get("backend"), params.get("dtype"), bool(params.get("causal")), params.get("head_dim")) == (
+        case.backend, case.dtype, case.causal, case.head_dim)
+
+
+def result_rate(case: Case, results: Sequence[CaseResult]) -> Rate | None:
+    """The median useful TFLOP/s of the 1-rank result of ``case``'s backend, dtype, mask and D (the longest
+    one), forward and backward (NaN without a backward); None if there is none. A ConfigError names ``--from``
+    when ``case`` has a backward and the result does not."""
+    same = [r for r in results if r.ranks == 1 and _same_kernel(r, case)]
+    if not same:
+        return None
+    best = max(same, key=lambda r: r.tokens)
+    backward = float(best.metrics.backward_useful_tflops)
+    if backward_pass(case) and not backward > 0:
+        raise ConfigError(f"case {best.case_id} of {best.file!r}, the 1-rank result of {case.case_id}'s kernel, "
+                          f"has no backward: run it with pass = \"forward+backward\"", "--from")
+    return Rate(float(best.metrics.useful_tflops), backward,
+                f"{best.file}, case {best.case_id}, medians of {best.repeats}")
+
+
+def result_bandwidth(results: Sequence[CaseResult]) -> Bandwidth | None:
+    """The ring bandwidth of the 2-rank result that sent the most bytes per call (None if there is none)."""
+    rings = [r for r in results if r.ranks == 2 and float(r.metrics.ring_gb_per_s) > 0]
+    if not rings:
+        return None
+    best = max(rings, key=lambda r: float(r.metrics.bytes_sent_per_rank))
+    return Bandwidth(float(best.metrics.ring_gb_per_s), f"{best.file}, case {best.case_id}, 2 ranks")
+
+
+def rate_for(case: Case, override: Rate | None, results: Sequence[CaseResult] = ()) -> Rate:
+    """``override``, else the rate of ``results`` (:func:`result_rate`), else the measured rate of the case's
+    dtype and mask (``RATES``); a ConfigError names --rate-tflops when there is none."""
+    rate = override or result_rate(case, results) or RATES.get((case.dtype, case.causal))
     if rate is None:
         known = ", ".join(f"{d}{' causal' if c else ''}" for d, c in RATES)
         raise ConfigError(f"no measured rate for {case.dtype}{' causal' if case.causal else ''} "
@@ -185,11 +221,12 @@ def project(case: Case, ranks: int, rate: Rate, bandwidth: Bandwidth, device_mem
 
 def print_projection(job: Job, counts: Sequence[int], stream: TextIO, device_memory: int | None = None,
                      rate: Rate | None = None, bandwidth: Bandwidth | None = None,
-                     cc: int | None = None) -> list[Projection]:
+                     cc: int | None = None, results: Sequence[CaseResult] = ()) -> list[Projection]:
     """The projection table of every case of ``job`` on each of ``counts`` GPUs; returns its rows.
 
-    ``rate`` / ``bandwidth``: overrides of ``RATES`` / ``BANDWIDTH``; ``cc``: the GPU's compute capability."""
-    bandwidth = bandwidth or BANDWIDTH
+    ``rate`` / ``bandwidth``: overrides of ``RATES`` / ``BANDWIDTH``; ``cc``: the GPU's compute capability;
+    ``results``: cases of results files of 1- and 2-rank runs, whose rates come before the defaults."""
+    bandwidth = bandwidth or result_bandwidth(results) or BANDWIDTH
     rows = []
     print(f"projection: job {job.name!r} on {', '.join(map(str, counts))} GPU(s), {len(job.cases)} case(s); "
           f"a projection from measured per-GPU rates, not a measurement", file=stream)
@@ -198,10 +235,11 @@ def print_projection(job: Job, counts: Sequence[int], stream: TextIO, device_mem
     print(f"ring bandwidth: {bandwidth.gbs:g} GB/s per rank ({bandwidth.source})", file=stream)
     print("step: max(compute, comm) with the exchanges hidden .. compute + comm with none hidden", file=stream)
     for case in job.cases:
-        r = rate_for(case, rate)
+        r = rate_for(case, rate, results)
+        rates = f"forward {r.forward_tflops:g}" + (f" / backward {r.backward_tflops:g}" if backward_pass(case) else "")
         print(f"case {case.case_id}: N = {case.tokens:,}, H = {case.heads}, D = {case.head_dim}, {case.dtype}, "
-              f"{'causal, ' if case.causal else ''}{case.pass_}; rate forward {r.forward_tflops:g} / backward "
-              f"{r.backward_tflops:g} useful TFLOP/s per GPU ({r.source})", file=stream)
+              f"{'causal, ' if case.causal else ''}{case.pass_}; rate {rates} useful TFLOP/s per GPU "
+              f"({r.source})", file=stream)
         head = (f"{'GPUs':>5} {'tokens/rank':>13} {'mem/rank GiB':>12} {'fits':>4} {'TFLOP slowest':>13} "
                 f"{'imbal.':>6} {'ring GB/rank':>12} {'compute s':>9} {'comm ms':>8} {'step s':>17} "
                 f"{'max N (memory)':>15}")
