@@ -169,3 +169,33 @@ def test_rates_from_a_results_file(tmp_path, capsys):
     assert main(["plan", str(tmp_path / "both.toml"), "--project", "2", "--from", str(tmp_path / "fwd.h5")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("hilbert-hpc: error: --from: case 0000-s of ") and err.count("\n") == 1
+
+
+@pytest.mark.mpi(min_size=2)
+def test_ring_bandwidth_from_a_two_rank_result(tmp_path_factory):
+    """The 1- and 2-rank cases of one run give the projection its rates and its ring bandwidth."""
+    import io
+
+    from mpi4py import MPI
+
+    from hilbert_hpc.study.report_read import load_cases
+    from hilbert_hpc.study.runner import run_job
+
+    comm = MPI.COMM_WORLD
+    tmp = Path(comm.bcast(str(tmp_path_factory.mktemp("project")) if comm.Get_rank() == 0 else None))
+    text = SMALL.format(pass_="forward+backward").replace('name = "s"', 'name = "s"\nranks = "pow2"')
+    job = load_job(tmp / "small.toml", text=text, world_size=comm.Get_size())
+    out = run_job(job, output=str(tmp / "r.h5"), stream=io.StringIO(), comm=comm, progress=io.StringIO())
+    comm.Barrier()
+    if comm.Get_rank() != 0:
+        return
+    from hilbert_hpc.study.projection import print_projection, result_bandwidth
+
+    results = load_cases([out])[0]
+    two = next(r for r in results if r.ranks == 2)
+    bandwidth = result_bandwidth(results)
+    assert bandwidth.gbs == pytest.approx(float(two.metrics.ring_gb_per_s)) and bandwidth.gbs > 0
+    stream = io.StringIO()
+    rows = print_projection(job, [2], stream, results=results)
+    assert f"ring bandwidth: {bandwidth.gbs:g} GB/s per rank ({out}, case 0001-s, 2 ranks)" in stream.getvalue()
+    assert rows[0].comm_s == pytest.approx(rows[0].ring_bytes / (bandwidth.gbs * 1e9))
