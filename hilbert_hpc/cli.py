@@ -99,9 +99,14 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from hilbert_hpc.study.plan import gpu_model, parse_size, print_plan
     from hilbert_hpc.study.setup import plan_setup
 
-    ranks = _at_least(args.ranks, 1, "-n/--ranks", "a number of ranks")
     model = gpu_model(args.gpu) if args.gpu else None
     device = parse_size(args.device_memory) if args.device_memory else model.memory if model else None
+    if args.project is not None:
+        return _project(args, device, model.cc if model else None)
+    if args.rate_tflops is not None or args.bandwidth_gbs is not None or args.from_:
+        raise UserError("only apply to a projection: add --project P1,P2,...",
+                        "--rate-tflops/--bandwidth-gbs/--from")
+    ranks = _at_least(args.ranks, 1, "-n/--ranks", "a number of ranks")
     host = parse_size(args.host_memory, "--host-memory") if args.host_memory else None
     job = load_job(args.job, world_size=ranks)
     if args.transport:
@@ -112,6 +117,26 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         print("hilbert-hpc: note: no usable GPU here: GPU cases were checked for their distribution over the "
               "ranks only; 'run' checks their kernels and transport on the GPU nodes", file=sys.stderr)
     return 3 if any(fits is False for _, fits in rows) else 0
+
+
+def _project(args: argparse.Namespace, device: int | None, cc: int | None) -> int:
+    """``plan --project``: every case of the job on each of the GPU counts (study.projection)."""
+    from hilbert_hpc.study.jobfile import load_job
+    from hilbert_hpc.study.projection import parse_bandwidth, parse_counts, parse_rate, print_projection
+
+    counts = parse_counts(args.project)
+    rate = parse_rate(args.rate_tflops) if args.rate_tflops is not None else None
+    bandwidth = parse_bandwidth(args.bandwidth_gbs) if args.bandwidth_gbs is not None else None
+    if args.host_memory or args.transport:
+        raise UserError("a projection is for GPUs: leave out --host-memory and --transport", "--project")
+    results = []
+    if args.from_:
+        from hilbert_hpc.study.report_read import load_cases
+
+        results = load_cases(args.from_)[0]
+    job = load_job(args.job)
+    print_projection(job, counts, sys.stdout, device, rate, bandwidth, cc, results)
+    return 0
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -184,7 +209,12 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="preflight a job for P ranks: memory per rank, bytes moved, FLOPs; "
                                        "exit 3 if a case does not fit")
     plan.add_argument("job", help="job file (TOML)")
-    plan.add_argument("-n", "--ranks", type=int, required=True, help="ranks of the planned run (at least 1)")
+    size = plan.add_mutually_exclusive_group(required=True)
+    size.add_argument("-n", "--ranks", type=int, help="ranks of the planned run (at least 1)")
+    size.add_argument("--project", metavar="P1,P2,...",
+                      help="project each case's tokens onto these GPU counts instead: memory per GPU, the "
+                           "slowest rank's useful FLOPs, ring bytes and a step time from measured per-GPU rates "
+                           "(docs/performance.md); exit 0 whether or not it fits")
     gpu = plan.add_mutually_exclusive_group()
     gpu.add_argument("--device-memory", help="GPU memory per rank, e.g. 80GiB (else fits is '?' for GPU cases; "
                                              f"sizes: {SIZE_HELP}); no GPU is needed here")
@@ -193,6 +223,13 @@ def build_parser() -> argparse.ArgumentParser:
                                                     f"{', '.join(GPU_MODELS)}; no GPU is needed here")
     plan.add_argument("--host-memory", help="host memory per rank, e.g. 16GiB (else fits is '?' for CPU cases)")
     plan.add_argument("--transport", choices=TRANSPORTS, help="override every case's K/V transport")
+    plan.add_argument("--rate-tflops", metavar="FWD[,BWD]",
+                      help="with --project: useful TFLOP/s of one GPU, forward and backward (default: measured)")
+    plan.add_argument("--bandwidth-gbs", metavar="GBS",
+                      help="with --project: ring bandwidth per rank in GB/s (default: measured on 2 GPUs)")
+    plan.add_argument("--from", dest="from_", metavar="RESULTS", action="append",
+                      help="with --project: take the rates from these results files of 1- and 2-rank runs (the "
+                           "1-rank case of the same backend, dtype, mask and D; the 2-rank ring); repeatable")
     plan.set_defaults(func=_cmd_plan)
     rep = sub.add_parser("report", help="scaling tables (strong, weak, Hilbert vs natural, communication, "
                                         "PyTorch peer, bandwidth) from results and bandwidth files")

@@ -48,7 +48,7 @@ class Estimate:
         return self.flops / self.ranks
 
 
-def _ring_bytes(case: Case, shard: int, itemsize: int) -> tuple[int, int]:
+def ring_bytes(case: Case, shard: int, itemsize: int) -> tuple[int, int]:
     """(largest packed K/V block in bytes, bytes the busiest rank sends per call) over the case's rings."""
     largest = sent = 0
     for p in case.patterns:
@@ -63,27 +63,43 @@ def _ring_bytes(case: Case, shard: int, itemsize: int) -> tuple[int, int]:
     return largest, sent * case.batch
 
 
-def backward_bytes(case: Case, shard: int, itemsize: int) -> int:
+def ring_backward_bytes(case: Case, shard: int, itemsize: int) -> int:
+    """Bytes the busiest rank sends in one ring backward (``distributed.ring_backward``): its K/V blocks again,
+    as the forward (:func:`ring_bytes`), and next to them the dK/dV accumulator blocks of the same layout in the
+    accumulator dtype, which make the full ``g`` hops of their ring (the last one home)."""
+    acc = max(itemsize, 4)
+    hops = 0
+    for p in case.patterns:
+        if p.segment <= shard:
+            continue
+        geom = RingPattern(p, shard, case.heads, case.head_dim, case.head_dim)
+        hops += geom.group * max(geom.block_size(pos) for pos in range(geom.group))
+    return ring_bytes(case, shard, itemsize)[1] + hops * acc * case.batch
+
+
+def backward_bytes(case: Case, shard: int, itemsize: int, gradient_check: bool = True) -> int:
     """What a forward+backward case holds beyond the forward's Q, K, V, O and L (0 for pass = forward): dO of
     every batch element, dQ, dK, dV and rowsum(dO * O) of one, the ring backward's two accumulator blocks (the
     size of the largest packed K/V block, in the accumulator dtype), and the first call's float64 gradient
     check of the whole sequence (copies of Q, K, V, dO; its O, L, dQ, dK, dV and rowsum), which on several
-    ranks the case's first rank holds."""
+    ranks the case's first rank holds (``gradient_check`` False: a training step, without the study's check)."""
     if not backward_pass(case):
         return 0
     acc = max(itemsize, 4)
     row, heads = case.heads * case.head_dim, case.heads
     grads = case.batch * shard * row * itemsize + shard * (3 * row + heads) * acc
-    largest = _ring_bytes(case, shard, itemsize)[0] if case.ranks > 1 else 0
-    check = case.tokens * (8 * row + 2 * heads) * 8
+    largest = ring_bytes(case, shard, itemsize)[0] if case.ranks > 1 else 0
+    check = case.tokens * (8 * row + 2 * heads) * 8 if gradient_check else 0
     return grads + 2 * largest // itemsize * acc + check
 
 
-def estimate(case: Case, torch_on_gpu: bool | None = None, setup: CaseSetup | None = None) -> Estimate:
+def estimate(case: Case, torch_on_gpu: bool | None = None, setup: CaseSetup | None = None,
+             gradient_check: bool = True) -> Estimate:
     """What ``case`` needs on each of its ``case.ranks`` ranks.
 
     ``torch_on_gpu``: whether the PyTorch peer runs on a GPU (None: as on this machine).
     ``setup``: the case's setup (``run`` passes the one it made), else :func:`~hilbert_hpc.study.setup.plan_setup`'s.
+    ``gradient_check``: count the study's float64 gradient check of a forward+backward case (``backward_bytes``).
     """
     setup = setup or plan_setup(case)
     be = setup.backend
@@ -95,8 +111,8 @@ def estimate(case: Case, torch_on_gpu: bool | None = None, setup: CaseSetup | No
     floor = case.batch * shard * row * (3 * itemsize + be.output_itemsize(itemsize))
     memory = floor + shard * case.heads * acc
     memory += be.workspace_bytes(shard, case.heads, case.head_dim, itemsize, floor, setup.kernel)
-    memory += backward_bytes(case, shard, itemsize)
-    largest, sent = _ring_bytes(case, shard, itemsize) if ranks > 1 else (0, 0)
+    memory += backward_bytes(case, shard, itemsize, gradient_check)
+    largest, sent = ring_bytes(case, shard, itemsize) if ranks > 1 else (0, 0)
     memory += 2 * largest
     on_gpu = be.plan_on_gpu(torch_on_gpu)
     flops = useful_flops(case.tokens, case.heads, case.head_dim, case.patterns, case.causal, case.batch)
