@@ -305,3 +305,18 @@ def test_gpu_backends_run_forward_and_backward(tmp_path):
             from hilbert_hpc.kernels.selection import choose_backward
 
             assert attrs["backward_kernel"] == choose_backward(attrs["dtype"], 64).name
+
+
+def test_plan_counts_the_16_bit_backward_chunks_on_one_device():
+    """backend cuda, 16 bits, one device: dQ, dK, dV in 16 bits plus the float32 sums of one chunk of rows;
+    float32 or a pattern spanning ranks: float32 sums of the whole shard."""
+    from hilbert_hpc.backends.cuda_autograd import SCRATCH_SHARE, chunk_rows
+    from hilbert_hpc.backends.cuda_fused import CudaBackend
+    from hilbert_hpc.core.patterns import Pattern
+
+    pats, row = [Pattern(2048, 1), Pattern(8192, 4)], 8 * 64
+    be = CudaBackend()
+    chunk = chunk_rows(262144, pats, SCRATCH_SHARE)
+    assert be.gradient_bytes(262144, row, 2, pats) == 3 * row * (262144 * 2 + chunk * 4)
+    assert be.gradient_bytes(262144, row, 2, pats) < 0.7 * be.gradient_bytes(262144, row, 4, pats)
+    assert be.gradient_bytes(4096, row, 2, pats) == 3 * row * 4096 * 4          # (8192, 4) spans ranks

@@ -130,6 +130,11 @@ class Backend:
         case's kernel choice (None: the backend chooses once for this call)."""
         raise NotImplementedError
 
+    def gradient_bytes(self, shard: int, row: int, itemsize: int, patterns: Sequence[Pattern]) -> int:
+        """Bytes of dQ, dK, dV of a shard of ``shard`` rows of ``row`` elements while the backward runs (for
+        ``plan``): by default in the accumulator dtype (at least float32)."""
+        return shard * 3 * row * max(itemsize, 4)
+
     def backward_kernel_choice(self, head_dim: int, dtype: str) -> KernelChoice | None:
         """The backward kernel this backend runs for ``head_dim`` and ``dtype`` on this GPU (the one decision of
         a forward+backward case, ``CaseSetup.backward_kernel``, which :meth:`serialized_backward` takes), None

@@ -62,6 +62,16 @@ class CudaBackend(CudaFp32Backend):
 
         return backward(qs, ks, vs, out, lse, dout, patterns, causal, scale, kernel)
 
+    def gradient_bytes(self, shard: int, row: int, itemsize: int, patterns: Sequence[Pattern]) -> int:
+        """16 bits on one device: the gradients in 16 bits and the float32 sums of one chunk of rows
+        (:func:`hilbert_hpc.backends.cuda_autograd.chunk_rows`); float32, or patterns that span ranks (their
+        ring backward keeps float32 sums of the whole shard): as the default."""
+        if itemsize != 2 or any(p.segment > shard for p in patterns):
+            return super().gradient_bytes(shard, row, itemsize, patterns)
+        from hilbert_hpc.backends.cuda_autograd import SCRATCH_SHARE, chunk_rows
+
+        return 3 * row * (shard * itemsize + chunk_rows(shard, patterns, SCRATCH_SHARE) * 4)
+
     def output_itemsize(self, itemsize: int) -> int:
         """The fused kernels keep a 16-bit output 16-bit."""
         return itemsize

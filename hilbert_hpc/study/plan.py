@@ -25,6 +25,7 @@ from hilbert_hpc.study.jobfile import Case, Job
 from hilbert_hpc.core.patterns import useful_flops
 from hilbert_hpc.distributed.ring import RingPattern, ring_schedule
 from hilbert_hpc.study.setup import CaseSetup, plan_setup
+from hilbert_hpc.backends import Backend
 
 GIB = float(1 << 30)
 
@@ -77,7 +78,8 @@ def ring_backward_bytes(case: Case, shard: int, itemsize: int) -> int:
     return ring_bytes(case, shard, itemsize)[1] + hops * acc * case.batch
 
 
-def backward_bytes(case: Case, shard: int, itemsize: int, gradient_check: bool = True) -> int:
+def backward_bytes(case: Case, shard: int, itemsize: int, gradient_check: bool = True,
+                   be: Backend | None = None) -> int:
     """What a forward+backward case holds beyond the forward's Q, K, V, O and L (0 for pass = forward): dO of
     every batch element, dQ, dK, dV and rowsum(dO * O) of one, the ring backward's two accumulator blocks (the
     size of the largest packed K/V block, in the accumulator dtype), and the first call's float64 gradient
@@ -111,7 +113,7 @@ def estimate(case: Case, torch_on_gpu: bool | None = None, setup: CaseSetup | No
     floor = case.batch * shard * row * (3 * itemsize + be.output_itemsize(itemsize))
     memory = floor + shard * case.heads * acc
     memory += be.workspace_bytes(shard, case.heads, case.head_dim, itemsize, floor, setup.kernel)
-    memory += backward_bytes(case, shard, itemsize, gradient_check)
+    memory += backward_bytes(case, shard, itemsize, gradient_check, be)
     largest, sent = ring_bytes(case, shard, itemsize) if ranks > 1 else (0, 0)
     memory += 2 * largest
     on_gpu = be.plan_on_gpu(torch_on_gpu)
