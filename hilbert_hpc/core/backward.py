@@ -101,8 +101,15 @@ def _gathered(view: np.ndarray, offset: int, heads: slice) -> np.ndarray:
     return xp.ascontiguousarray(xp.moveaxis(view[:, :, offset, heads], 1, 2))
 
 
+def row_delta(dout: np.ndarray, out: np.ndarray, acc: np.dtype) -> np.ndarray:
+    """``delta = rowsum(dout * out)`` of (N, H, Dv) arrays, (N, H) in dtype ``acc`` (NumPy or CuPy)."""
+    xp = array_module(dout)
+    return xp.einsum("nhd,nhd->nh", xp.asarray(dout, dtype=acc), xp.asarray(out, dtype=acc))
+
+
 def local_dilated_backward(qs: np.ndarray, ks: np.ndarray, vs: np.ndarray, out: np.ndarray, lse: np.ndarray,
-                           dout: np.ndarray, patterns: Sequence[Pattern], causal: bool, scale: float) -> Grads:
+                           dout: np.ndarray, patterns: Sequence[Pattern], causal: bool, scale: float,
+                           delta: np.ndarray | None = None) -> Grads:
     """Gradients (dQ, dK, dV) of serialized dilated attention (docs/semantics.md, section 10).
 
     ``qs``, ``ks``, ``vs``: the serialized (N, H, D) inputs; ``out`` (N, H, Dv)
@@ -110,12 +117,13 @@ def local_dilated_backward(qs: np.ndarray, ks: np.ndarray, vs: np.ndarray, out: 
     :func:`hilbert_hpc.core.dilated.local_dilated_forward`; ``dout``: the
     gradient of the output, serialized like it. Returns serialized gradients in
     the accumulator dtype; a (row, head) that no pattern selects gets zero. NumPy
-    or CuPy arrays (the results are of the same kind).
+    or CuPy arrays (the results are of the same kind). ``delta``: :func:`row_delta`
+    of ``dout`` and ``out`` in the accumulator dtype, where the caller has it already.
     """
     xp = array_module(qs)
     acc = accumulator_dtype(qs.dtype)
     n, heads, d = qs.shape
-    delta = xp.einsum("nhd,nhd->nh", xp.asarray(dout, dtype=acc), xp.asarray(out, dtype=acc))
+    delta = row_delta(dout, out, acc) if delta is None else delta
     dq, dk = xp.zeros((n, heads, d), dtype=acc), xp.zeros((n, heads, d), dtype=acc)
     dv = xp.zeros((n, heads, vs.shape[-1]), dtype=acc)
     for p in patterns:

@@ -28,7 +28,7 @@ import math
 import time
 from typing import Any, Callable, Sequence
 
-from hilbert_hpc.core.backward import Grads, attend_backward, local_dilated_backward
+from hilbert_hpc.core.backward import Grads, attend_backward, local_dilated_backward, row_delta
 from hilbert_hpc.core.blockwise import accumulator_dtype, array_module
 from hilbert_hpc.core.patterns import Pattern
 from hilbert_hpc.distributed.ring import RingPattern, RingStats, ring_schedule
@@ -152,9 +152,9 @@ def ring_dilated_backward(qs: Array, ks: Array, vs: Array, out: Array, lse: Arra
     stats = stats if stats is not None else RingStats()
     acc = accumulator_dtype(qs.dtype)
     t0 = time.perf_counter()
+    delta = row_delta(dout, out, acc)
     grads = local_dilated_backward(qs, ks, vs, out, lse, dout, [p for p in patterns if p.segment <= shard], causal,
-                                   scale)
-    delta = xp.einsum("nhd,nhd->nh", xp.asarray(dout, dtype=acc), xp.asarray(out, dtype=acc))
+                                   scale, delta)
     if xp.__name__ == "cupy":
         xp.cuda.get_current_stream().synchronize()
     stats.local_s += time.perf_counter() - t0
