@@ -1,6 +1,29 @@
-// Pieces of the mma.sync backward kernels (dilated_bwd_mma_16.cu, dilated_bwd_tf32x3.cu). Include after
-// common.cuh.
+// Pieces of the tensor-core backward kernels (dilated_bwd_mma_16.cu, dilated_bwd_tf32x3.cu,
+// dilated_bwd_wgmma_16.cu). Include after common.cuh and convert.cuh.
 #pragma once
+
+// L (log2 units; +inf where L = -inf or i >= mq, so that P = 0) and delta (0 past mq) of query row i
+__device__ __forceinline__ void query_stats(const float* __restrict__ lse, const float* __restrict__ delta,
+                                            long long loff, long long l_row, int i, int mq, float& l2, float& dl) {
+    const float l = i < mq ? lse[loff + i * l_row] : NEG_INF;
+    l2 = (l == NEG_INF) ? -NEG_INF : l * LOG2E;
+    dl = i < mq ? delta[loff + i * l_row] : 0.0f;
+}
+
+__device__ __forceinline__ void st_shared_b32(unsigned addr, unsigned x) {
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(x) : "memory");
+}
+
+// (x, y) added to the two floats at p (8-byte aligned global memory): one vector reduction on compute
+// capability 9.0, two atomicAdd before
+__device__ __forceinline__ void add_pair(float* p, float x, float y) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(x), "f"(y) : "memory");
+#else
+    atomicAdd(p, x);
+    atomicAdd(p + 1, y);
+#endif
+}
 
 // The float32 dK (times scale) and dV of a warp's 16 keys, held on the accumulator layout of mma.sync m16n8
 // (lane = 4 g + t: g[n][2 h + e] = key key0 + 8 h, column 8 n + 2 t + e), added to the float32 dk and dv rows

@@ -55,28 +55,6 @@ __device__ __forceinline__ void stage_rows(unsigned dst, const T* __restrict__ s
     }
 }
 
-// L (log2 units; +inf where L = -inf or i >= mq, so that P = 0) and delta (0 past mq) of query row i
-__device__ __forceinline__ void row_stats(const float* __restrict__ lse, const float* __restrict__ delta,
-                                          long long loff, long long l_row, int i, int mq, float& l2, float& dl) {
-    const float l = i < mq ? lse[loff + i * l_row] : NEG_INF;
-    l2 = (l == NEG_INF) ? -NEG_INF : l * LOG2E;
-    dl = i < mq ? delta[loff + i * l_row] : 0.0f;
-}
-
-__device__ __forceinline__ void st_shared_b32(unsigned addr, unsigned x) {
-    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(x) : "memory");
-}
-
-// (x, y) added to the two floats at p (8-byte aligned global memory)
-__device__ __forceinline__ void add_pair(float* p, float x, float y) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(x), "f"(y) : "memory");
-#else
-    atomicAdd(p, x);
-    atomicAdd(p + 1, y);
-#endif
-}
-
 template <typename T, int D, int BK>
 __global__ void __launch_bounds__(32 * BK / 16)
 dilated_bwd_mma_16(DILATED_BWD_PARAMS(T))
@@ -118,7 +96,7 @@ dilated_bwd_mma_16(DILATED_BWD_PARAMS(T))
     cp_async_commit();
     float next_l = 0.0f, next_d = 0.0f;      // L and delta of row threadIdx.x of the next tile
     if (threadIdx.x < BQ) {
-        row_stats(lse, delta, loff, l_row, q_begin + threadIdx.x, mq, next_l, next_d);
+        query_stats(lse, delta, loff, l_row, q_begin + threadIdx.x, mq, next_l, next_d);
         sL[threadIdx.x] = next_l;
         sL[BQ + threadIdx.x] = next_d;
     }
@@ -147,7 +125,7 @@ dilated_bwd_mma_16(DILATED_BWD_PARAMS(T))
             stage_rows<T, D, BQ, THREADS>(st, q, qoff, q_row, q0 + BQ, mq);
             stage_rows<T, D, BQ, THREADS>(st + QTILE, dout, qoff, q_row, q0 + BQ, mq);
             cp_async_commit();
-            if (threadIdx.x < BQ) row_stats(lse, delta, loff, l_row, q0 + BQ + threadIdx.x, mq, next_l, next_d);
+            if (threadIdx.x < BQ) query_stats(lse, delta, loff, l_row, q0 + BQ + threadIdx.x, mq, next_l, next_d);
         }
         const unsigned sQ = sK + OFF_Q + 2 * cur * QTILE, sO = sQ + QTILE;
         const float* const lt = sL + 2 * cur * BQ;

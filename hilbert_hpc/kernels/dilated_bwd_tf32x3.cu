@@ -53,30 +53,12 @@ __device__ __forceinline__ void stage_rows32(float* dst, const float* __restrict
     }
 }
 
-// L (log2 units; +inf where L = -inf or i >= mq, so that P = 0) and delta (0 past mq) of query row i
-__device__ __forceinline__ void row_stats32(const float* __restrict__ lse, const float* __restrict__ delta,
-                                            long long loff, long long l_row, int i, int mq, float& l2, float& dl) {
-    const float l = i < mq ? lse[loff + i * l_row] : NEG_INF;
-    l2 = (l == NEG_INF) ? -NEG_INF : l * LOG2E;
-    dl = i < mq ? delta[loff + i * l_row] : 0.0f;
-}
-
 // one float of shared memory, in program order with the mma.sync around it (asm volatile: the compiler hoists
 // no B fragments of later products, which would cost registers that dK and dV hold)
 __device__ __forceinline__ float lds32(const float* p) {
     float x;
     asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(x) : "r"((unsigned)__cvta_generic_to_shared(p)));
     return x;
-}
-
-// (x, y) added to the two floats at p (8-byte aligned global memory)
-__device__ __forceinline__ void add_pair32(float* p, float x, float y) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(x), "f"(y) : "memory");
-#else
-    atomicAdd(p, x);
-    atomicAdd(p + 1, y);
-#endif
 }
 
 // C (16 keys x 8 NB queries) = A B^T over D dimensions: A rows a (this warp's 16 keys, row stride D + 4),
@@ -168,7 +150,7 @@ dilated_bwd_tf32x3(DILATED_BWD_PARAMS(float))
     cp_async_commit();
     float next_l = 0.0f, next_d = 0.0f;      // L and delta of row threadIdx.x of the next tile
     if (threadIdx.x < BQ) {
-        row_stats32(lse, delta, loff, l_row, q_begin + threadIdx.x, mq, next_l, next_d);
+        query_stats(lse, delta, loff, l_row, q_begin + threadIdx.x, mq, next_l, next_d);
         sL[threadIdx.x] = next_l;
         sL[BQ + threadIdx.x] = next_d;
     }
@@ -194,7 +176,7 @@ dilated_bwd_tf32x3(DILATED_BWD_PARAMS(float))
             stage_rows32<D, BQ, THREADS>(st, q, qoff, q_row, q0 + BQ, mq);
             stage_rows32<D, BQ, THREADS>(st + QTILE, dout, qoff, q_row, q0 + BQ, mq);
             cp_async_commit();
-            if (threadIdx.x < BQ) row_stats32(lse, delta, loff, l_row, q0 + BQ + threadIdx.x, mq, next_l, next_d);
+            if (threadIdx.x < BQ) query_stats(lse, delta, loff, l_row, q0 + BQ + threadIdx.x, mq, next_l, next_d);
         }
         const float* const sQ = sQ0 + 2 * cur * QTILE;
         const float* const sO = sQ + QTILE;
@@ -284,7 +266,7 @@ dilated_bwd_tf32x3(DILATED_BWD_PARAMS(float))
                 if (i >= mq) continue;
                 float* row = dq + qoff + i * q_row + 8 * CN * cc + 2 * t;
 #pragma unroll
-                for (int n = 0; n < CN; ++n) add_pair32(row + 8 * n, scale * c[n][2 * h], scale * c[n][2 * h + 1]);
+                for (int n = 0; n < CN; ++n) add_pair(row + 8 * n, scale * c[n][2 * h], scale * c[n][2 * h + 1]);
             }
         }
         if (more && threadIdx.x < BQ) {      // L and delta of the next tile (stage cur ^ 1 read last in q0 - BQ)

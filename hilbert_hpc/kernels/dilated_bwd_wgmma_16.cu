@@ -69,6 +69,7 @@
 #include "cp_async.cuh"
 #include "wgmma.cuh"
 #include "tma.cuh"
+#include "backward.cuh"
 
 // rows [r0, r0 + ROWS) of a D-wide 16-bit matrix (row j at src + off + j * row_stride elements; rows at or
 // past rend are zero-filled) into shared memory at byte address dst in core-matrix order
@@ -83,23 +84,6 @@ __device__ __forceinline__ void stage_core_rows(unsigned dst, const T* __restric
         const T* from = src + off + (long long)max(0, min(j, rend - 1)) * row_stride + 8 * c;
         cp_async_16(dst + 16 * p, from, j < rend ? 16 : 0);
     }
-}
-
-// L (log2 units; +inf where L = -inf or i >= mq, so that P = 0) and delta (0 past mq) of query row i
-__device__ __forceinline__ void query_stats(const float* __restrict__ lse, const float* __restrict__ delta,
-                                            long long loff, long long l_row, int i, int mq, float& l2, float& dl) {
-    const float l = i < mq ? lse[loff + i * l_row] : NEG_INF;
-    l2 = (l == NEG_INF) ? -NEG_INF : l * LOG2E;
-    dl = i < mq ? delta[loff + i * l_row] : 0.0f;
-}
-
-__device__ __forceinline__ void st_shared_u32(unsigned addr, unsigned x) {
-    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(x) : "memory");
-}
-
-// (x, y) added to the two floats at p (8-byte aligned global memory)
-__device__ __forceinline__ void red_add_pair(float* p, float x, float y) {
-    asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(x), "f"(y) : "memory");
 }
 
 __device__ __forceinline__ void st_shared_f32(unsigned addr, float x) {
@@ -276,7 +260,7 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T))
             if (i >= mq) continue;
             float* row = dq + qoff + i * q_row + NQ * wg + NC * part + 2 * t;
 #pragma unroll
-            for (int n = 0; n < NC / 8; ++n) red_add_pair(row + 8 * n, scale * c[4 * n + 2 * h], scale * c[4 * n + 2 * h + 1]);
+            for (int n = 0; n < NC / 8; ++n) add_pair(row + 8 * n, scale * c[4 * n + 2 * h], scale * c[4 * n + 2 * h + 1]);
         }
     };
 
@@ -392,7 +376,7 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T))
             for (int j = 0; j < 4; ++j) {
                 da[kk][j] = H::pack(s[8 * kk + 2 * j], s[8 * kk + 2 * j + 1]);
                 // key row + 8 (j & 1), query columns 16 kk + 8 (j >> 1) + 2 t, + 1
-                st_shared_u32(ds_buf + ds_row + (j & 1) * (16 * BQ) + (2 * kk + (j >> 1)) * 128, da[kk][j]);
+                st_shared_b32(ds_buf + ds_row + (j & 1) * (16 * BQ) + (2 * kk + (j >> 1)) * 128, da[kk][j]);
             }
 
         // dK += dS^T Q: B = Q MN-major
