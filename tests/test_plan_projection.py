@@ -52,9 +52,14 @@ def test_forward_backward_on_two_ranks_by_hand():
 
 
 def test_causal_imbalance_by_hand():
-    # rank 0's queries 0..7 attend 1..8 keys (36 pairs), rank 1's 9..16 (100): the slowest does 100 x 16 FLOPs
-    row = project(tiny(causal=True), 2, SLOW, ONE_BYTE, None)
+    # contiguous: rank 0's queries 0..7 attend 1..8 keys (36 pairs), rank 1's 9..16 (100): the slowest does
+    # 100 x 16 FLOPs
+    row = project(tiny(causal=True, placement="contiguous"), 2, SLOW, ONE_BYTE, None)
     assert row.flops == 1600.0 and row.imbalance == pytest.approx(100 / 68)
+    # zigzag (what auto picks for a causal case): rank 0 holds queries 0..3 and 12..15 (10 + 58 pairs), rank 1
+    # 4..7 and 8..11 (26 + 42): 68 pairs each
+    row = project(tiny(causal=True), 2, SLOW, ONE_BYTE, None)
+    assert row.flops == 68 * 16.0 and row.imbalance == 1.0
     one = project(tiny(causal=True), 1, SLOW, ONE_BYTE, None)
     assert (one.flops, one.ring_bytes, one.comm_s) == (136 * 16.0, 0, 0.0)
 

@@ -39,16 +39,29 @@ def span_pairs(start: int, stop: int, heads: int, patterns: Sequence[Pattern], c
     return total
 
 
+def rank_spans(tokens: int, ranks: int, placement: str = "contiguous") -> list[list[tuple[int, int]]]:
+    """The serialized spans ``[start, stop)`` each rank holds: ``contiguous``, rank ``p`` holds
+    ``[p*L, (p+1)*L)``, ``L = N / P``; ``zigzag``, chunks ``p`` and ``2P-1-p`` of ``2P`` equal chunks
+    (``distributed.sharding.Shards``)."""
+    pieces = {"contiguous": ranks, "zigzag": 2 * ranks}.get(placement)
+    if pieces is None:
+        raise ValueError(f"placement must be 'contiguous' or 'zigzag', got {placement!r}")
+    if ranks < 1 or tokens % pieces:
+        raise ValueError(f"ranks must be a positive number of ranks whose {pieces // ranks} chunk(s) each divide "
+                         f"tokens ({tokens}), got {ranks}")
+    c = tokens // pieces
+    if placement == "contiguous":
+        return [[(p * c, (p + 1) * c)] for p in range(ranks)]
+    return [[(p * c, (p + 1) * c), ((2 * ranks - 1 - p) * c, (2 * ranks - p) * c)] for p in range(ranks)]
+
+
 def rank_useful_flops(tokens: int, ranks: int, heads: int, head_dim: int, patterns: Sequence[Pattern],
-                      causal: bool, batch: int = 1) -> list[int]:
+                      causal: bool, batch: int = 1, placement: str = "contiguous") -> list[int]:
     """Useful FLOPs of the forward (4 D per attended pair, as :func:`hilbert_hpc.core.patterns.useful_flops`)
-    of the queries each rank owns, rank ``p`` owning serialized positions ``[p*L, (p+1)*L)``, ``L = N / P``;
-    they sum to the whole problem's. The backward's are ``BACKWARD_FLOPS`` times these."""
-    if ranks < 1 or tokens % ranks:
-        raise ValueError(f"ranks must be a positive divisor of tokens ({tokens}), got {ranks}")
-    shard = tokens // ranks
-    return [4 * head_dim * batch * span_pairs(p * shard, (p + 1) * shard, heads, patterns, causal)
-            for p in range(ranks)]
+    of the queries each rank owns (:func:`rank_spans` of ``placement``); they sum to the whole problem's. The
+    backward's are ``BACKWARD_FLOPS`` times these."""
+    return [4 * head_dim * batch * sum(span_pairs(a, b, heads, patterns, causal) for a, b in spans)
+            for spans in rank_spans(tokens, ranks, placement)]
 
 
 def imbalance(per_rank: np.ndarray | Sequence[float]) -> float:

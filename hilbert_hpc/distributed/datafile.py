@@ -210,7 +210,7 @@ def read_shard(path: str | Path, tensor: str, batch_index: int, layout: Layout, 
     if error is not None:
         raise error
     serial = layout.serialized_of(np.arange(lo, hi, dtype=np.int64))
-    return redistribute(block, serial, shard, comm)
+    return redistribute(block, layout.shards.storage(serial), shard, comm)
 
 
 def redistribute(rows: np.ndarray, targets: np.ndarray, shard: int, comm: Any) -> np.ndarray:

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 from hilbert_hpc.core.blockwise import array_module, attend, merge_lse
 from hilbert_hpc.core.dilated import AttendFn, accumulate_patterns, empty_accumulators
 from hilbert_hpc.core.patterns import Pattern
-from hilbert_hpc.distributed.sharding import count, selected_rows
+from hilbert_hpc.distributed.sharding import Piece, Shards, count, selected_rows
 
 Array = Any
 
@@ -51,67 +51,15 @@ def _sync(xp: Any) -> None:
         xp.cuda.get_current_stream().synchronize()
 
 
-def _progress_until_done(xp: Any, exchange: Any) -> None:
-    """Wait for queued GPU work while driving MPI progress, so transfers advance during compute."""
+def progress_until_done(xp: Any, exchanges: Sequence[Any]) -> None:
+    """Wait for queued GPU work while driving MPI progress of ``exchanges``, so transfers advance during
+    compute."""
     if xp.__name__ != "cupy":
         return
     done = xp.cuda.get_current_stream().record()
     while not done.done:
-        exchange.test()
-
-
-class RingPattern:
-    """Packing geometry of one long pattern for every rank position of its ring."""
-
-    def __init__(self, pattern: Pattern, shard: int, heads: int, dk: int, dv: int) -> None:
-        self.pattern = pattern
-        self.shard = shard
-        self.group = pattern.segment // shard
-        self.heads = heads
-        self.dk, self.dv = dk, dv
-        self.offsets = list(range(min(pattern.dilation, heads)))
-
-    def rows(self, pos: int, offset: int) -> slice:
-        """Selected local rows of ring position ``pos`` for head offset ``offset``."""
-        return selected_rows(pos * self.shard, self.shard, self.pattern, offset)
-
-    def heads_of(self, offset: int) -> slice:
-        """Heads whose offset is ``offset``."""
-        return slice(offset, self.heads, self.pattern.dilation)
-
-    def nheads(self, offset: int) -> int:
-        """Number of heads with offset ``offset``."""
-        return len(range(offset, self.heads, self.pattern.dilation))
-
-    def layout(self, pos: int) -> list[tuple[int, int, int, int]]:
-        """``(offset, rows, k_start, v_start)`` of each offset's K and V inside a packed block."""
-        parts, cursor = [], 0
-        for o in self.offsets:
-            m, nh = count(self.rows(pos, o)), self.nheads(o)
-            parts.append((o, m, cursor, cursor + m * nh * self.dk))
-            cursor += m * nh * (self.dk + self.dv)
-        return parts
-
-    def block_size(self, pos: int) -> int:
-        """Elements of the packed block of ring position ``pos``."""
-        return sum(count(self.rows(pos, o)) * self.nheads(o) * (self.dk + self.dv) for o in self.offsets)
-
-    def pack(self, ks: Array, vs: Array, pos: int, out: Array) -> Array:
-        """Copy the selected K/V rows of this shard into the flat buffer ``out``; returns the used part."""
-        for o, m, k0, v0 in self.layout(pos):
-            rows, hs = self.rows(pos, o), self.heads_of(o)
-            nh = self.nheads(o)
-            out[k0:k0 + m * nh * self.dk].reshape(m, nh, self.dk)[...] = ks[rows, hs]
-            out[v0:v0 + m * nh * self.dv].reshape(m, nh, self.dv)[...] = vs[rows, hs]
-        return out[: self.block_size(pos)]
-
-    def unpack(self, block: Array, pos: int, offset_index: int) -> tuple[Array, Array]:
-        """K (nh, m, dk) and V (nh, m, dv) views of one offset inside a received block."""
-        o, m, k0, v0 = self.layout(pos)[offset_index]
-        nh = self.nheads(o)
-        k = block[k0:k0 + m * nh * self.dk].reshape(m, nh, self.dk).transpose(1, 0, 2)
-        v = block[v0:v0 + m * nh * self.dv].reshape(m, nh, self.dv).transpose(1, 0, 2)
-        return k, v
+        for exchange in exchanges:
+            exchange.test()
 
 
 def ring_schedule(pos: int, group: int, causal: bool) -> list[tuple[int, bool, bool]]:
@@ -134,6 +82,131 @@ def ring_schedule(pos: int, group: int, causal: bool) -> list[tuple[int, bool, b
     return out
 
 
+@dataclass(frozen=True)
+class BlockPart:
+    """Where one head offset's rows of one piece sit inside a packed block: ``index`` (position in
+    ``RingPattern.offsets``), ``offset``, ``piece`` (index into the sender's pieces), ``rows``, and the element
+    offsets ``k0`` / ``v0`` of its K and V."""
+
+    index: int
+    offset: int
+    piece: int
+    rows: int
+    k0: int
+    v0: int
+
+
+@dataclass(frozen=True)
+class PiecePair:
+    """Queries of piece ``query`` against keys of piece ``key`` (indices into the pieces of the receiving and
+    the sending ring position); ``shift`` 0 for the causal diagonal, None for a full block."""
+
+    query: int
+    key: int
+    shift: int | None
+
+
+class RingPattern:
+    """Packing geometry of one long pattern for every position of the ring that ``rank`` belongs to.
+
+    The ring is ``shards.ring_ranks(pattern)`` consecutive ranks; position ``i``
+    is rank ``base + i``. A packed block holds, for every head offset and every
+    piece (chunk) of the sending rank, its selected K rows then V rows.
+    """
+
+    def __init__(self, pattern: Pattern, shards: Shards, rank: int, heads: int, dk: int, dv: int) -> None:
+        self.pattern = pattern
+        self.shards = shards
+        self.group = shards.ring_ranks(pattern)
+        self.pos = rank % self.group
+        self.base = rank - self.pos
+        self.heads = heads
+        self.dk, self.dv = dk, dv
+        self.offsets = list(range(min(pattern.dilation, heads)))
+        self._layouts: dict[int, list[BlockPart]] = {}
+
+    def rank_of(self, pos: int) -> int:
+        """The rank at ring position ``pos``."""
+        return self.base + pos % self.group
+
+    def pieces(self, pos: int) -> list[Piece]:
+        """The pieces (chunks) of ring position ``pos``."""
+        return self.shards.pieces(self.rank_of(pos))
+
+    def rows(self, pos: int, piece: int, offset: int) -> slice:
+        """Local rows of piece ``piece`` of ring position ``pos`` selected for head offset ``offset``."""
+        pc = self.pieces(pos)[piece]
+        sel = selected_rows(pc.start, pc.rows, self.pattern, offset)
+        return slice(pc.row0 + sel.start, pc.row0 + pc.rows, sel.step)
+
+    def heads_of(self, offset: int) -> slice:
+        """Heads whose offset is ``offset``."""
+        return slice(offset, self.heads, self.pattern.dilation)
+
+    def nheads(self, offset: int) -> int:
+        """Number of heads with offset ``offset``."""
+        return len(range(offset, self.heads, self.pattern.dilation))
+
+    def layout(self, pos: int) -> list[BlockPart]:
+        """The parts of ring position ``pos``'s packed block: every head offset, then every piece."""
+        pos %= self.group
+        if pos in self._layouts:
+            return self._layouts[pos]
+        parts, cursor = [], 0
+        npieces = len(self.pieces(pos))
+        for i, o in enumerate(self.offsets):
+            nh = self.nheads(o)
+            for piece in range(npieces):
+                m = count(self.rows(pos, piece, o))
+                parts.append(BlockPart(i, o, piece, m, cursor, cursor + m * nh * self.dk))
+                cursor += m * nh * (self.dk + self.dv)
+        self._layouts[pos] = parts
+        return parts
+
+    def part(self, pos: int, index: int, piece: int) -> BlockPart:
+        """The part of offset ``offsets[index]`` and piece ``piece`` in ring position ``pos``'s block."""
+        return self.layout(pos)[index * len(self.pieces(pos)) + piece]
+
+    def block_size(self, pos: int) -> int:
+        """Elements of the packed block of ring position ``pos``."""
+        return sum(p.rows * self.nheads(p.offset) * (self.dk + self.dv) for p in self.layout(pos))
+
+    def pairs(self, pos: int, src: int, causal: bool) -> list[PiecePair]:
+        """The (query piece, key piece) blocks ring position ``pos`` computes with ``src``'s block: pieces of one
+        segment; under the causal mask only keys from earlier pieces, or the piece itself (its diagonal)."""
+        w = self.pattern.segment
+        out = []
+        for qi, q in enumerate(self.pieces(pos)):
+            for ki, k in enumerate(self.pieces(src)):
+                if q.start // w != k.start // w or (causal and k.start > q.start):
+                    continue
+                out.append(PiecePair(qi, ki, 0 if (causal and k.start == q.start) else None))
+        return out
+
+    def schedule(self, causal: bool) -> list[tuple[int, bool, bool]]:
+        """This rank's ring steps (:func:`ring_schedule`). A contiguous causal ring stops early; a zigzag ring
+        always makes every step (each rank's second chunk needs the later ranks' blocks)."""
+        return ring_schedule(self.pos, self.group, causal and self.shards.placement == "contiguous")
+
+    def pack(self, ks: Array, vs: Array, out: Array) -> Array:
+        """Copy this rank's selected K/V rows into the flat buffer ``out``; returns the used part."""
+        for p in self.layout(self.pos):
+            rows, hs = self.rows(self.pos, p.piece, p.offset), self.heads_of(p.offset)
+            nh = self.nheads(p.offset)
+            out[p.k0:p.k0 + p.rows * nh * self.dk].reshape(p.rows, nh, self.dk)[...] = ks[rows, hs]
+            out[p.v0:p.v0 + p.rows * nh * self.dv].reshape(p.rows, nh, self.dv)[...] = vs[rows, hs]
+        return out[: self.block_size(self.pos)]
+
+    def unpack(self, block: Array, pos: int, index: int, piece: int) -> tuple[Array, Array]:
+        """K (nh, m, dk) and V (nh, m, dv) views of one offset and piece inside a block of ring position
+        ``pos`` (K/V, or an accumulator block of the same layout)."""
+        p = self.part(pos, index, piece)
+        nh = self.nheads(p.offset)
+        k = block[p.k0:p.k0 + p.rows * nh * self.dk].reshape(p.rows, nh, self.dk).transpose(1, 0, 2)
+        v = block[p.v0:p.v0 + p.rows * nh * self.dv].reshape(p.rows, nh, self.dv).transpose(1, 0, 2)
+        return k, v
+
+
 def ring_attention(qs: Array, ks: Array, vs: Array, geom: RingPattern, causal: bool, scale: float,
                    out: Array, lse: Array, comm: Any, transport: Any, tag: int,
                    attend_fn: AttendFn = attend, compute: bool = True, kernels: Any = None) -> RingStats:
@@ -144,25 +217,21 @@ def ring_attention(qs: Array, ks: Array, vs: Array, geom: RingPattern, causal: b
     """
     xp = array_module(ks)
     stats = RingStats()
-    rank = comm.Get_rank()
-    g = geom.group
-    pos = rank % g
-    base = rank - pos
-    nxt, prv = base + (pos + 1) % g, base + (pos - 1) % g
+    g, pos = geom.group, geom.pos
+    nxt, prv = geom.rank_of(pos + 1), geom.rank_of(pos - 1)
     size = max(geom.block_size(p) for p in range(g))
     bufs = [xp.empty(size, dtype=ks.dtype), xp.empty(size, dtype=ks.dtype)]
 
     t0 = time.perf_counter()
-    cur = geom.pack(ks, vs, pos, bufs[0])
-    queries = []
-    for o in geom.offsets if (compute and kernels is None) else ():
-        rows, hs = geom.rows(pos, o), geom.heads_of(o)
-        queries.append(xp.ascontiguousarray(qs[rows, hs].transpose(1, 0, 2)))
+    cur = geom.pack(ks, vs, bufs[0])
+    queries = {}          # (offset index, piece) -> queries heads first (nh, m, d)
+    for p in geom.layout(pos) if (compute and kernels is None) else ():
+        rows, hs = geom.rows(pos, p.piece, p.offset), geom.heads_of(p.offset)
+        queries[p.index, p.piece] = xp.ascontiguousarray(qs[rows, hs].transpose(1, 0, 2))
     _sync(xp)
     stats.pack_s += time.perf_counter() - t0
 
-    schedule = ring_schedule(pos, g, causal)
-    for t, (src, send, recv) in enumerate(schedule):
+    for t, (src, send, recv) in enumerate(geom.schedule(causal)):
         incoming_pos = (src - 1) % g
         nxt_buf = bufs[(t + 1) % 2][: geom.block_size(incoming_pos)] if recv else None
         t_start = time.perf_counter()
@@ -171,22 +240,21 @@ def ring_attention(qs: Array, ks: Array, vs: Array, geom: RingPattern, causal: b
             stats.bytes_sent += cur.size * cur.dtype.itemsize
             stats.messages += 1
         t1 = time.perf_counter()
-        if compute and kernels is not None:
-            kernels.ring_block(qs, cur, geom, pos, src, 0 if (causal and src == pos) else None, scale, out, lse)
-        elif compute:
-            shift = 0 if (causal and src == pos) else None
+        for pair in geom.pairs(pos, src, causal) if compute else ():
+            if kernels is not None:
+                kernels.ring_block(qs, cur, geom, pos, src, pair, scale, out, lse)
+                continue
             for i, o in enumerate(geom.offsets):
-                q = queries[i]
-                if q.shape[1] == 0:
+                q = queries[i, pair.query]
+                k, v = geom.unpack(cur, src, i, pair.key)
+                if q.shape[1] == 0 or k.shape[1] == 0:
                     continue
-                k, v = geom.unpack(cur, src, i)
-                if k.shape[1] == 0:
-                    continue
-                part_out, part_lse = attend_fn(q, xp.ascontiguousarray(k), xp.ascontiguousarray(v), scale, shift)
-                rows, hs = geom.rows(pos, o), geom.heads_of(o)
+                part_out, part_lse = attend_fn(q, xp.ascontiguousarray(k), xp.ascontiguousarray(v), scale,
+                                               pair.shift)
+                rows, hs = geom.rows(pos, pair.query, o), geom.heads_of(o)
                 merge_lse(out[rows, hs], lse[rows, hs], part_out.transpose(1, 0, 2), part_lse.transpose(1, 0))
         if compute:
-            _progress_until_done(xp, exchange)
+            progress_until_done(xp, [exchange])
         t2 = time.perf_counter()
         exchange.wait()
         t3 = time.perf_counter()
@@ -201,23 +269,26 @@ def ring_attention(qs: Array, ks: Array, vs: Array, geom: RingPattern, causal: b
 def ring_dilated_attention(qs: Array, ks: Array, vs: Array, *, patterns: Sequence[Pattern], comm: Any,
                            causal: bool = False, scale: float | None = None, transport: Any = None,
                            attend_fn: AttendFn = attend, stats: RingStats | None = None,
-                           sync_rings: bool = False, kernels: Any = None) -> Array:
+                           sync_rings: bool = False, kernels: Any = None, placement: str = "contiguous") -> Array:
     """The output shard (L, H, Dv) of :func:`ring_dilated_forward`, without its log-sum-exp."""
     return ring_dilated_forward(qs, ks, vs, patterns=patterns, comm=comm, causal=causal, scale=scale,
                                 transport=transport, attend_fn=attend_fn, stats=stats, sync_rings=sync_rings,
-                                kernels=kernels)[0]
+                                kernels=kernels, placement=placement)[0]
 
 
 def ring_dilated_forward(qs: Array, ks: Array, vs: Array, *, patterns: Sequence[Pattern], comm: Any,
                          causal: bool = False, scale: float | None = None, transport: Any = None,
                          attend_fn: AttendFn = attend, stats: RingStats | None = None,
-                         sync_rings: bool = False, kernels: Any = None) -> tuple[Array, Array]:
+                         sync_rings: bool = False, kernels: Any = None,
+                         placement: str = "contiguous") -> tuple[Array, Array]:
     """Dilated attention of this rank's serialized shard (L, H, D): its output shard (L, H, Dv) and merged
     log-sum-exp (L, H), the ``L`` that :func:`hilbert_hpc.distributed.ring_backward.ring_dilated_backward` needs.
 
-    Every rank of ``comm`` calls this with its shard (rank ``p`` owns serialized
-    positions ``[p*L, (p+1)*L)``). Patterns must satisfy
-    :func:`hilbert_hpc.distributed.sharding.check_distribution`. ``transport`` defaults to
+    Every rank of ``comm`` calls this with its shard: the serialized positions that
+    ``placement`` (:data:`hilbert_hpc.distributed.sharding.PLACEMENTS`) gives it, in the order of
+    :meth:`~hilbert_hpc.distributed.sharding.Shards.pieces` (contiguous: rank ``p`` owns
+    ``[p*L, (p+1)*L)``). Patterns must satisfy
+    :func:`hilbert_hpc.distributed.sharding.check_distribution` for that placement. ``transport`` defaults to
     plain MPI on the arrays as given (host arrays, or a CUDA-aware MPI).
     Counters are added to ``stats`` when given. ``sync_rings`` puts a barrier
     before each ring (timing studies: waits then measure communication, and the
@@ -235,11 +306,12 @@ def ring_dilated_forward(qs: Array, ks: Array, vs: Array, *, patterns: Sequence[
     scale = 1.0 / math.sqrt(dk) if scale is None else scale
     transport = transport or HostTransport(comm)
     stats = stats if stats is not None else RingStats()
+    shards = Shards(shard * comm.Get_size(), comm.Get_size(), placement)
     if kernels is not None:
         out, lse = kernels.accumulators(xp, shard, heads, dv, qs.dtype)   # the kernels' own output dtype
     else:
         out, lse = empty_accumulators(xp, shard, heads, dv, qs.dtype)
-    local = [p for p in patterns if p.segment <= shard]
+    local = [p for p in patterns if p.segment <= shards.chunk]
     t0 = time.perf_counter()
     if local and kernels is not None:
         kernels.local_patterns(qs, ks, vs, local, causal, scale, out, lse)
@@ -248,8 +320,8 @@ def ring_dilated_forward(qs: Array, ks: Array, vs: Array, *, patterns: Sequence[
     _sync(xp)
     stats.local_s += time.perf_counter() - t0
     for i, p in enumerate(patterns):
-        if p.segment > shard:
-            geom = RingPattern(p, shard, heads, dk, dv)
+        if p.segment > shards.chunk:
+            geom = RingPattern(p, shards, comm.Get_rank(), heads, dk, dv)
             if sync_rings:
                 t1 = time.perf_counter()
                 comm.Barrier()
@@ -260,17 +332,18 @@ def ring_dilated_forward(qs: Array, ks: Array, vs: Array, *, patterns: Sequence[
 
 
 def ring_transfer_only(ks: Array, vs: Array, *, patterns: Sequence[Pattern], comm: Any, causal: bool,
-                       transport: Any) -> RingStats:
+                       transport: Any, placement: str = "contiguous") -> RingStats:
     """Move the K/V blocks of every long pattern exactly as the ring does, without computing.
 
     ``wait_s`` of the result is then the time in the transfers themselves (packing excluded).
     """
     shard, heads, dk = ks.shape
+    shards = Shards(shard * comm.Get_size(), comm.Get_size(), placement)
     stats = RingStats()
     for i, p in enumerate(patterns):
-        if p.segment > shard:
+        if p.segment > shards.chunk:
             comm.Barrier()
-            geom = RingPattern(p, shard, heads, dk, vs.shape[-1])
+            geom = RingPattern(p, shards, comm.Get_rank(), heads, dk, vs.shape[-1])
             stats.add(ring_attention(ks, ks, vs, geom, causal, 1.0, None, None, comm, transport, tag=100 + i,
                                      compute=False))
     return stats

@@ -1,25 +1,31 @@
 """Exact backward of distributed dilated attention: dK/dV accumulators ride the K/V ring and come home.
 
 docs/semantics.md, section 10 (its ring paragraph). Local patterns are
-differentiated in place (:func:`hilbert_hpc.core.backward.local_dilated_backward`
-on the shard). For a pattern spanning a ring of ``g`` ranks the packed K/V
-blocks rotate exactly as in the forward (:func:`hilbert_hpc.distributed.ring.ring_schedule`,
-forward direction: position ``p`` sends to ``p + 1``). Next to each K/V block
-travels a float accumulator block of the same layout (``dK`` rows then ``dV``
-rows of every head offset, in the accumulator dtype) that starts as zeros at
-the block's owner; every rank the block visits adds the terms of its own
-selected queries (:func:`hilbert_hpc.core.backward.attend_backward` against the
-merged ``L`` and ``delta = rowsum(dO * O)``) and forwards it to ``p + 1``. The
-accumulators always make the full ``g`` hops, so after the last step each one
-arrives at its owner (one more send, to the same neighbour) and is added into
-the owner's dK/dV rows. In a causal ring the K/V blocks stop travelling as in
-the forward; the accumulators keep going to get home, and positions after the
-last one that needs a block only relay its accumulator. dQ never leaves the rank.
+differentiated in place on the shard. For a pattern spanning a ring the packed
+K/V blocks rotate exactly as in the forward (:meth:`hilbert_hpc.distributed.ring.RingPattern.schedule`:
+position ``p`` sends to ``p + 1``). Next to each K/V block travels an accumulator
+block of the same layout (``dK`` rows then ``dV`` rows of every head offset and
+piece, in the accumulator dtype): every rank the block visits adds the terms of
+its own selected queries (against the merged ``L`` and ``delta = rowsum(dO * O)``)
+and forwards it to ``p + 1``. The accumulators always make the full ring, so
+after the last step each one arrives at its owner (one more exchange with the
+same neighbours) and is added into the owner's dK/dV rows. In a contiguous
+causal ring the K/V blocks stop travelling as in the forward; the accumulators
+keep going to get home, and positions after the last one that needs a block only
+relay its accumulator. dQ never leaves the rank.
 
-One exchange is in flight at a time (the staged transport reuses its pinned
-buffers): each step's K/V exchange overlaps that step's compute, then the
-accumulator that was just completed moves on. The compute works on any
-NumPy-like array module; ``backward_fn`` is the replaceable block backward.
+The accumulator exchange overlaps the compute: at step ``t`` a rank adds its
+terms of the block in hand into a zeroed ``partial`` block while the
+accumulator of that block (completed by the previous rank at step ``t - 1``) is
+on its way in and the one this rank completed at step ``t - 1`` is on its way
+out, next to the K/V exchange of step ``t + 1``'s block; once both have arrived
+the partial terms are added to the incoming accumulator. The two exchanges use
+different tags (and, staged, different pinned buffers).
+
+The block terms come from a provider (``kernels``): :class:`HostBlockBackward`
+wraps a block backward function on NumPy-like arrays (the default,
+:func:`hilbert_hpc.core.backward.attend_backward`); a backend's GPU provider
+launches its kernels on the packed blocks in place.
 """
 
 from __future__ import annotations
@@ -31,7 +37,8 @@ from typing import Any, Callable, Sequence
 from hilbert_hpc.core.backward import Grads, attend_backward, local_dilated_backward, row_delta
 from hilbert_hpc.core.blockwise import accumulator_dtype, array_module
 from hilbert_hpc.core.patterns import Pattern
-from hilbert_hpc.distributed.ring import RingPattern, RingStats, ring_schedule
+from hilbert_hpc.distributed.ring import PiecePair, RingPattern, RingStats, progress_until_done
+from hilbert_hpc.distributed.sharding import Shards
 
 Array = Any
 
@@ -40,88 +47,128 @@ Array = Any
 BackwardFn = Callable[..., Grads]
 
 
-def _offset_rows(x: Array, geom: RingPattern, pos: int, o: int) -> Array:
-    """The selected rows of head offset ``o`` of a shard array, heads first: (nh, m, ...)."""
-    xp = array_module(x)
-    return xp.ascontiguousarray(xp.moveaxis(x[geom.rows(pos, o), geom.heads_of(o)], 0, 1))
+class HostBlockBackward:
+    """The ring backward's provider built on a block backward function (``BackwardFn``) of heads-first arrays:
+    gathers each block's rows, calls it, and adds its terms in place. Works on any NumPy-like module."""
+
+    def __init__(self, backward_fn: BackwardFn = attend_backward) -> None:
+        self.backward_fn = backward_fn
+
+    def accumulator_dtype(self, dtype: Any) -> Any:
+        """dtype of the gradients and of the accumulator blocks for inputs of ``dtype``."""
+        return accumulator_dtype(dtype)
+
+    def local_backward(self, qs: Array, ks: Array, vs: Array, out: Array, lse: Array, dout: Array, delta: Array,
+                       patterns: Sequence[Pattern], causal: bool, scale: float) -> Grads:
+        """Gradients (dQ, dK, dV) of the shard's local patterns, in the accumulator dtype (zeros without any)."""
+        return local_dilated_backward(qs, ks, vs, out, lse, dout, patterns, causal, scale, delta)
+
+    def ring_block(self, qs: Array, dout: Array, lse: Array, delta: Array, block: Array, partial: Array,
+                   geom: RingPattern, pos: int, src: int, pair: PiecePair, scale: float, dq: Array) -> None:
+        """Terms of this rank's queries of piece ``pair.query`` against piece ``pair.key`` of ``src``'s K/V
+        ``block``: dQ added into the shard's ``dq`` (L, H, D), dK/dV into the accumulator block ``partial``."""
+        xp = array_module(qs)
+        for i, o in enumerate(geom.offsets):
+            rows, hs = geom.rows(pos, pair.query, o), geom.heads_of(o)
+            k, v = geom.unpack(block, src, i, pair.key)
+            q = xp.moveaxis(qs[rows, hs], 0, 1)
+            if q.shape[1] == 0 or k.shape[1] == 0:
+                continue
+            gathered = [xp.ascontiguousarray(xp.moveaxis(x[rows, hs], 0, 1)) for x in (lse, delta, dout)]
+            dq_o, dk_o, dv_o = self.backward_fn(xp.ascontiguousarray(q), xp.ascontiguousarray(k),
+                                                xp.ascontiguousarray(v), *gathered, scale, pair.shift)
+            dq[rows, hs] += xp.moveaxis(dq_o, 0, 1)
+            dk_acc, dv_acc = geom.unpack(partial, src, i, pair.key)
+            dk_acc += dk_o
+            dv_acc += dv_o
+
+
+def _sync(xp: Any) -> None:
+    if xp.__name__ == "cupy":
+        xp.cuda.get_current_stream().synchronize()
 
 
 def ring_backward(qs: Array, ks: Array, vs: Array, lse: Array, delta: Array, dout: Array, geom: RingPattern,
                   causal: bool, scale: float, grads: Grads, comm: Any, transport: Any, tag: int,
-                  backward_fn: BackwardFn = attend_backward) -> RingStats:
+                  kernels: Any) -> RingStats:
     """One long pattern's gradient terms around its ring, added into ``grads`` (dQ, dK, dV of the shard).
 
-    ``lse`` and ``delta`` (L, H) are the merged log-sum-exp and ``rowsum(dO * O)`` of the shard.
-    Returns the counters (``compute_s`` the block backwards, ``wait_s`` the exchanges).
+    ``lse`` and ``delta`` (L, H) are the merged log-sum-exp and ``rowsum(dO * O)`` of the shard; ``kernels``
+    the block provider (:class:`HostBlockBackward`). Returns the counters (``compute_s`` the block backwards,
+    ``wait_s`` the exchanges not hidden behind them).
     """
     xp = array_module(ks)
-    acc = accumulator_dtype(ks.dtype)
+    acc = kernels.accumulator_dtype(ks.dtype)
     stats = RingStats()
-    rank, g = comm.Get_rank(), geom.group
-    pos = rank % g
-    base = rank - pos
-    nxt, prv = base + (pos + 1) % g, base + (pos - 1) % g
+    g, pos = geom.group, geom.pos
+    nxt, prv = geom.rank_of(pos + 1), geom.rank_of(pos - 1)
     size = max(geom.block_size(p) for p in range(g))
     blocks = [xp.empty(size, dtype=ks.dtype), xp.empty(size, dtype=ks.dtype)]
-    accs = [xp.empty(size, dtype=acc), xp.empty(size, dtype=acc)]
+    accs = [xp.empty(size, dtype=acc) for _ in range(3)]      # outgoing, incoming, this step's partial terms
 
     t0 = time.perf_counter()
-    cur = geom.pack(ks, vs, pos, blocks[0])
-    cur_acc = accs[0][: geom.block_size(pos)]
-    cur_acc[...] = 0
-    inputs = [tuple(_offset_rows(x, geom, pos, o) for x in (qs, lse, delta, dout)) for o in geom.offsets]
-    dqs = [xp.zeros(q.shape, dtype=acc) for q, *_ in inputs]
+    cur = geom.pack(ks, vs, blocks[0])
+    _sync(xp)
     stats.pack_s += time.perf_counter() - t0
 
-    schedule = ring_schedule(pos, g, causal)
+    schedule = geom.schedule(causal)
+    dq = grads[0]
+    done, terms_at = None, 0          # buffer of the accumulator completed last step; of this step's terms
     for t in range(g):
         src = (pos - t) % g
-        incoming = (src - 1) % g
+        size_src = geom.block_size(src)
         t_start = time.perf_counter()
-        if t < len(schedule):
-            _, send, recv = schedule[t]
-            nxt_block = blocks[(t + 1) % 2][: geom.block_size(incoming)] if recv else None
-            exchange = transport.start(cur if send else None, nxt, nxt_block, prv, tag)
-            if send:
-                stats.bytes_sent += cur.size * cur.dtype.itemsize
-                stats.messages += 1
-            t1 = time.perf_counter()
-            shift = 0 if (causal and src == pos) else None
-            for i in range(len(geom.offsets)):
-                q, lse_o, delta_o, dout_o = inputs[i]
-                k, v = geom.unpack(cur, src, i)
-                if q.shape[1] == 0 or k.shape[1] == 0:
-                    continue
-                dk_acc, dv_acc = geom.unpack(cur_acc, src, i)
-                dq, dk, dv = backward_fn(q, xp.ascontiguousarray(k), xp.ascontiguousarray(v), lse_o, delta_o,
-                                         dout_o, scale, shift)
-                dqs[i] += dq
-                dk_acc += dk
-                dv_acc += dv
-            if xp.__name__ == "cupy":
-                xp.cuda.get_current_stream().synchronize()
-            t2 = time.perf_counter()
+        _, send, recv = schedule[t] if t < len(schedule) else (src, False, False)
+        nxt_block = blocks[(t + 1) % 2][: geom.block_size(src - 1)] if recv else None
+        exchanges = [transport.start(cur if send else None, nxt, nxt_block, prv, tag)]
+        if send:
+            stats.bytes_sent += cur.size * cur.dtype.itemsize
+            stats.messages += 1
+        arriving = None
+        if done is not None:              # block src's accumulator comes in while ours of src + 1 goes on
+            arriving = ({0, 1, 2} - {done, terms_at}).pop()
+            outgoing = accs[done][: geom.block_size(src + 1)]
+            exchanges.append(transport.start(outgoing, nxt, accs[arriving][:size_src], prv, tag + 1))
+            stats.bytes_sent += outgoing.size * outgoing.dtype.itemsize
+            stats.messages += 1
+        t1 = time.perf_counter()
+        pairs = geom.pairs(pos, src, causal) if t < len(schedule) else []
+        terms = accs[terms_at][:size_src]
+        if pairs or arriving is None:
+            terms[...] = 0
+        for pair in pairs:
+            kernels.ring_block(qs, dout, lse, delta, cur, terms, geom, pos, src, pair, scale, dq)
+        progress_until_done(xp, exchanges)
+        _sync(xp)
+        t2 = time.perf_counter()
+        for exchange in exchanges:
             exchange.wait()
-            stats.compute_s += t2 - t1
-            stats.wait_s += time.perf_counter() - t2 + (t1 - t_start)
-            if recv:
-                cur = nxt_block
-            stats.ring_steps += 1
-        # the accumulator moves on (after the last step: to its owner) and the next one (or this rank's own,
-        # home) arrives
         t3 = time.perf_counter()
-        nxt_acc = accs[(t + 1) % 2][: geom.block_size(incoming)]
-        transport.start(cur_acc, nxt, nxt_acc, prv, tag + 1).wait()
-        stats.wait_s += time.perf_counter() - t3
-        stats.bytes_sent += cur_acc.size * cur_acc.dtype.itemsize
-        stats.messages += 1
-        cur_acc = nxt_acc
+        if arriving is None:              # our own block: its accumulator starts from these terms
+            done, terms_at = terms_at, (terms_at + 1) % 3
+        else:
+            if pairs:
+                accs[arriving][:size_src] += terms
+            done = arriving
+        stats.compute_s += t2 - t1
+        stats.wait_s += (t1 - t_start) + (t3 - t2)
+        if t < len(schedule):
+            stats.ring_steps += 1
+        if recv:
+            cur = nxt_block
 
-    dq_all, dk_all, dv_all = grads
-    for i, o in enumerate(geom.offsets):
-        rows, hs = geom.rows(pos, o), geom.heads_of(o)
-        dq_all[rows, hs] += xp.moveaxis(dqs[i], 0, 1)
-        dk_home, dv_home = geom.unpack(cur_acc, pos, i)
+    # the last accumulator goes on to its owner, and ours comes home
+    t4 = time.perf_counter()
+    outgoing = accs[done][: geom.block_size(pos + 1)]
+    home = accs[(done + 1) % 3][: geom.block_size(pos)]
+    transport.start(outgoing, nxt, home, prv, tag + 1).wait()
+    stats.wait_s += time.perf_counter() - t4
+    stats.bytes_sent += outgoing.size * outgoing.dtype.itemsize
+    stats.messages += 1
+    _, dk_all, dv_all = grads
+    for p in geom.layout(pos):
+        rows, hs = geom.rows(pos, p.piece, p.offset), geom.heads_of(p.offset)
+        dk_home, dv_home = geom.unpack(home, pos, p.index, p.piece)
         dk_all[rows, hs] += xp.moveaxis(dk_home, 0, 1)
         dv_all[rows, hs] += xp.moveaxis(dv_home, 0, 1)
     return stats
@@ -130,17 +177,18 @@ def ring_backward(qs: Array, ks: Array, vs: Array, lse: Array, delta: Array, dou
 def ring_dilated_backward(qs: Array, ks: Array, vs: Array, out: Array, lse: Array, dout: Array, *,
                           patterns: Sequence[Pattern], comm: Any, causal: bool = False,
                           scale: float | None = None, transport: Any = None,
-                          backward_fn: BackwardFn = attend_backward, stats: RingStats | None = None,
-                          sync_rings: bool = False) -> Grads:
+                          backward_fn: BackwardFn = attend_backward, kernels: Any = None,
+                          stats: RingStats | None = None, sync_rings: bool = False,
+                          placement: str = "contiguous") -> Grads:
     """Gradients (dQ, dK, dV) of this rank's serialized shard of distributed dilated attention.
 
-    Every rank of ``comm`` calls this with its shards of the inputs, of the output
-    ``out`` and log-sum-exp ``lse`` of :func:`hilbert_hpc.distributed.ring.ring_dilated_forward`
-    (the merged ones), and of the output gradient ``dout`` (L, H, Dv). The results,
-    in the accumulator dtype, equal the shard's rows of the single-rank
-    :func:`hilbert_hpc.core.backward.local_dilated_backward` of the whole sequence.
-    ``transport``, ``stats`` and ``sync_rings`` as in the forward; ``backward_fn``
-    computes one block's terms.
+    Every rank of ``comm`` calls this with its shards (placed by ``placement``, as in the forward) of the
+    inputs, of the output ``out`` and log-sum-exp ``lse`` of
+    :func:`hilbert_hpc.distributed.ring.ring_dilated_forward` (the merged ones), and of the output gradient
+    ``dout`` (L, H, Dv). The results, in the provider's accumulator dtype, equal the shard's rows of the
+    single-rank :func:`hilbert_hpc.core.backward.local_dilated_backward` of the whole sequence.
+    ``transport``, ``stats`` and ``sync_rings`` as in the forward; ``kernels`` is the block provider (a
+    backend's ``ring_backward_kernels``), by default :class:`HostBlockBackward` of ``backward_fn``.
     """
     from hilbert_hpc.distributed.transports import HostTransport
 
@@ -150,21 +198,21 @@ def ring_dilated_backward(qs: Array, ks: Array, vs: Array, out: Array, lse: Arra
     scale = 1.0 / math.sqrt(dk) if scale is None else scale
     transport = transport or HostTransport(comm)
     stats = stats if stats is not None else RingStats()
-    acc = accumulator_dtype(qs.dtype)
+    kernels = kernels if kernels is not None else HostBlockBackward(backward_fn)
+    shards = Shards(shard * comm.Get_size(), comm.Get_size(), placement)
     t0 = time.perf_counter()
-    delta = row_delta(dout, out, acc)
-    grads = local_dilated_backward(qs, ks, vs, out, lse, dout, [p for p in patterns if p.segment <= shard], causal,
-                                   scale, delta)
-    if xp.__name__ == "cupy":
-        xp.cuda.get_current_stream().synchronize()
+    delta = row_delta(dout, out, kernels.accumulator_dtype(qs.dtype))
+    grads = kernels.local_backward(qs, ks, vs, out, lse, dout, delta,
+                                   [p for p in patterns if p.segment <= shards.chunk], causal, scale)
+    _sync(xp)
     stats.local_s += time.perf_counter() - t0
     for i, p in enumerate(patterns):
-        if p.segment > shard:
+        if p.segment > shards.chunk:
             if sync_rings:
                 t1 = time.perf_counter()
                 comm.Barrier()
                 stats.imbalance_s += time.perf_counter() - t1
-            geom = RingPattern(p, shard, heads, dk, dv)
+            geom = RingPattern(p, shards, comm.Get_rank(), heads, dk, dv)
             stats.add(ring_backward(qs, ks, vs, lse, delta, dout, geom, causal, scale, grads, comm, transport,
-                                    tag=300 + 2 * i, backward_fn=backward_fn))
+                                    tag=300 + 2 * i, kernels=kernels))
     return grads

@@ -91,7 +91,8 @@ class StagedTransport:
     ``Isend`` is posted as soon as its copy has landed and each received chunk is
     copied up as soon as it has arrived, whenever the exchange is driven
     (``test`` during compute, then ``wait``). The pinned buffers are allocated
-    once per role and reused (grown only for a larger block).
+    once per role, dtype and tag and reused (grown only for a larger block): exchanges of different tags may
+    be in flight at the same time, one exchange per tag.
     """
 
     name = "staged"
@@ -105,9 +106,10 @@ class StagedTransport:
         self.copy_stream = cupy.cuda.Stream(non_blocking=True)
         self._pinned: dict[tuple[str, str], np.ndarray] = {}
 
-    def _host(self, role: str, like: Any) -> np.ndarray:
-        """Pinned host buffer (reused, grown on demand) with the dtype and size of ``like``."""
-        key = (role, like.dtype.str)
+    def _host(self, role: str, like: Any, tag: int) -> np.ndarray:
+        """Pinned host buffer (reused, grown on demand) with the dtype and size of ``like``; one per role and
+        tag, so exchanges of different tags may be in flight together."""
+        key = (role, like.dtype.str, tag)
         buf = self._pinned.get(key)
         if buf is None or buf.size < like.size:
             mem = self.cupy.cuda.alloc_pinned_memory(like.size * like.dtype.itemsize)
@@ -124,13 +126,13 @@ class StagedTransport:
         cp = self.cupy
         exchange = StagedExchange(self)
         if recv is not None and recv.size:
-            host_in = self._host("recv", recv)
+            host_in = self._host("recv", recv, tag)
             flat_in = recv.reshape(-1)
             for sl in self._chunks(recv.size, recv.dtype.itemsize):
                 exchange.incoming.append((self.comm.Irecv(host_in[sl], source=source, tag=tag), flat_in[sl],
                                           host_in[sl]))
         if send is not None and send.size:
-            host_out = self._host("send", send)
+            host_out = self._host("send", send, tag)
             flat = send.reshape(-1)
             self.copy_stream.wait_event(cp.cuda.get_current_stream().record())   # the block is written
             for sl in self._chunks(send.size, send.dtype.itemsize):

@@ -98,17 +98,21 @@ class FusedKernels:
         for geometry in local_launches(patterns, causal, scale, n, heads, d):
             self.launch(qs, ks, vs, out, lse, **geometry)
 
-    def ring_block(self, qs: Array, block: Array, geom: Any, pos: int, src: int, shift: int | None, scale: float,
+    def ring_block(self, qs: Array, block: Array, geom: Any, pos: int, src: int, pair: Any, scale: float,
                    out: Array, lse: Array) -> None:
-        """Attend this rank's selected queries to a packed ring block from ring position ``src``; merge in place."""
+        """Attend this rank's selected queries of piece ``pair.query`` to piece ``pair.key`` of a packed ring block
+        from ring position ``src`` (``distributed.ring.RingPattern``, ``PiecePair``); merge in place."""
         n, heads, d = qs.shape
         row, hrow = heads * d, heads
-        for (o, mk, k0, v0) in geom.layout(src):
-            rows = geom.rows(pos, o)
+        r = geom.pattern.dilation
+        for i, o in enumerate(geom.offsets):
+            part = geom.part(src, i, pair.key)
+            rows = geom.rows(pos, pair.query, o)
             mq = len(range(rows.start, rows.stop, rows.step))
+            if mq == 0 or part.rows == 0:
+                continue
             nh = geom.nheads(o)
-            r = geom.pattern.dilation
             qg = (rows.start * row + o * d, 0, r * d, r * row)
-            self.launch(qs, block, block, out, lse, qg=qg, kg=(k0, 0, d, nh * d), vg=(v0, 0, d, nh * d),
-                        lg=(rows.start * hrow + o, 0, r, r * hrow), segments=1, heads=nh, mq=mq, mk=mk,
-                        shift=shift, scale=scale, head_dim=d)
+            self.launch(qs, block, block, out, lse, qg=qg, kg=(part.k0, 0, d, nh * d), vg=(part.v0, 0, d, nh * d),
+                        lg=(rows.start * hrow + o, 0, r, r * hrow), segments=1, heads=nh, mq=mq, mk=part.rows,
+                        shift=pair.shift, scale=scale, head_dim=d)

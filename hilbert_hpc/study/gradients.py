@@ -70,13 +70,16 @@ def gradient_accuracy(setup: CaseSetup, seed: int, rows: int, inputs: list[Any],
         got = [np.asarray(be.to_numpy(g)[serial], dtype=np.float64) for g in grads]
         whole = [np.asarray(be.to_numpy(x), dtype=np.float64) for x in (*inputs, dout)]
     else:
-        rank, shard = comm.Get_rank(), setup.layout.shard
-        mine = serial[setup.layout.owner(serial) == rank] - rank * shard
+        rank, layout = comm.Get_rank(), setup.layout
+        owner = layout.owner(serial)
+        mine = layout.local_rows(serial[owner == rank])
         parts = comm.gather([np.asarray(be.to_numpy(g)[mine], dtype=np.float64) for g in grads], root=0)
-        whole = [_gather_rows(comm, np.asarray(be.to_numpy(x), dtype=np.float64)) for x in (*inputs, dout)]
+        whole = [_gather_serialized(comm, layout, np.asarray(be.to_numpy(x), dtype=np.float64))
+                 for x in (*inputs, dout)]
         if rank != 0:
             return None
-        got = [np.concatenate([p[i] for p in parts]) for i in range(len(GRADIENTS))]   # serial is sorted
+        got = [np.concatenate([p[i] for p in parts]) for i in range(len(GRADIENTS))]
+        serial = np.concatenate([serial[owner == r] for r in range(comm.Get_size())])   # the rows of ``got``
     xp = _reference_module(be.on_gpu)
     q, k, v, do = (xp.asarray(x) for x in whole)
     del whole
@@ -86,13 +89,15 @@ def gradient_accuracy(setup: CaseSetup, seed: int, rows: int, inputs: list[Any],
     return {name: _error_sums(g, _host(r[serial])) for name, g, r in zip(GRADIENTS, got, ref)}
 
 
-def _gather_rows(comm: Any, shard: np.ndarray) -> np.ndarray | None:
-    """Every rank's equal-sized ``shard`` stacked in rank order (the serialized sequence) on rank 0; None
-    elsewhere."""
+def _gather_serialized(comm: Any, layout: Any, shard: np.ndarray) -> np.ndarray | None:
+    """The whole serialized sequence on rank 0 from every rank's ``shard`` (its local rows of ``layout``);
+    None elsewhere."""
     shard = np.ascontiguousarray(shard)
     whole = np.empty((comm.Get_size() * shard.shape[0], *shard.shape[1:]), dtype=shard.dtype) \
         if comm.Get_rank() == 0 else None
     comm.Gather(shard, whole, root=0)
+    if whole is not None and layout.placement != "contiguous":
+        whole = whole[layout.shards.storage(np.arange(whole.shape[0]))]
     return whole
 
 

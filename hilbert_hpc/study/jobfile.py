@@ -42,6 +42,7 @@ else:  # pragma: no cover
 
 from hilbert_hpc.errors import ConfigError, JobFileError
 from hilbert_hpc.core.ordering import ORDERINGS
+from hilbert_hpc.distributed.sharding import PLACEMENTS
 from hilbert_hpc.distributed.transports import TRANSPORTS
 from hilbert_hpc.core.patterns import Pattern, check_problem, check_serializable, parse_grid, parse_patterns
 from hilbert_hpc.backends import PASSES, check_backend, check_pass
@@ -209,6 +210,9 @@ JOB_KEYS: dict[str, tuple[Callable[[Any, str], Any], Any]] = {
     "optional_backends": (_backends, ()),
 }
 
+#: the job key ``placement``: "auto" decides per case and rank count (``setup.case_placement``)
+PLACEMENT_CHOICES = ("auto", *PLACEMENTS)
+
 #: Case parameters: key -> validator; ``grid`` or ``tokens`` is required. A key a case leaves out takes the
 #: default of the :class:`Case` field of its name (``CASE_FIELDS``; ``ranks``: "all", every rank of the run).
 CASE_KEYS: dict[str, Callable[[Any, str], Any]] = {
@@ -229,6 +233,7 @@ CASE_KEYS: dict[str, Callable[[Any, str], Any]] = {
     "ranks": _ranks,
     "scaling": _choice(SCALINGS),
     "pass": _choice(PASSES),
+    "placement": _choice(PLACEMENT_CHOICES),
 }
 #: the Case field of a key whose name is a Python keyword
 CASE_FIELDS = {"pass": "pass_"}
@@ -257,6 +262,8 @@ class Case:
     scaling: str = "strong"
     #: the job key ``pass``: "forward", or "forward+backward" (the backward timed after the forward)
     pass_: str = "forward"
+    #: which serialized positions each rank holds: "auto", "contiguous" or "zigzag" (``setup.case_placement``)
+    placement: str = "auto"
 
     @property
     def tokens(self) -> int:

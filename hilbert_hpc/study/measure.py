@@ -114,7 +114,7 @@ def local_accuracy(case: Case, seed: int, rows: int, output: Any, layout: Layout
     ref = reference_rows(picked, source=source, perm=IndexView(layout.natural_of),
                          inverse=IndexView(layout.serialized_of), heads=case.heads, patterns=case.patterns,
                          causal=case.causal, scale=case.softmax_scale)
-    got = np.asarray(output[serial - rank * layout.shard], dtype=np.float64)
+    got = np.asarray(output[layout.local_rows(serial)], dtype=np.float64)
     diff = got - ref
     result.update(max_abs=float(np.abs(diff).max()), max_ref=float(np.abs(ref).max()),
                   sq_err=float((diff ** 2).sum()), sq_ref=float((ref ** 2).sum()))
@@ -191,7 +191,7 @@ class CaseRun:
         out, lse = ring_dilated_forward(qs, ks, vs, patterns=c.patterns, comm=self.comm, causal=c.causal,
                                         scale=c.softmax_scale, transport=self.transport,
                                         attend_fn=self.be.attend_fn, stats=stats, sync_rings=True,
-                                        kernels=self.ring_kernels)
+                                        kernels=self.ring_kernels, placement=self.layout.placement)
         out = self.be.ring_output(out, c.dtype)
         return (out, lse) if backward_pass(c) else out
 
@@ -204,7 +204,8 @@ class CaseRun:
                                                self.setup.backward_kernel)
         return ring_dilated_backward(qs, ks, vs, out, lse, dout, patterns=c.patterns, comm=self.comm,
                                      causal=c.causal, scale=c.softmax_scale, transport=self.transport,
-                                     backward_fn=self.be.ring_backward_fn, sync_rings=True)
+                                     backward_fn=self.be.ring_backward_fn, sync_rings=True,
+                                     placement=self.layout.placement)
 
     def run(self) -> tuple[dict, dict[str, list[np.ndarray]], dict]:
         """Warm-up and timed repeats; returns (per-repeat timings, host outputs, accuracy sums).
@@ -243,7 +244,7 @@ class CaseRun:
         device_memory.reset_peak()
         self.timings: dict[str, list[float]] = {name: [] for name in names(Timings)}
         self.useful_flops = float(rank_useful_flops(c.tokens, self.ranks, c.heads, c.head_dim, c.patterns, c.causal,
-                                                    c.batch)[self.rank])
+                                                    c.batch, self.layout.placement)[self.rank])
         self.outputs: dict[str, list[np.ndarray]] = {}
         self.accuracy: dict = {}
         self.rep = 0
@@ -301,7 +302,8 @@ class CaseRun:
             if self.ranks > 1:
                 self.comm.Barrier()
                 transfer_only += ring_transfer_only(ks, vs, patterns=c.patterns, comm=self.comm,
-                                                    causal=c.causal, transport=self.transport).wait_s
+                                                    causal=c.causal, transport=self.transport,
+                                                    placement=self.layout.placement).wait_s
         if rep == 0:
             self.accuracy["nonfinite"] = nonfinite
         if rep >= job.warmup:

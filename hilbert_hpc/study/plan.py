@@ -23,7 +23,8 @@ from hilbert_hpc.errors import ConfigError
 from hilbert_hpc.study.gradients import backward_pass
 from hilbert_hpc.study.jobfile import Case, Job
 from hilbert_hpc.core.patterns import useful_flops
-from hilbert_hpc.distributed.ring import RingPattern, ring_schedule
+from hilbert_hpc.distributed.ring import RingPattern
+from hilbert_hpc.distributed.sharding import Shards
 from hilbert_hpc.study.setup import CaseSetup, plan_setup
 from hilbert_hpc.backends import Backend
 
@@ -49,50 +50,52 @@ class Estimate:
         return self.flops / self.ranks
 
 
-def ring_bytes(case: Case, shard: int, itemsize: int) -> tuple[int, int]:
-    """(largest packed K/V block in bytes, bytes the busiest rank sends per call) over the case's rings."""
-    largest = sent = 0
+def _rank_ring_sends(case: Case, shards: Shards, itemsize: int, backward: bool) -> tuple[int, list[int]]:
+    """(largest packed K/V block in bytes, bytes each rank sends in one forward ring, or with ``backward`` one
+    ring backward) over the case's long patterns, per batch element."""
+    acc = max(itemsize, 4)
+    largest, sent = 0, [0] * shards.ranks
     for p in case.patterns:
-        if p.segment <= shard:
+        if p.segment <= shards.chunk:
             continue
-        geom = RingPattern(p, shard, case.heads, case.head_dim, case.head_dim)
-        block = max(geom.block_size(pos) for pos in range(geom.group)) * itemsize
-        sends = max(sum(1 for _, send, _ in ring_schedule(pos, geom.group, case.causal) if send)
-                    for pos in range(geom.group))
-        largest = max(largest, block)
-        sent += sends * block
-    return largest, sent * case.batch
+        for rank in range(shards.ranks):
+            geom = RingPattern(p, shards, rank, case.heads, case.head_dim, case.head_dim)
+            block = geom.block_size(geom.pos) * itemsize
+            largest = max(largest, block)
+            sent[rank] += sum(1 for _, send, _ in geom.schedule(case.causal) if send) * block
+            if backward:      # the accumulators make the full ring, the last hop home
+                sent[rank] += geom.group * geom.block_size(geom.pos) * acc
+    return largest, sent
 
 
-def ring_backward_bytes(case: Case, shard: int, itemsize: int) -> int:
+def ring_bytes(case: Case, shards: Shards, itemsize: int) -> tuple[int, int]:
+    """(largest packed K/V block in bytes, bytes the busiest rank sends per call) over the case's rings."""
+    largest, sent = _rank_ring_sends(case, shards, itemsize, False)
+    return largest, max(sent) * case.batch
+
+
+def ring_backward_bytes(case: Case, shards: Shards, itemsize: int) -> int:
     """Bytes the busiest rank sends in one ring backward (``distributed.ring_backward``): its K/V blocks again,
     as the forward (:func:`ring_bytes`), and next to them the dK/dV accumulator blocks of the same layout in the
-    accumulator dtype, which make the full ``g`` hops of their ring (the last one home)."""
-    acc = max(itemsize, 4)
-    hops = 0
-    for p in case.patterns:
-        if p.segment <= shard:
-            continue
-        geom = RingPattern(p, shard, case.heads, case.head_dim, case.head_dim)
-        hops += geom.group * max(geom.block_size(pos) for pos in range(geom.group))
-    return ring_bytes(case, shard, itemsize)[1] + hops * acc * case.batch
+    accumulator dtype, which make the full ring (the last hop home)."""
+    return max(_rank_ring_sends(case, shards, itemsize, True)[1]) * case.batch
 
 
-def backward_bytes(case: Case, shard: int, itemsize: int, gradient_check: bool = True,
+def backward_bytes(case: Case, shards: Shards, itemsize: int, gradient_check: bool = True,
                    be: Backend | None = None) -> int:
     """What a forward+backward case holds beyond the forward's Q, K, V, O and L (0 for pass = forward): dO of
-    every batch element, dQ, dK, dV and rowsum(dO * O) of one, the ring backward's two accumulator blocks (the
-    size of the largest packed K/V block, in the accumulator dtype), and the first call's float64 gradient
+    every batch element, dQ, dK, dV and rowsum(dO * O) of one, the ring backward's three accumulator blocks
+    (outgoing, incoming and this step's terms: the size of the largest packed K/V block, in the accumulator dtype), and the first call's float64 gradient
     check of the whole sequence (copies of Q, K, V, dO; its O, L, dQ, dK, dV and rowsum), which on several
     ranks the case's first rank holds (``gradient_check`` False: a training step, without the study's check)."""
     if not backward_pass(case):
         return 0
     acc = max(itemsize, 4)
-    row, heads = case.heads * case.head_dim, case.heads
+    row, heads, shard = case.heads * case.head_dim, case.heads, shards.shard
     grads = case.batch * shard * row * itemsize + shard * (3 * row + heads) * acc
-    largest = ring_bytes(case, shard, itemsize)[0] if case.ranks > 1 else 0
+    largest = ring_bytes(case, shards, itemsize)[0] if case.ranks > 1 else 0
     check = case.tokens * (8 * row + 2 * heads) * 8 if gradient_check else 0
-    return grads + 2 * largest // itemsize * acc + check
+    return grads + 3 * largest // itemsize * acc + check
 
 
 def estimate(case: Case, torch_on_gpu: bool | None = None, setup: CaseSetup | None = None,
@@ -113,8 +116,8 @@ def estimate(case: Case, torch_on_gpu: bool | None = None, setup: CaseSetup | No
     floor = case.batch * shard * row * (3 * itemsize + be.output_itemsize(itemsize))
     memory = floor + shard * case.heads * acc
     memory += be.workspace_bytes(shard, case.heads, case.head_dim, itemsize, floor, setup.kernel)
-    memory += backward_bytes(case, shard, itemsize, gradient_check, be)
-    largest, sent = ring_bytes(case, shard, itemsize) if ranks > 1 else (0, 0)
+    memory += backward_bytes(case, setup.layout.shards, itemsize, gradient_check, be)
+    largest, sent = ring_bytes(case, setup.layout.shards, itemsize) if ranks > 1 else (0, 0)
     memory += 2 * largest
     on_gpu = be.plan_on_gpu(torch_on_gpu)
     flops = useful_flops(case.tokens, case.heads, case.head_dim, case.patterns, case.causal, case.batch)

@@ -3,8 +3,8 @@
 For each case and GPU count P (the case's tokens split over P ranks) it reports
 the memory per rank of a training step (``plan.estimate`` without the study's
 float64 gradient check), whether it fits the GPU, the useful FLOPs of the
-slowest rank (``core.work.rank_useful_flops``: the causal imbalance of
-contiguous shards included; the backward's are ``BACKWARD_FLOPS`` times the
+slowest rank (``core.work.rank_useful_flops`` of the case's placement: the
+causal imbalance of contiguous shards included, zigzag's balance; the backward's are ``BACKWARD_FLOPS`` times the
 forward's), the bytes the busiest rank sends around its rings (the forward's
 K/V blocks, and for forward+backward the ring backward's, ``plan.ring_backward_bytes``)
 and a projected step time:
@@ -198,17 +198,18 @@ def project(case: Case, ranks: int, rate: Rate, bandwidth: Bandwidth, device_mem
     setup = plan_setup(case, cc)
     est = estimate(case, True, setup, gradient_check=False)
     shard = est.tokens_per_rank
+    shards = setup.layout.shards
     per_rank = rank_useful_flops(case.tokens, ranks, case.heads, case.head_dim, case.patterns, case.causal,
-                                 case.batch)
+                                 case.batch, shards.placement)
     forward = max(per_rank)
     compute = forward / (rate.forward_tflops * 1e12)
     itemsize = setup.precision.itemsize
     if ranks == 1:
         sent = 0
     elif backward_pass(case):
-        sent = ring_bytes(case, shard, itemsize)[1] + ring_backward_bytes(case, shard, itemsize)
+        sent = ring_bytes(case, shards, itemsize)[1] + ring_backward_bytes(case, shards, itemsize)
     else:
-        sent = ring_bytes(case, shard, itemsize)[1]
+        sent = ring_bytes(case, shards, itemsize)[1]
     flops = float(forward)
     if backward_pass(case):
         compute += BACKWARD_FLOPS * forward / (rate.backward_tflops * 1e12)

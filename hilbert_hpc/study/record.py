@@ -62,6 +62,7 @@ class Parameters:
     ranks: int = entry("1", "ranks the case runs on")
     scaling: str = entry("-", "scaling series the case belongs to (strong or weak)")
     pass_: str = entry("-", "forward, or forward+backward (files without it: forward)", key="pass")
+    placement: str = entry("-", "placement requested: auto, contiguous or zigzag (files without it: auto)")
 
     @classmethod
     def of(cls, case: Any) -> "Parameters":
@@ -70,7 +71,8 @@ class Parameters:
                    patterns=[[p.segment, p.dilation] for p in case.patterns], batch=case.batch, heads=case.heads,
                    head_dim=case.head_dim, causal=case.causal, ordering=case.ordering, segment=case.segment or 0,
                    dtype=case.dtype, backend=case.backend, scale=case.softmax_scale, transport=case.transport,
-                   input=case.input or "", ranks=case.ranks, scaling=case.scaling, pass_=case.pass_)
+                   input=case.input or "", ranks=case.ranks, scaling=case.scaling, pass_=case.pass_,
+                   placement=case.placement)
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,8 @@ class Setup:
     backward_kernel: str = entry("-", "GPU backward kernel of a forward+backward case (cuda-fp32 and cuda: fma_bwd; "
                                       "cuda 16-bit: mma16_bwd or fma_bwd; else none)")
     transport_reason: str = entry("-", "why that transport was used")
+    placement: str = entry("-", "serialized positions per rank: contiguous, or zigzag (chunks p and 2P-1-p of 2P; "
+                                "files without it: contiguous)")
     wall_s: float = entry("s", "wall time of the case's own work on rank 0 (inputs, calls, writing its output)")
 
 

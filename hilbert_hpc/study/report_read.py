@@ -150,7 +150,7 @@ def _case_params(group: h5py.Group, where: str) -> dict[str, Any]:
     params["ranks"] = int(params["ranks"])
     params["tokens"] = int(params["tokens"])
     for key, default in (("name", ""), ("backend", ""), ("ordering", "natural"), ("transport", ""), ("batch", 1),
-                         ("segment", 0), ("pass", "forward")):
+                         ("segment", 0), ("pass", "forward"), ("placement", "auto")):
         params.setdefault(key, default)
     return params
 

@@ -125,6 +125,7 @@ def plan_resume(src: h5py.File, path: Path, job: Job, inputs: dict[str, str]) ->
                               f"file with -o", "output")
         theirs = json.loads(params) if isinstance(params, str) else {}
         theirs.setdefault("pass", "forward")         # files from before the backward were forward-only
+        theirs.setdefault("placement", "auto")       # files from before placements: the job asked for nothing
         ours = case.params()
         differ = [k for k in sorted(set(theirs) | set(ours)) if theirs.get(k) != ours.get(k)]
         if differ:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from hilbert_hpc.backends import Backend, find_backend, require_usable
 from hilbert_hpc.core.ordering import resolve_ordering
 from hilbert_hpc.core.precision import Precision, precision
-from hilbert_hpc.distributed.sharding import Layout, check_distribution
+from hilbert_hpc.distributed.sharding import Layout, check_distribution, zigzag_possible
 from hilbert_hpc.distributed.transports import TransportChoice, choose_transport
 from hilbert_hpc.errors import ConfigError
 from hilbert_hpc.kernels.selection import KernelChoice
@@ -27,11 +27,23 @@ from hilbert_hpc.study.jobfile import Case, Job
 SINGLE_RANK = TransportChoice("none", "single rank: no communication")
 
 
+def case_placement(case: Case, ranks: int) -> str:
+    """The placement of ``case`` on ``ranks`` ranks (``distributed.sharding.PLACEMENTS``): as requested, or for
+    ``auto`` zigzag where it balances work (a causal case on several ranks whose patterns allow it), else
+    contiguous. One rank holds the whole sequence: contiguous."""
+    if ranks == 1:
+        return "contiguous"
+    if case.placement != "auto":
+        return case.placement
+    return "zigzag" if case.causal and zigzag_possible(case.tokens, ranks, case.patterns) else "contiguous"
+
+
 def case_layout(case: Case, ranks: int) -> Layout:
     """The serialization of ``case`` split over ``ranks`` shards (validates the distribution)."""
-    check_distribution(case.tokens, ranks, case.patterns)
+    placement = case_placement(case, ranks)
+    check_distribution(case.tokens, ranks, case.patterns, placement=placement)
     ordering, segment = resolve_ordering(case.ordering, case.patterns, case.segment)
-    return Layout(case.grid, ordering, ranks, segment)
+    return Layout(case.grid, ordering, ranks, segment, placement)
 
 
 @dataclass(frozen=True)
