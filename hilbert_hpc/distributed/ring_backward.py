@@ -25,7 +25,9 @@ different tags (and, staged, different pinned buffers).
 The block terms come from a provider (``kernels``): :class:`HostBlockBackward`
 wraps a block backward function on NumPy-like arrays (the default,
 :func:`hilbert_hpc.core.backward.attend_backward`); a backend's GPU provider
-launches its kernels on the packed blocks in place.
+launches its kernels on the packed blocks in place. A provider has
+``accumulator_dtype``, ``row_delta``, ``local_backward`` and ``ring_block``
+(those of :class:`HostBlockBackward`).
 """
 
 from __future__ import annotations
@@ -57,6 +59,10 @@ class HostBlockBackward:
     def accumulator_dtype(self, dtype: Any) -> Any:
         """dtype of the gradients and of the accumulator blocks for inputs of ``dtype``."""
         return accumulator_dtype(dtype)
+
+    def row_delta(self, dout: Array, out: Array) -> Array:
+        """``delta = rowsum(dO * O)`` (L, H) of the shard, in the accumulator dtype of ``dout``."""
+        return row_delta(dout, out, accumulator_dtype(dout.dtype))
 
     def local_backward(self, qs: Array, ks: Array, vs: Array, out: Array, lse: Array, dout: Array, delta: Array,
                        patterns: Sequence[Pattern], causal: bool, scale: float) -> Grads:
@@ -201,7 +207,7 @@ def ring_dilated_backward(qs: Array, ks: Array, vs: Array, out: Array, lse: Arra
     kernels = kernels if kernels is not None else HostBlockBackward(backward_fn)
     shards = Shards(shard * comm.Get_size(), comm.Get_size(), placement)
     t0 = time.perf_counter()
-    delta = row_delta(dout, out, kernels.accumulator_dtype(qs.dtype))
+    delta = kernels.row_delta(dout, out)
     grads = kernels.local_backward(qs, ks, vs, out, lse, dout, delta,
                                    [p for p in patterns if p.segment <= shards.chunk], causal, scale)
     _sync(xp)
