@@ -64,6 +64,18 @@ def _backward_cols(prefix: str, title: str, short: str) -> list[Col]:
                 needs=need)]
 
 
+def _backward_ring_cols() -> list[Col]:
+    """The compute / communication table's columns of the backward ring (forward+backward cases)."""
+    need = "backward_wait_s"
+    return [Col("bwd ms", _some(need, _key_of("backward_s", _ms)), needs=need),
+            Col("bwd local ms", _some(need, _key_of("backward_local_s", _ms)), None, needs=need),
+            Col("bwd compute ms", _some(need, _key_of("backward_compute_s", _ms)), "bwd comp. ms", needs=need),
+            Col("bwd wait ms", _some(need, _key_of("backward_wait_s", _ms)), needs=need),
+            Col("bwd pack ms", _some(need, _key_of("backward_pack_s", _ms)), None, needs=need),
+            Col("bwd imbalance ms", _some(need, _key_of("backward_imbalance_s", _ms)), None, needs=need),
+            Col("bwd wait share", _some(need, _key_of("backward_wait_share", _fmt(".1%"))), needs=need)]
+
+
 def _peer_backward_cols(prefix: str, title: str) -> list[Col]:
     """The peer table's columns of a forward+backward pair's ``prefix`` (backward, forward_backward)."""
     need = f"{prefix}_ratio"
@@ -161,7 +173,7 @@ COLUMNS: dict[str, list[Col]] = {
                               Col("compute ms", _key_of("compute_s", _ms)), Col("wait ms", _key_of("wait_s", _ms)),
                               Col("pack ms", _key_of("pack_s", _ms)),
                               Col("imbalance ms", _key_of("imbalance_s", _ms), "imbal. ms"),
-                              Col("wait share", _key_of("wait_share", _fmt(".1%")))],
+                              Col("wait share", _key_of("wait_share", _fmt(".1%"))), *_backward_ring_cols()],
     "imbalance": [_CASE, Col("ranks", _key_of("ranks"), "P"),
                   Col("causal", lambda r: "yes" if r["causal"] else "no", text=True),
                   Col("FLOPs", _key_of("flops_imbalance", _fmt(".3f"))),

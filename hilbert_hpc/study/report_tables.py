@@ -277,7 +277,9 @@ def hilbert_vs_natural_table(cases: Sequence[CaseResult]) -> list[dict[str, Any]
 
 
 def compute_communication_table(cases: Sequence[CaseResult]) -> list[dict[str, Any]]:
-    """Ring counters of the cases on more than one rank, and the share of waiting in the attention time."""
+    """Ring counters of the cases on more than one rank, and the share of waiting in the attention time; for a
+    forward+backward case whose file records them, the backward ring's counters (``backward_local_s``, ...)
+    and the share of waiting in the backward time."""
     rows = []
     for c in cases:
         if c.ranks <= 1:
@@ -288,6 +290,11 @@ def compute_communication_table(cases: Sequence[CaseResult]) -> list[dict[str, A
                                "attention_s": att}
         row.update({name: c.median(name) for name in rec.RING_TIMES})
         row["wait_share"] = row["wait_s"] / att if att > 0 else math.nan
+        if c.backward and all(name in c.timings for name in rec.RING_BACKWARD_TIMES):
+            bwd = c.median("backward")
+            row["backward_s"] = bwd
+            row.update({name: c.median(name) for name in rec.RING_BACKWARD_TIMES})
+            row["backward_wait_share"] = row["backward_wait_s"] / bwd if bwd > 0 else math.nan
         rows.append(row)
     return rows
 
