@@ -200,6 +200,7 @@ COLUMNS: dict[str, list[Col]] = {
                               Col("wait share", _key_of("wait_share", _fmt(".1%"))), *_backward_ring_cols()],
     "imbalance": [_CASE, Col("ranks", _key_of("ranks"), "P"),
                   Col("causal", lambda r: "yes" if r["causal"] else "no", text=True),
+                  Col("placement", _key_of("placement"), "place", text=True),
                   Col("FLOPs", _key_of("flops_imbalance", _fmt(".3f"))),
                   Col("attention time", _key_of("attention_imbalance", _fmt(".3f")), "attn time"),
                   Col("backward time", _some("backward_imbalance", _key_of("backward_imbalance", _fmt(".3f"))),

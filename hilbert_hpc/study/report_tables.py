@@ -328,15 +328,15 @@ def compute_communication_table(cases: Sequence[CaseResult]) -> list[dict[str, A
 
 
 def imbalance_table(cases: Sequence[CaseResult]) -> list[dict[str, Any]]:
-    """Load imbalance (largest / mean across ranks; 1: balanced) of the cases on more than one rank: of the
-    useful FLOPs of the queries each rank owns, of the attention time and, for a forward+backward case, of the
+    """Load imbalance (largest / mean across ranks; 1: balanced) of the cases on more than one rank, with the
+    placement they used: of the useful FLOPs of the queries each rank owns, of the attention time and, for a forward+backward case, of the
     backward time (medians over repeats)."""
     rows = []
     for c in cases:
         if c.ranks <= 1:
             continue
         row: dict[str, Any] = {"case": c.case_id, "file": c.file, "name": c.params["name"], "ranks": c.ranks,
-                               "causal": is_true(c.params.get("causal")),
+                               "causal": is_true(c.params.get("causal")), "placement": c.placement,
                                "flops_imbalance": c.imbalance("useful_flops"),
                                "attention_imbalance": c.imbalance("attention")}
         if c.backward:
