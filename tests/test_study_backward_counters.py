@@ -4,13 +4,12 @@ one rank and for forward cases, kept apart from the forward ring's, and shown by
 from __future__ import annotations
 
 import io
-from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
 
-from jobtext import JobSpec
+from jobtext import JobSpec, run_on_every_rank
 
 RING_BACKWARD = ("backward_local_s", "backward_compute_s", "backward_wait_s", "backward_pack_s",
                  "backward_imbalance_s", "backward_bytes_sent")
@@ -34,18 +33,10 @@ def test_the_record_names_the_backward_ring_counters_apart_from_the_forward_ring
 
 @pytest.mark.mpi(min_size=2)
 def test_a_forward_backward_study_records_the_backward_ring_counters(tmp_path_factory):
-    from mpi4py import MPI
-
-    from hilbert_hpc.study.jobfile import load_job
     from hilbert_hpc.study.report import report
-    from hilbert_hpc.study.runner import run_job
 
-    comm = MPI.COMM_WORLD
-    tmp = Path(comm.bcast(str(tmp_path_factory.mktemp("ringcount")) if comm.Get_rank() == 0 else None))
-    job = load_job(tmp / "job.toml", text=JOB.text(), world_size=comm.Get_size())
-    out = run_job(job, output=str(tmp / "r.h5"), stream=io.StringIO(), comm=comm, progress=io.StringIO())
-    comm.Barrier()
-    if comm.Get_rank() != 0:
+    out = run_on_every_rank(JOB.text(), tmp_path_factory, "ringcount")
+    if out is None:
         return
     with h5py.File(out) as f:
         cases = {(int(g.attrs["ranks"]), str(g.attrs["pass"])): g["timings"] for g in f["cases"].values()}
