@@ -150,3 +150,22 @@ def _string(value: str) -> str:
         else:
             out.append(char)
     return '"' + "".join(out) + '"'
+
+
+def run_on_every_rank(text: str, tmp_path_factory: Any, name: str) -> Any:
+    """Run the job ``text`` on every rank of MPI.COMM_WORLD in one temporary folder (rank 0's); returns the
+    results file's path on rank 0 and None on the others, after every rank has finished."""
+    import io
+    from pathlib import Path
+
+    from mpi4py import MPI
+
+    from hilbert_hpc.study.jobfile import load_job
+    from hilbert_hpc.study.runner import run_job
+
+    comm = MPI.COMM_WORLD
+    tmp = Path(comm.bcast(str(tmp_path_factory.mktemp(name)) if comm.Get_rank() == 0 else None))
+    job = load_job(tmp / "job.toml", text=text, world_size=comm.Get_size())
+    out = run_job(job, output=str(tmp / "r.h5"), stream=io.StringIO(), comm=comm, progress=io.StringIO())
+    comm.Barrier()
+    return out if comm.Get_rank() == 0 else None

@@ -1,5 +1,6 @@
 """``mpiexec -n 8 --oversubscribe hilbert-hpc run``: outputs and gradients of local, long and global patterns,
-causal or not, in the Hilbert order, exact against float64 on eight ranks; every rank's useful FLOPs recorded."""
+causal or not, in the Hilbert order, exact against float64 on eight ranks, in both placements; every rank's useful
+FLOPs recorded (balanced by zigzag, the causal default)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,9 @@ JOB = JobSpec({"name": "eight", "repeats": 1, "warmup": 0, "accuracy_rows": 24},
               defaults={"heads": 3, "head_dim": 8, "dtype": "float64", "backend": "numpy",
                         "pass": "forward+backward", "ordering": "hilbert"},
               cases=[{"name": "lg", "grid": [16, 16], "ranks": RANKS, "patterns": PATTERNS,
-                      "sweep": {"causal": [False, True]}}])
+                      "sweep": {"causal": [False, True]}},
+                     {"name": "lgc", "grid": [16, 16], "ranks": RANKS, "patterns": PATTERNS, "causal": True,
+                      "placement": "contiguous"}])
 ERRORS = ["max_rel_err", "rel_l2_err"] + [f"grad_{t}_{e}" for t in "qkv" for e in ("max_rel_err", "rel_l2_err")]
 
 
@@ -42,17 +45,18 @@ def test_eight_ranks_forward_backward_exact_in_float64(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     with h5py.File(tmp_path / "r.h5") as f:
         cases = list(f["cases"].values())
-        assert sorted(bool(g.attrs["causal"]) for g in cases) == [False, True]
+        used = sorted((bool(g.attrs["causal"]), g.attrs["placement"]) for g in cases)
+        assert used == [(False, "contiguous"), (True, "contiguous"), (True, "zigzag")]
         for g in cases:
-            causal = bool(g.attrs["causal"])
+            causal, placement = bool(g.attrs["causal"]), g.attrs["placement"]
             assert g.attrs["ranks"] == RANKS and g.attrs["pass"] == "forward+backward"
             acc = g["accuracy"].attrs
             assert acc["within_tolerance"] and acc["nonfinite"] == 0 and acc["selected_pairs"] > 0
             for name in ERRORS:
                 assert 0 <= acc[name] <= 1e-12, (causal, name, acc[name])
             flops = g["timings"]["useful_flops"][()]
-            want = rank_useful_flops(256, RANKS, 3, 8, [Pattern(*p) for p in PATTERNS], causal)
+            want = rank_useful_flops(256, RANKS, 3, 8, [Pattern(*p) for p in PATTERNS], causal, placement=placement)
             assert flops.shape == (RANKS, 1) and flops[:, 0].tolist() == want
             assert g["metrics"].attrs["flops_imbalance"] == pytest.approx(imbalance(want))
-            assert (g["metrics"].attrs["flops_imbalance"] > 1.0) == causal
+            assert (g["metrics"].attrs["flops_imbalance"] > 1.0) == (placement == "contiguous" and causal)
             assert np.isfinite(g["metrics"].attrs["backward_imbalance"])

@@ -49,3 +49,19 @@ def test_forward_only_files_have_no_backward_imbalance_column(tmp_path):
     tables, text = run_report([path])
     (row,) = tables["imbalance"]
     assert "bwd time" not in text and "backward_imbalance" not in row
+
+
+def test_imbalance_rows_name_the_placement_used(tmp_path):
+    rng = np.random.default_rng(42)
+    flops = np.asarray(rank_useful_flops(4096, 4, 2, 16, [Pattern(4096, 1)], causal=True, placement="zigzag"),
+                       dtype=np.float64)
+    counters = {"useful_flops": np.repeat(flops[:, None], 3, axis=1)}
+    path = write_results(tmp_path / "z.h5", [make_case("zig", timings(rng, 4, 0.1, repeats=3), counters=counters, name="zig"),
+                                             make_case("old", timings(rng, 4, 0.1, repeats=3), name="old")])
+    with h5py.File(path, "r+") as f:
+        f["cases"]["zig"].attrs["placement"] = "zigzag"
+    tables, text = run_report([path])
+    rows = {r["case"]: r for r in tables["imbalance"]}
+    assert rows["zig"]["placement"] == "zigzag" and rows["zig"]["flops_imbalance"] == pytest.approx(1.0)
+    assert rows["old"]["placement"] == "contiguous"           # files from before placements ran contiguous
+    assert "zigzag" in text

@@ -13,7 +13,7 @@ import h5py
 import numpy as np
 import pytest
 
-from jobtext import JobSpec
+from jobtext import JobSpec, run_on_every_rank
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -123,19 +123,11 @@ RING_JOB = JobSpec({"name": "ringbwd", "repeats": 1, "warmup": 0, "accuracy_rows
 def test_strong_scaling_forward_backward_on_several_ranks_matches_one_rank(tmp_path_factory):
     """pass = forward+backward on 1, 2, 4 ... ranks (sub-communicators, the ring backward): the same gradients,
     the same gradient errors against float64, the backward timed on every rank."""
-    import io
-
     from mpi4py import MPI
 
-    from hilbert_hpc.study.jobfile import load_job
-    from hilbert_hpc.study.runner import run_job
-
-    comm = MPI.COMM_WORLD
-    tmp = Path(comm.bcast(str(tmp_path_factory.mktemp("ringbwd")) if comm.Get_rank() == 0 else None))
-    job = load_job(tmp / "job.toml", text=RING_JOB.text(), world_size=comm.Get_size())
-    out = run_job(job, output=str(tmp / "r.h5"), stream=io.StringIO(), comm=comm, progress=io.StringIO())
-    comm.Barrier()
-    if comm.Get_rank() != 0:
+    size = MPI.COMM_WORLD.Get_size()
+    out = run_on_every_rank(RING_JOB.text(), tmp_path_factory, "ringbwd")
+    if out is None:
         return
     with h5py.File(out) as f:
         groups = {}
@@ -144,7 +136,7 @@ def test_strong_scaling_forward_backward_on_several_ranks_matches_one_rank(tmp_p
         assert len(groups) == 4
         for (dtype, _), cases in groups.items():
             cases.sort(key=lambda g: int(g.attrs["ranks"]))
-            assert [int(g.attrs["ranks"]) for g in cases] == [p for p in (1, 2, 4, 8) if p <= comm.Get_size()]
+            assert [int(g.attrs["ranks"]) for g in cases] == [p for p in (1, 2, 4, 8) if p <= size]
             one = cases[0]
             bound = 1e-12 if dtype == "float64" else 1e-5
             for g in cases:

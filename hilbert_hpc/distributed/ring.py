@@ -1,13 +1,16 @@
 """Distributed dilated attention: local patterns in place, long patterns around rings of ranks.
 
-Each rank holds one serialized shard of Q, K, V (``L`` rows). Patterns whose
-segments fit in a shard are computed locally. For a pattern spanning ``g``
-ranks, each rank packs the selected K/V rows of its shard for every head offset
-into one buffer (``~L/r`` rows: traffic divided by the dilation) and the buffers
-rotate around the ring with ``Isend``/``Irecv``: the next block is in flight while
-the current one is attended to. Partial results merge by log-sum-exp. In a
-causal ring a rank only needs blocks from ranks before it, so blocks stop
-travelling once nobody downstream needs them.
+Each rank holds one serialized shard of Q, K, V (``L`` rows), made of one or two
+chunks (the placement, :class:`hilbert_hpc.distributed.sharding.Shards`). Patterns
+whose segments fit in a chunk are computed locally. For a pattern spanning a
+ring of ranks, each rank packs the selected K/V rows of its chunks for every
+head offset into one buffer (``~L/r`` rows: traffic divided by the dilation) and
+the buffers rotate around the ring with ``Isend``/``Irecv``: the next block is in
+flight while the current one is attended to. Which of its chunks meets which
+chunk of a block is decided once (:meth:`RingPattern.pairs`). Partial results
+merge by log-sum-exp. In a contiguous causal ring a rank only needs blocks from
+ranks before it, so blocks stop travelling once nobody downstream needs them; a
+zigzag ring gives every rank the same work at every step.
 
 The compute side works on any NumPy-like array module (NumPy, CuPy).
 """

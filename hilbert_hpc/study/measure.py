@@ -22,7 +22,7 @@ from hilbert_hpc.distributed.datafile import read_rows, read_shard
 from hilbert_hpc.errors import UserError
 from hilbert_hpc.core.inputs import random_rows
 from hilbert_hpc.study.jobfile import Case, Job
-from hilbert_hpc.study.record import PHASES, RING_STATS, SAVED, Timings, names
+from hilbert_hpc.study.record import PHASES, RING_BACKWARD_STATS, RING_STATS, SAVED, Timings, names
 from hilbert_hpc.core.patterns import BACKWARD_FLOPS, useful_flops
 from hilbert_hpc.core.work import imbalance, rank_useful_flops
 from hilbert_hpc.core.precision import precision
@@ -195,10 +195,10 @@ class CaseRun:
         out = self.be.ring_output(out, c.dtype)
         return (out, lse) if backward_pass(c) else out
 
-    def backward(self, qs: Any, ks: Any, vs: Any, out: Any, lse: Any, dout: Any) -> Any:
+    def backward(self, qs: Any, ks: Any, vs: Any, out: Any, lse: Any, dout: Any, stats: RingStats) -> Any:
         """Gradients (dQ, dK, dV) of this rank's shard: the backend's backward on one rank, the ring backward
         with the backend's ``ring_backward_kernels`` on several, its gradients as the backend's own
-        (``ring_gradients``; its counters are not part of the ring's)."""
+        (``ring_gradients``) and its counters added to ``stats`` (kept apart from the forward ring's)."""
         c = self.case
         if self.ranks == 1:
             return self.be.serialized_backward(qs, ks, vs, out, lse, dout, c.patterns, c.causal, c.softmax_scale,
@@ -206,7 +206,7 @@ class CaseRun:
         grads = ring_dilated_backward(qs, ks, vs, out, lse, dout, patterns=c.patterns, comm=self.comm,
                                       causal=c.causal, scale=c.softmax_scale, transport=self.transport,
                                       kernels=self.be.ring_backward_kernels(self.setup.backward_kernel),
-                                      sync_rings=True, placement=self.layout.placement)
+                                      stats=stats, sync_rings=True, placement=self.layout.placement)
         return self.be.ring_gradients(grads, c.dtype)
 
     def run(self) -> tuple[dict, dict[str, list[np.ndarray]], dict]:
@@ -260,7 +260,7 @@ class CaseRun:
         started = time.perf_counter()
         c, job, be, rep = self.case, self.job, self.be, self.rep
         phase_s = dict.fromkeys(PHASES, 0.0)
-        stats = RingStats()
+        stats, backward_stats = RingStats(), RingStats()
         transfer_only = 0.0
         self.outputs = {}
         nonfinite = 0
@@ -279,7 +279,7 @@ class CaseRun:
             t2 = t3 = time.perf_counter()
             grads = []
             if backward_pass(c):
-                grads = self.backward(qs, ks, vs, out_s, lse, self.douts[b])
+                grads = self.backward(qs, ks, vs, out_s, lse, self.douts[b], backward_stats)
                 be.synchronize()
                 t3 = time.perf_counter()
             if job.save_output:
@@ -313,6 +313,8 @@ class CaseRun:
                 self.timings[name].append(value)
             for name in RING_STATS:
                 self.timings[name].append(float(getattr(stats, name)))
+            for name, counter in RING_BACKWARD_STATS.items():
+                self.timings[name].append(float(getattr(backward_stats, counter)))
             self.timings["transfer_only_s"].append(transfer_only)
             self.timings["peak_device_bytes"].append(float(device_memory.peak_bytes()))
             self.timings["useful_flops"].append(self.useful_flops)

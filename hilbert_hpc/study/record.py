@@ -26,7 +26,7 @@ import numpy as np
 def entry(unit: str, meaning: str, default: Any = dataclasses.MISSING, kind: str = "", column: str = "",
           key: str = "") -> Any:
     """A field of the record: its ``unit`` ("-" for text and flags, "1" for plain numbers), a one-line
-    ``meaning``, an optional ``default``, a ``kind`` (timings: phase, ring, transfer, memory), the
+    ``meaning``, an optional ``default``, a ``kind`` (timings: phase, ring, ring_backward, transfer, memory, work), the
     ``column`` of report's cases table (and CSV) that shows it, if any, and its ``key`` in the file when that
     differs from the field's name (a Python keyword: ``pass``)."""
     return dataclasses.field(default=default, metadata={"unit": unit, "meaning": meaning, "kind": kind,
@@ -124,6 +124,17 @@ class Timings:
     imbalance_s: np.ndarray = entry("s", "ring: waiting at the closing barrier for slower ranks", kind="ring")
     transfer_only_s: np.ndarray = entry("s", "the ring's exchanges alone, without compute", kind="transfer")
     bytes_sent: np.ndarray = entry("B", "bytes the rank sent in the ring", kind="ring")
+    backward_local_s: np.ndarray = entry("s", "ring backward: gradients of the rank's own block (0 on one rank and "
+                                              "for pass = forward)", kind="ring_backward")
+    backward_compute_s: np.ndarray = entry("s", "ring backward: gradients of the blocks received",
+                                           kind="ring_backward")
+    backward_wait_s: np.ndarray = entry("s", "ring backward: waiting for blocks (and the gradients coming home)",
+                                        kind="ring_backward")
+    backward_pack_s: np.ndarray = entry("s", "ring backward: packing blocks to send", kind="ring_backward")
+    backward_imbalance_s: np.ndarray = entry("s", "ring backward: waiting at the barrier before each ring for "
+                                                  "slower ranks", kind="ring_backward")
+    backward_bytes_sent: np.ndarray = entry("B", "bytes the rank sent in the ring backward (blocks and their "
+                                                 "gradients)", kind="ring_backward")
     peak_device_bytes: np.ndarray = entry("B", "GPU allocator high-water mark (0 on CPUs)", kind="memory")
     useful_flops: np.ndarray = entry("FLOP", "useful FLOPs of the forward over the queries the rank owns "
                                              "(core.work.rank_useful_flops; the backward's: 2.5 x), every repeat",
@@ -230,11 +241,20 @@ def names(group: type, kind: str = "") -> tuple[str, ...]:
     return tuple(key(f) for f in dataclasses.fields(group) if not kind or f.metadata["kind"] == kind)
 
 
-#: the timings that measure phases of a call, and what the ring counts (``distributed.ring.RingStats``)
+def _times(kind: str) -> tuple[str, ...]:
+    """The time counters (seconds) among the timings of ``kind``."""
+    return tuple(f.name for f in dataclasses.fields(Timings) if f.metadata["kind"] == kind and unit(f) == "s")
+
+
+#: the timings that measure phases of a call, and what the forward's ring counts (``distributed.ring.RingStats``)
 PHASES = names(Timings, "phase")
 RING_STATS = names(Timings, "ring")
-#: the ring's time counters (seconds)
-RING_TIMES = tuple(f.name for f in dataclasses.fields(Timings) if f.metadata["kind"] == "ring" and unit(f) == "s")
+#: the forward ring's time counters (seconds)
+RING_TIMES = _times("ring")
+#: the backward ring's counters, each with the ``RingStats`` field it records (its name without ``backward_``)
+RING_BACKWARD_STATS = {name: name.removeprefix("backward_") for name in names(Timings, "ring_backward")}
+#: the backward ring's time counters (seconds)
+RING_BACKWARD_TIMES = _times("ring_backward")
 
 
 def units(group: type) -> dict[str, str]:

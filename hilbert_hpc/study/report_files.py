@@ -49,9 +49,18 @@ def _series(rows: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
+#: The curves of a scaling plot: the row key prefix of the times (``{prefix}_s``, ``_min_s``, ``_max_s``,
+#: ``_ideal_s``) and of the efficiency, the legend's name for it, marker and line style. A series shows the
+#: backward's and forward+backward's only when its rows have them (forward+backward cases).
+CURVES = (("attention", "", "forward", "o", "-"), ("backward", "backward_", "backward", "s", "-."),
+          ("forward_backward", "forward_backward_", "forward+backward", "^", ":"))
+
+
 def scaling_figure(rows: Sequence[dict[str, Any]], title: str, efficiency_title: str, log_time: bool) -> Any:
     """Two panels: time (with the ideal, dashed) and efficiency (with 1.0) against ranks on a log2 axis;
-    one series per group, labelled by the group (with the transport each group used)."""
+    one series per group, labelled by the group (with the transport each group used). A group of
+    forward+backward cases also draws its backward and forward+backward curves (:data:`CURVES`), in the
+    group's color, each labelled with what it times."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -59,15 +68,23 @@ def scaling_figure(rows: Sequence[dict[str, Any]], title: str, efficiency_title:
     FigureCanvasAgg(fig)
     ax_t, ax_e = fig.subplots(1, 2)
     all_ranks: set[int] = set()
+    efficiencies: list[float] = []
+    any_backward = any("backward_s" in r for r in rows)
     for i, (label, series) in enumerate(_series(rows).items()):
         color = f"C{i % 10}"
         ranks = [r["ranks"] for r in series]
         all_ranks.update(ranks)
-        med = np.array([r["attention_s"] for r in series])
-        err = np.array([med - [r["attention_min_s"] for r in series], [r["attention_max_s"] for r in series] - med])
-        ax_t.errorbar(ranks, med, yerr=err, marker="o", color=color, capsize=3, label=label)
-        ax_t.plot(ranks, [r["ideal_s"] for r in series], linestyle="--", color=color, alpha=0.6)
-        ax_e.plot(ranks, [r["efficiency"] for r in series], marker="o", color=color, label=label)
+        curves = [c for c in CURVES if f"{c[0]}_s" in series[0]]
+        for time_key, eff_prefix, what, marker, style in curves:
+            name = f"{label} ({what})" if len(curves) > 1 else label
+            med = np.array([r[f"{time_key}_s"] for r in series])
+            err = np.array([med - [r[f"{time_key}_min_s"] for r in series],
+                            [r[f"{time_key}_max_s"] for r in series] - med])
+            eff = [r[f"{eff_prefix}efficiency"] for r in series]
+            efficiencies += eff
+            ax_t.errorbar(ranks, med, yerr=err, marker=marker, linestyle=style, color=color, capsize=3, label=name)
+            ax_t.plot(ranks, [r[f"{eff_prefix}ideal_s"] for r in series], linestyle="--", color=color, alpha=0.6)
+            ax_e.plot(ranks, eff, marker=marker, linestyle=style, color=color, label=name)
     ticks = sorted(all_ranks)
     for ax in (ax_t, ax_e):
         ax.set_xscale("log", base=2)
@@ -79,10 +96,11 @@ def scaling_figure(rows: Sequence[dict[str, Any]], title: str, efficiency_title:
         ax_t.set_yscale("log")
     else:
         ax_t.set_ylim(bottom=0)
-    ax_t.set_ylabel("attention time, s (slowest rank, median; dashed: ideal)")
+    what = "time" if any_backward else "attention time"
+    ax_t.set_ylabel(f"{what}, s (slowest rank, median; dashed: ideal)")
     ax_t.set_title(title)
     ax_e.axhline(1.0, color="black", linewidth=1, linestyle=":")
-    top = max([1.0] + [r["efficiency"] for r in rows if math.isfinite(r["efficiency"])])
+    top = max([1.0] + [e for e in efficiencies if math.isfinite(e)])
     ax_e.set_ylim(0, 1.1 * top)
     ax_e.set_ylabel("efficiency")
     ax_e.set_title(efficiency_title)

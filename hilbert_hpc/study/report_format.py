@@ -64,6 +64,38 @@ def _backward_cols(prefix: str, title: str, short: str) -> list[Col]:
                 needs=need)]
 
 
+def _scaling_backward_cols(prefix: str, title: str, short: str, strong: bool) -> list[Col]:
+    """The scaling tables' columns of a forward+backward series' ``prefix`` (backward, forward_backward): time
+    [min, max] (compact: the median), ideal time, speedup with its range (strong scaling), efficiency (weak
+    scaling: with its range) and the verdict, as the forward's."""
+    need = f"{prefix}_efficiency"
+    cols = [Col(f"{title} ms [min, max]", _some(need, _range_ms(prefix)), f"{short} ms", needs=need,
+                brief=_some(need, _key_of(f"{prefix}_s", _ms))),
+            Col(f"{title} ideal ms", _some(need, _key_of(f"{prefix}_ideal_s", _ms)), None, needs=need)]
+    if strong:
+        cols += [Col(f"{title} speedup", _some(need, _key_of(f"{prefix}_speedup", _fmt(".2f"))), f"{short} speedup",
+                     needs=need),
+                 Col(f"{title} speedup range", _some(need, _ratio_range(f"{prefix}_speedup")), None, needs=need)]
+    cols.append(Col(f"{title} efficiency", _some(need, _flagged(need, EFFICIENCY_LIMIT, ".2f")), f"{short} effic.",
+                    needs=need))
+    if not strong:
+        cols.append(Col(f"{title} efficiency range", _some(need, _ratio_range(need)), None, needs=need))
+    cols.append(Col(f"{title} vs spread", _some(need, _key_of(f"{prefix}_noise")), None, text=True, needs=need))
+    return cols
+
+
+def _backward_ring_cols() -> list[Col]:
+    """The compute / communication table's columns of the backward ring (forward+backward cases)."""
+    need = "backward_wait_s"
+    return [Col("bwd ms", _some(need, _key_of("backward_s", _ms)), needs=need),
+            Col("bwd local ms", _some(need, _key_of("backward_local_s", _ms)), None, needs=need),
+            Col("bwd compute ms", _some(need, _key_of("backward_compute_s", _ms)), "bwd comp. ms", needs=need),
+            Col("bwd wait ms", _some(need, _key_of("backward_wait_s", _ms)), needs=need),
+            Col("bwd pack ms", _some(need, _key_of("backward_pack_s", _ms)), None, needs=need),
+            Col("bwd imbalance ms", _some(need, _key_of("backward_imbalance_s", _ms)), None, needs=need),
+            Col("bwd wait share", _some(need, _key_of("backward_wait_share", _fmt(".1%"))), needs=need)]
+
+
 def _peer_backward_cols(prefix: str, title: str) -> list[Col]:
     """The peer table's columns of a forward+backward pair's ``prefix`` (backward, forward_backward)."""
     need = f"{prefix}_ratio"
@@ -143,12 +175,16 @@ COLUMNS: dict[str, list[Col]] = {
                        Col("attn ms [min, max]", _range_ms("attention")),
                        Col("ideal ms", _key_of("ideal_s", _ms), None), Col("speedup", _key_of("speedup", _fmt(".2f"))),
                        Col("speedup range", _ratio_range("speedup"), None),
-                       Col("efficiency", _flagged("efficiency", EFFICIENCY_LIMIT, ".2f"), "effic."), _NOISE],
+                       Col("efficiency", _flagged("efficiency", EFFICIENCY_LIMIT, ".2f"), "effic."), _NOISE,
+                       *_scaling_backward_cols("backward", "bwd", "bwd", strong=True),
+                       *_scaling_backward_cols("forward_backward", "fwd+bwd", "f+b", strong=True)],
     "weak_scaling": [_text("group"), Col("ranks", _key_of("ranks"), "P"),
                      Col("tokens", _key_of("tokens", _fmt(",")), "N"),
                      Col("attn ms [min, max]", _range_ms("attention")),
                      Col("efficiency", _flagged("efficiency", EFFICIENCY_LIMIT, ".2f"), "effic."),
-                     Col("efficiency range", _ratio_range("efficiency"), None), _NOISE],
+                     Col("efficiency range", _ratio_range("efficiency"), None), _NOISE,
+                     *_scaling_backward_cols("backward", "bwd", "bwd", strong=False),
+                     *_scaling_backward_cols("forward_backward", "fwd+bwd", "f+b", strong=False)],
     "hilbert_vs_natural": [_text("group"),
                            Col("ordering", lambda r: r["ordering"] + (f"/{r['segment']}" if r["segment"] else ""),
                                "order", text=True),
@@ -161,9 +197,10 @@ COLUMNS: dict[str, list[Col]] = {
                               Col("compute ms", _key_of("compute_s", _ms)), Col("wait ms", _key_of("wait_s", _ms)),
                               Col("pack ms", _key_of("pack_s", _ms)),
                               Col("imbalance ms", _key_of("imbalance_s", _ms), "imbal. ms"),
-                              Col("wait share", _key_of("wait_share", _fmt(".1%")))],
+                              Col("wait share", _key_of("wait_share", _fmt(".1%"))), *_backward_ring_cols()],
     "imbalance": [_CASE, Col("ranks", _key_of("ranks"), "P"),
                   Col("causal", lambda r: "yes" if r["causal"] else "no", text=True),
+                  Col("placement", _key_of("placement"), "place", text=True),
                   Col("FLOPs", _key_of("flops_imbalance", _fmt(".3f"))),
                   Col("attention time", _key_of("attention_imbalance", _fmt(".3f")), "attn time"),
                   Col("backward time", _some("backward_imbalance", _key_of("backward_imbalance", _fmt(".3f"))),

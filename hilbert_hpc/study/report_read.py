@@ -55,6 +55,11 @@ class CaseResult:
         return self.setup.transport or self.params["transport"]
 
     @property
+    def placement(self) -> str:
+        """The placement the case used (recorded per case); files without the record ran contiguous shards."""
+        return self.setup.placement or "contiguous"
+
+    @property
     def ranks(self) -> int:
         """Number of ranks the case ran on."""
         return int(self.params["ranks"])

@@ -103,8 +103,14 @@ def _groups(cases: Iterable[CaseResult], drop: Iterable[str]) -> list[list[CaseR
     return list(groups.values())
 
 
-def _timing_row(case: CaseResult, prefix: str = "attention") -> dict[str, float]:
-    med, lo, hi = case.stats("attention")
+#: The backward's timings of a forward+backward case, each with the prefix of its columns: the backward, and the
+#: forward and backward together (their sum per rank and repeat).
+BACKWARD_TIMINGS = (("backward", "backward"), ("forward_backward", FORWARD_BACKWARD))
+
+
+def _timing_row(case: CaseResult, prefix: str = "attention", timing: str = "attention") -> dict[str, float]:
+    """``timing``'s median, min and max over repeats (slowest rank) as ``{prefix}_s``, ``_min_s``, ``_max_s``."""
+    med, lo, hi = case.stats(timing)
     return {f"{prefix}_s": med, f"{prefix}_min_s": lo, f"{prefix}_max_s": hi}
 
 
@@ -181,18 +187,49 @@ def _backward_columns(c: CaseResult) -> dict[str, Any]:
     (``BACKWARD_FLOPS`` and 1 + ``BACKWARD_FLOPS`` times the forward's useful FLOPs) and its largest gradient
     error (forward cases have none of these columns)."""
     row: dict[str, Any] = {}
-    for prefix, timing, flops in (("backward", "backward", BACKWARD_FLOPS),
-                                  ("forward_backward", FORWARD_BACKWARD, 1 + BACKWARD_FLOPS)):
-        med, lo, hi = c.stats(timing)
-        row.update({f"{prefix}_s": med, f"{prefix}_min_s": lo, f"{prefix}_max_s": hi,
-                    f"{prefix}_tflops": flops * c.metrics.useful_flops / med / 1e12 if med > 0 else math.nan})
+    for (prefix, timing), flops in zip(BACKWARD_TIMINGS, (BACKWARD_FLOPS, 1 + BACKWARD_FLOPS)):
+        row.update(_timing_row(c, prefix, timing))
+        med = row[f"{prefix}_s"]
+        row[f"{prefix}_tflops"] = flops * c.metrics.useful_flops / med / 1e12 if med > 0 else math.nan
     a = c.accuracy
     row["grad_max_rel_err"] = max(a.grad_q_max_rel_err, a.grad_k_max_rel_err, a.grad_v_max_rel_err)
     return row
 
 
+def _scaling_columns(base: CaseResult, c: CaseResult, strong: bool, timing: str = "attention",
+                     prefix: str = "") -> dict[str, Any]:
+    """``c`` against the base case of its scaling series on ``timing`` (:func:`compare`): the ideal time, and
+    for strong scaling the speedup T(p0)/T(P) with its range and the efficiency speedup * p0/P, for weak
+    scaling the efficiency T(p0)/T(P) with its range; then the noise verdict ("" for the base itself). Keys
+    start with ``prefix``."""
+    vs = compare(base, c, timing)
+    t0 = base.median(timing)
+    if strong:
+        p0, p = base.ranks, c.ranks
+        row = {"ideal_s": t0 * p0 / p, "speedup": vs["ratio"], "efficiency": vs["ratio"] * p0 / p,
+               "speedup_min": vs["ratio_min"], "speedup_max": vs["ratio_max"]}
+    else:
+        row = {"ideal_s": t0, "efficiency": vs["ratio"], "efficiency_min": vs["ratio_min"],
+               "efficiency_max": vs["ratio_max"]}
+    row["noise"] = "" if c is base else vs["noise"]
+    return {f"{prefix}{key}": value for key, value in row.items()}
+
+
+def _backward_scaling(series: Sequence[CaseResult], c: CaseResult, strong: bool) -> dict[str, Any]:
+    """The backward's and forward+backward's times [min, max] and :func:`_scaling_columns` of a case of a
+    series that all ran the backward (keys ``backward_...``, ``forward_backward_...``); nothing otherwise."""
+    if not all(s.backward for s in series):
+        return {}
+    row: dict[str, Any] = {}
+    for prefix, timing in BACKWARD_TIMINGS:
+        row.update(_timing_row(c, prefix, timing))
+        row.update(_scaling_columns(series[0], c, strong, timing, f"{prefix}_"))
+    return row
+
+
 def strong_scaling_table(cases: Sequence[CaseResult]) -> list[dict[str, Any]]:
-    """Strong scaling: groups equal except ``ranks`` with at least two rank counts, against the fewest ranks."""
+    """Strong scaling: groups equal except ``ranks`` with at least two rank counts, against the fewest ranks;
+    for a group of forward+backward cases also the backward's and forward+backward's."""
     groups = [sorted(g, key=lambda c: c.ranks) for g in _groups([c for c in cases if c.params["scaling"] == "strong"],
                                                                  ["ranks"])]
     groups = [g for g in groups if len({c.ranks for c in g}) >= 2]
@@ -201,20 +238,15 @@ def strong_scaling_table(cases: Sequence[CaseResult]) -> list[dict[str, Any]]:
     labels, rows = _Labels(), []
     for group in groups:
         label = labels(_group_label(group, base_fields, extra))
-        base = group[0]
-        p0, t0 = base.ranks, base.median("attention")
         for c in group:
-            vs = compare(base, c)
-            noise = "" if c is base else vs["noise"]
             rows.append({"group": label, "case": c.case_id, "file": c.file, "ranks": c.ranks, **_timing_row(c),
-                         "ideal_s": t0 * p0 / c.ranks, "speedup": vs["ratio"],
-                         "efficiency": vs["ratio"] * p0 / c.ranks, "speedup_min": vs["ratio_min"],
-                         "speedup_max": vs["ratio_max"], "noise": noise})
+                         **_scaling_columns(group[0], c, strong=True), **_backward_scaling(group, c, strong=True)})
     return rows
 
 
 def weak_scaling_table(cases: Sequence[CaseResult], notes: list[str] | None = None) -> list[dict[str, Any]]:
-    """Weak scaling: groups equal except ranks, tokens, grid and patterns, against the fewest ranks.
+    """Weak scaling: groups equal except ranks, tokens, grid and patterns, against the fewest ranks; for a
+    series of forward+backward cases also the backward's and forward+backward's.
 
     A group holding one rank count more than once is split by tokens per
     rank; a series still repeating a rank count is left out (with a note).
@@ -242,14 +274,10 @@ def weak_scaling_table(cases: Sequence[CaseResult], notes: list[str] | None = No
         per_rank = Fraction(s[0].tokens, s[0].ranks)
         density = per_rank.numerator if per_rank.denominator == 1 else float(per_rank)
         label = labels(_group_label(s, base_fields, extra) + f" N/P={density}")
-        base = s[0]
-        t0 = base.median("attention")
         for c in s:
-            vs = compare(base, c)
             rows.append({"group": label, "case": c.case_id, "file": c.file, "ranks": c.ranks, "tokens": c.tokens,
-                         **_timing_row(c), "ideal_s": t0, "efficiency": vs["ratio"],
-                         "efficiency_min": vs["ratio_min"], "efficiency_max": vs["ratio_max"],
-                         "noise": "" if c is base else vs["noise"]})
+                         **_timing_row(c), **_scaling_columns(s[0], c, strong=False),
+                         **_backward_scaling(s, c, strong=False)})
     return rows
 
 
@@ -277,7 +305,9 @@ def hilbert_vs_natural_table(cases: Sequence[CaseResult]) -> list[dict[str, Any]
 
 
 def compute_communication_table(cases: Sequence[CaseResult]) -> list[dict[str, Any]]:
-    """Ring counters of the cases on more than one rank, and the share of waiting in the attention time."""
+    """Ring counters of the cases on more than one rank, and the share of waiting in the attention time; for a
+    forward+backward case whose file records them, the backward ring's counters (``backward_local_s``, ...)
+    and the share of waiting in the backward time."""
     rows = []
     for c in cases:
         if c.ranks <= 1:
@@ -288,20 +318,25 @@ def compute_communication_table(cases: Sequence[CaseResult]) -> list[dict[str, A
                                "attention_s": att}
         row.update({name: c.median(name) for name in rec.RING_TIMES})
         row["wait_share"] = row["wait_s"] / att if att > 0 else math.nan
+        if c.backward and all(name in c.timings for name in rec.RING_BACKWARD_TIMES):
+            bwd = c.median("backward")
+            row["backward_s"] = bwd
+            row.update({name: c.median(name) for name in rec.RING_BACKWARD_TIMES})
+            row["backward_wait_share"] = row["backward_wait_s"] / bwd if bwd > 0 else math.nan
         rows.append(row)
     return rows
 
 
 def imbalance_table(cases: Sequence[CaseResult]) -> list[dict[str, Any]]:
-    """Load imbalance (largest / mean across ranks; 1: balanced) of the cases on more than one rank: of the
-    useful FLOPs of the queries each rank owns, of the attention time and, for a forward+backward case, of the
+    """Load imbalance (largest / mean across ranks; 1: balanced) of the cases on more than one rank, with the
+    placement they used: of the useful FLOPs of the queries each rank owns, of the attention time and, for a forward+backward case, of the
     backward time (medians over repeats)."""
     rows = []
     for c in cases:
         if c.ranks <= 1:
             continue
         row: dict[str, Any] = {"case": c.case_id, "file": c.file, "name": c.params["name"], "ranks": c.ranks,
-                               "causal": is_true(c.params.get("causal")),
+                               "causal": is_true(c.params.get("causal")), "placement": c.placement,
                                "flops_imbalance": c.imbalance("useful_flops"),
                                "attention_imbalance": c.imbalance("attention")}
         if c.backward:
@@ -353,7 +388,7 @@ def _peer_backward(peer: CaseResult, c: CaseResult) -> dict[str, Any]:
     """The backward and the forward+backward of a case against its peer, as the forward's columns are:
     times, ratio T(peer) / T(case) with its range and verdict (:func:`compare`)."""
     row: dict[str, Any] = {}
-    for prefix, timing in (("backward", "backward"), ("forward_backward", FORWARD_BACKWARD)):
+    for prefix, timing in BACKWARD_TIMINGS:
         vs = compare(peer, c, timing)
         row.update({f"{prefix}_s": c.median(timing), f"peer_{prefix}_s": peer.median(timing),
                     **{f"{prefix}_{key}": value for key, value in vs.items()}})
@@ -394,9 +429,11 @@ def table_notes(name: str, rows: Sequence[dict[str, Any]]) -> list[str]:
         if name == "cases" and row["spread"] > SPREAD_LIMIT:
             notes.append(f"case {row['case']}: repeats spread {row['spread']:.3g}x (slowest / fastest, limit "
                          f"{SPREAD_LIMIT:g}x): its median is not a steady figure; rerun with more repeats")
-        if name in ("strong_scaling", "weak_scaling") and row["efficiency"] > EFFICIENCY_LIMIT:
-            notes.append(f"{TITLES[name]} {row['group']} P={row['ranks']}: efficiency {row['efficiency']:.3g} is "
-                         f"implausibly superlinear (> {EFFICIENCY_LIMIT:g}); check the cases' spread")
+        for key, what in (("efficiency", ""), ("backward_efficiency", "backward "),
+                          ("forward_backward_efficiency", "forward+backward ")):
+            if name in ("strong_scaling", "weak_scaling") and row.get(key, 0.0) > EFFICIENCY_LIMIT:
+                notes.append(f"{TITLES[name]} {row['group']} P={row['ranks']}: {what}efficiency {row[key]:.3g} is "
+                             f"implausibly superlinear (> {EFFICIENCY_LIMIT:g}); check the cases' spread")
     for key, what in (("noise", ""), ("backward_noise", "backward "), ("forward_backward_noise",
                                                                      "forward+backward ")):
         for verdict, meaning in (("within noise", "the two cases' [min, max] times over repeats overlap"),
