@@ -180,11 +180,12 @@ def test_plan_counts_the_backward_memory():
     extra = n * row * 4 + n * (3 * row + heads) * 4 + n * (8 * row + 2 * heads) * 8    # dO; dQ dK dV, delta; check
     assert estimate(both).memory_bytes - estimate(fwd).memory_bytes == extra
     assert estimate(both).floor_bytes == estimate(fwd).floor_bytes
-    # on 8 ranks: the shard's part, the two accumulator blocks of the ring backward (the pattern (256, 4) spans
-    # 2 ranks: 128/4 rows of every head's K and V per rank, float32) and the whole sequence's check on one rank
+    # on 8 ranks: the shard's part, the three accumulator blocks of the ring backward (the pattern (256, 4)
+    # spans 2 ranks: 128/4 rows of every head's K and V per rank, float32) and the whole sequence's check on one
+    # rank
     fwd8, both8 = (dataclasses.replace(c, ranks=8) for c in (fwd, both))
     shard = n // 8
-    accumulators = 2 * (shard // 4) * heads * 2 * both.head_dim * 4
+    accumulators = 3 * (shard // 4) * heads * 2 * both.head_dim * 4
     extra8 = shard * row * 4 + shard * (3 * row + heads) * 4 + accumulators + n * (8 * row + 2 * heads) * 8
     assert estimate(both8).memory_bytes - estimate(fwd8).memory_bytes == extra8
 
