@@ -105,7 +105,7 @@ def test_backward_on_several_ranks_needs_a_ring_backward_else_is_refused_in_one_
     from hilbert_hpc.study.setup import check_case
 
     assert check_case(_case(), ranks=2).ranks == 2                       # numpy's ring has a backward
-    monkeypatch.setattr(NumpyBackend, "ring_backward_fn", None)
+    monkeypatch.setattr(NumpyBackend, "ring_backward_kernels", lambda self, kernel: None)
     with pytest.raises(ConfigError) as err:
         check_case(_case(), ranks=2)
     assert err.value.param.endswith(".pass") and "one rank" in str(err.value)

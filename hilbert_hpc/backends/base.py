@@ -20,7 +20,6 @@ from hilbert_hpc.core.arrays import is_tensor
 from hilbert_hpc.core.blockwise import array_module, attend
 from hilbert_hpc.core.dilated import AttendFn, empty_accumulators, local_dilated_forward
 from hilbert_hpc.core.patterns import Pattern
-from hilbert_hpc.distributed.ring_backward import BackwardFn
 from hilbert_hpc.errors import ConfigError
 
 #: what a study case computes (its ``pass`` key): the forward alone, or the forward and then the backward
@@ -51,9 +50,6 @@ class Backend:
     #: the passes it computes (of ``PASSES``): "forward+backward" needs :meth:`serialized_backward` (and
     #: :meth:`serialized_forward`, whose default fits every backend)
     passes: tuple[str, ...] = ("forward",)
-    #: the per-block backward of the ring (``distributed.ring_backward.BackwardFn``), or None for a backend
-    #: whose ring has no backward: its "forward+backward" cases then run on one rank only
-    ring_backward_fn: BackwardFn | None = None
 
     def require(self, param: str = "backend") -> "Backend":
         """This backend with its optional modules imported; a ConfigError names the one missing."""
@@ -104,12 +100,24 @@ class Backend:
         ``attend_fn`` + merge, or None."""
         return None
 
+    def ring_backward_kernels(self, kernel: KernelChoice | None) -> Any:
+        """The ring backward's block provider (``distributed.ring_backward``; ``kernel``: the case's backward
+        kernel choice, :meth:`backward_kernel_choice`), or None for a backend whose ring has no backward: its
+        "forward+backward" cases then run on one rank only."""
+        return None
+
+    def ring_gradients(self, grads: tuple[Any, Any, Any], dtype: str) -> tuple[Any, Any, Any]:
+        """The ring backward's gradients (in the provider's accumulator dtype) as :meth:`serialized_backward`
+        returns them for ``dtype`` (default: as they are)."""
+        return grads
+
     def ring_view(self, x: Any) -> Any:
         """The array the ring packs and moves for the backend array ``x`` (default: the array itself)."""
         return x
 
     def ring_output(self, out: Any, dtype: str) -> Any:
-        """The ring's running output as this backend's array of ``dtype`` (default: as it is)."""
+        """The ring's running output, or an array of :meth:`ring_view` (or this backend's own), as this backend's
+        array of ``dtype`` (default: as it is)."""
         return out
 
     def to_device(self, x: Any, dtype: Any) -> Any:

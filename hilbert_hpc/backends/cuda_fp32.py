@@ -52,6 +52,15 @@ class CudaFp32Backend(CupyGpuBackend):
 
         return provider(kernel)
 
+    def ring_backward_kernels(self, kernel: KernelChoice | None) -> Any:
+        """The backward kernels of ``kernel`` (the case's backward choice) on the shard and on packed ring blocks
+        (:class:`hilbert_hpc.kernels.backward.RingBackwardKernels`; float32 gradients)."""
+        from hilbert_hpc.kernels.backward import BackwardKernels, RingBackwardKernels
+
+        if kernel is None:
+            raise ValueError("the ring backward of the fused kernels needs the case's backward kernel choice")
+        return RingBackwardKernels(BackwardKernels(kernel))
+
     def to_device(self, x: Any, dtype: Any) -> Any:
         """Copy to the current GPU as float32 (the only dtype of this backend)."""
         import cupy

@@ -90,8 +90,18 @@ class CudaBackend(CudaFp32Backend):
 
         return cupy.asarray(x.view(torch.int16))
 
+    def ring_gradients(self, grads: tuple[Any, Any, Any], dtype: str) -> tuple[Any, Any, Any]:
+        """16 bits: the ring backward's float32 sums rounded once (to nearest even) into tensors of ``dtype``, as
+        :meth:`serialized_backward` rounds them; float32 as they are."""
+        if not _sixteen_bit(dtype):
+            return grads
+        import torch
+
+        return tuple(torch.as_tensor(g, device=device()).to(torch_dtype(dtype)) for g in grads)  # type: ignore
+
     def ring_output(self, out: Any, dtype: str) -> Any:
-        """The ring's running output as the case's array: 16 bits as a tensor of ``dtype`` (a view, no copy)."""
+        """The ring's running output, or a :meth:`ring_view`, as the case's array: 16 bits as a tensor of
+        ``dtype`` (a view, no copy)."""
         if not _sixteen_bit(dtype):
             return out
         import torch

@@ -8,9 +8,10 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from hilbert_hpc.backends.base import Backend
-from hilbert_hpc.core.backward import attend_backward, local_dilated_backward
+from hilbert_hpc.core.backward import local_dilated_backward
 from hilbert_hpc.core.dilated import local_dilated_attention
 from hilbert_hpc.core.patterns import Pattern
+from hilbert_hpc.distributed.ring_backward import HostBlockBackward
 
 if TYPE_CHECKING:
     from hilbert_hpc.kernels.selection import KernelChoice
@@ -27,12 +28,16 @@ class NumpyBackend(Backend):
     name = "numpy"
     dtypes = ("float64", "float32")
     passes = ("forward", "forward+backward")
-    ring_backward_fn = staticmethod(attend_backward)
 
     def workspace_bytes(self, shard: int, heads: int, head_dim: int, itemsize: int, qkvo_bytes: int,
                         kernel: KernelChoice | None) -> int:
         """Score tiles: ``TILE_ARRAYS`` tiles per thread, one thread per core."""
         return TILE_ARRAYS * NUMPY_TILE * max(itemsize, 4) * (os.cpu_count() or 1)
+
+    def ring_backward_kernels(self, kernel: KernelChoice | None) -> HostBlockBackward:
+        """The exact block backward on the host (:class:`~hilbert_hpc.distributed.ring_backward.HostBlockBackward`
+        of :func:`hilbert_hpc.core.backward.attend_backward`)."""
+        return HostBlockBackward()
 
     def to_device(self, x: Any, dtype: Any) -> np.ndarray:
         """NumPy arrays stay where they are (converted to ``dtype``)."""

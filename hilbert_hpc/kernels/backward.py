@@ -8,6 +8,11 @@ log-sum-exp L and delta = rowsum(dO * O) (``DILATED_BWD_PARAMS`` in ``common.cuh
 10). Arrays are CuPy arrays, torch tensors or device pointers (ints); 16-bit data are passed as pointers.
 Grid: x = the launch's problems, y = the key blocks of one problem; a problem with more key blocks than a grid
 allows along y is split into key chunks (:func:`key_chunks`).
+
+:class:`RingBackwardKernels` is the ring backward's block provider
+(``distributed.ring_backward``) on them: the local patterns of a shard, and the terms of a packed ring
+block launched in place with the ring forward's geometry (:func:`hilbert_hpc.kernels.launch.ring_launches`),
+dK/dV into the accumulator block that travels with it. Everything is queued on the current stream.
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from hilbert_hpc.kernels.launch import MAX_GRID_Y, local_launches
+from hilbert_hpc.core.arrays import is_tensor
+from hilbert_hpc.core.blockwise import array_module
+from hilbert_hpc.kernels.launch import MAX_GRID_Y, local_launches, ring_launches
 from hilbert_hpc.kernels.program import compiled
 from hilbert_hpc.kernels.registry import BACKWARD
 from hilbert_hpc.kernels.selection import KernelChoice
@@ -27,6 +34,8 @@ from hilbert_hpc.kernels.sixteen_bit import device_pointer
 ARRAYS = ("q", "k", "v", "dout", "lse", "delta", "dq", "dk", "dv")
 #: the inputs held in the choice's dtype (16 bits for a 16-bit choice); the others are float32
 INPUTS = ("q", "k", "v", "dout")
+#: elements of the float32 temporaries of one chunk of rows of :meth:`RingBackwardKernels.row_delta`
+DELTA_CHUNK = 1 << 22
 
 
 def key_chunks(kg: tuple, vg: tuple, mk: int, shift: int | None, block_keys: int,
@@ -110,3 +119,71 @@ class BackwardKernels:
             args = (*pointers, *(np.int64(x) for x in (*qg, *kc, *vc, *lg)), np.int32(heads), np.int32(mq),
                     np.int32(mc), np.int32(sc is not None), np.int32(sc or 0), np.float32(scale))
             fn(grid, (chosen.threads,), args, shared_mem=chosen.shared_bytes)
+
+
+class RingBackwardKernels:
+    """The ring backward's block provider (``distributed.ring_backward.HostBlockBackward``'s methods) on the
+    backward kernels: gradients and accumulator blocks in float32, 16-bit inputs as torch tensors or as the
+    raw bits of the choice's dtype (int16 arrays, the ring's ``ring_view``)."""
+
+    def __init__(self, kernels: BackwardKernels) -> None:
+        self.kernels = kernels
+
+    def accumulator_dtype(self, dtype: Any) -> Any:
+        """float32: the kernels add every term into float32 gradients, whatever the inputs' dtype."""
+        return np.dtype(np.float32)
+
+    def row_delta(self, dout: Any, out: Any) -> Any:
+        """``delta = rowsum(dO * O)`` (L, H) in float32, from the real values of ``dout`` and ``out`` (16 bits:
+        torch tensors or raw bits), a chunk of rows at a time (the float32 temporaries stay small)."""
+        n, heads, d = (int(x) for x in dout.shape)
+        step = max(1, DELTA_CHUNK // max(1, heads * d))
+        dtype = self.kernels.choice.dtype
+        delta = _module(dout).empty((n, heads), dtype=np.float32)
+        for r in range(0, n, step):
+            rows = slice(r, r + step)
+            delta[rows] = (_float32_rows(dout, dtype, rows) * _float32_rows(out, dtype, rows)).sum(-1)
+        return delta
+
+    def local_backward(self, qs: Any, ks: Any, vs: Any, out: Any, lse: Any, dout: Any, delta: Any,
+                       patterns: Sequence[Any], causal: bool, scale: float) -> tuple[Any, Any, Any]:
+        """float32 gradients (dQ, dK, dV) of the shard's local ``patterns`` (zeros without any), arrays of the
+        module of ``qs`` (CuPy; the shard's bits for 16 bits)."""
+        xp = array_module(qs)
+        grads = tuple(xp.zeros(tuple(x.shape), dtype=np.float32) for x in (qs, ks, vs))
+        if patterns:
+            self.kernels.local_patterns(qs, ks, vs, dout, lse, delta, *grads, patterns, causal, scale)
+        return grads
+
+    def ring_block(self, qs: Any, dout: Any, lse: Any, delta: Any, block: Any, partial: Any, geom: Any, pos: int,
+                   src: int, pair: Any, scale: float, dq: Any) -> None:
+        """Terms of this rank's queries of piece ``pair.query`` against piece ``pair.key`` of ``src``'s packed
+        K/V ``block``, launched in place: dQ into the shard's ``dq``, dK/dV into the accumulator block
+        ``partial`` at the offsets of K/V in ``block`` (``geom``: a ``distributed.ring.RingPattern``)."""
+        n, heads, d = (int(x) for x in qs.shape)
+        for geometry in ring_launches(geom, pos, src, pair, scale, heads, d):
+            self.kernels.launch(qs, block, block, dout, lse, delta, dq, partial, partial, **geometry)
+
+
+def _module(x: Any) -> Any:
+    """The array module the float32 values of ``x`` are computed in: CuPy for a (CUDA) torch tensor, else
+    the module of ``x``."""
+    if is_tensor(x):
+        import cupy
+
+        return cupy
+    return array_module(x)
+
+
+def _float32_rows(x: Any, dtype: str, rows: slice) -> Any:
+    """Rows of ``x`` as float32 values (NumPy or CuPy): a torch tensor's, the raw bits (int16 / uint16) of a
+    ``dtype`` ('bfloat16', 'float16') array decoded, any other array converted."""
+    part = x[rows]
+    xp = _module(part)
+    if is_tensor(part):
+        return xp.asarray(part.float())
+    if part.dtype.kind in "iu" and part.dtype.itemsize == 2:
+        if dtype == "bfloat16":
+            return (part.view(xp.uint16).astype(xp.uint32) << 16).view(xp.float32)
+        return part.view(xp.float16).astype(xp.float32)
+    return xp.asarray(part, dtype=xp.float32)

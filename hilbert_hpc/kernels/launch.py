@@ -6,8 +6,8 @@ rows from the shard or from a packed ring block, and the result is merged by
 log-sum-exp into the running output and LSE. :class:`FusedKernels` holds that
 geometry for any launcher with the kernels' common argument list: the FP32
 provider (:mod:`hilbert_hpc.kernels.fp32`, float32 CuPy arrays) and the 16-bit
-provider (:mod:`hilbert_hpc.kernels.sixteen_bit`, whose output stays 16-bit).
-This module knows no provider and no GPU.
+provider (:mod:`hilbert_hpc.kernels.sixteen_bit`, whose output stays 16-bit); the backward kernels
+(:mod:`hilbert_hpc.kernels.backward`) take the same geometry. This module knows no provider and no GPU.
 """
 
 from __future__ import annotations
@@ -63,6 +63,28 @@ def local_launches(patterns: Sequence[Any], causal: bool, scale: float, n: int, 
     return launches
 
 
+def ring_launches(geom: Any, pos: int, src: int, pair: Any, scale: float, heads: int, head_dim: int) -> list[dict]:
+    """The launches (keyword arguments of a launcher) of ring position ``pos``'s selected queries of piece
+    ``pair.query`` against piece ``pair.key`` of the packed block of ring position ``src`` (``geom``: a
+    ``distributed.ring.RingPattern``, ``pair`` a ``PiecePair``), one per head offset with rows on both sides: Q
+    (and the output, dO, dQ) and the log-sum-exp (and delta) addressed in the (n, heads, head_dim) shard, K and V
+    (and dK, dV in an accumulator block of the same layout) at the part's element offsets in the block."""
+    d, row, hrow = head_dim, heads * head_dim, heads
+    r = geom.pattern.dilation
+    launches = []
+    for i, o in enumerate(geom.offsets):
+        part = geom.part(src, i, pair.key)
+        rows = geom.rows(pos, pair.query, o)
+        mq = len(range(rows.start, rows.stop, rows.step))
+        if mq == 0 or part.rows == 0:
+            continue
+        nh = geom.nheads(o)
+        launches.append(dict(qg=(rows.start * row + o * d, 0, r * d, r * row), kg=(part.k0, 0, d, nh * d),
+                             vg=(part.v0, 0, d, nh * d), lg=(rows.start * hrow + o, 0, r, r * hrow), segments=1,
+                             heads=nh, mq=mq, mk=part.rows, shift=pair.shift, scale=scale, head_dim=d))
+    return launches
+
+
 def accumulators(xp: Any, n: int, heads: int, dv: int, dtype: Any, out_dtype: Any = None) -> tuple[Array, Array]:
     """Running output zeros (n, H, Dv) and log-sum-exp -inf (n, H): both in the accumulator dtype of ``dtype``
     (float32 for float32), or, with ``out_dtype`` (the 16-bit kernels), the output in it and a float32 one."""
@@ -103,16 +125,5 @@ class FusedKernels:
         """Attend this rank's selected queries of piece ``pair.query`` to piece ``pair.key`` of a packed ring block
         from ring position ``src`` (``distributed.ring.RingPattern``, ``PiecePair``); merge in place."""
         n, heads, d = qs.shape
-        row, hrow = heads * d, heads
-        r = geom.pattern.dilation
-        for i, o in enumerate(geom.offsets):
-            part = geom.part(src, i, pair.key)
-            rows = geom.rows(pos, pair.query, o)
-            mq = len(range(rows.start, rows.stop, rows.step))
-            if mq == 0 or part.rows == 0:
-                continue
-            nh = geom.nheads(o)
-            qg = (rows.start * row + o * d, 0, r * d, r * row)
-            self.launch(qs, block, block, out, lse, qg=qg, kg=(part.k0, 0, d, nh * d), vg=(part.v0, 0, d, nh * d),
-                        lg=(rows.start * hrow + o, 0, r, r * hrow), segments=1, heads=nh, mq=mq, mk=part.rows,
-                        shift=pair.shift, scale=scale, head_dim=d)
+        for geometry in ring_launches(geom, pos, src, pair, scale, heads, d):
+            self.launch(qs, block, block, out, lse, **geometry)

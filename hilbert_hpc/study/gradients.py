@@ -74,7 +74,9 @@ def gradient_accuracy(setup: CaseSetup, seed: int, rows: int, inputs: list[Any],
         owner = layout.owner(serial)
         mine = layout.local_rows(serial[owner == rank])
         parts = comm.gather([np.asarray(be.to_numpy(g)[mine], dtype=np.float64) for g in grads], root=0)
-        whole = [_gather_serialized(comm, layout, np.asarray(be.to_numpy(x), dtype=np.float64))
+        # the ring's inputs are the backend's ring views (16 bits: their bits); ring_output gives the values back
+        whole = [_gather_serialized(comm, layout, np.asarray(be.to_numpy(be.ring_output(x, case.dtype)),
+                                                             dtype=np.float64))
                  for x in (*inputs, dout)]
         if rank != 0:
             return None

@@ -197,16 +197,17 @@ class CaseRun:
 
     def backward(self, qs: Any, ks: Any, vs: Any, out: Any, lse: Any, dout: Any, stats: RingStats) -> Any:
         """Gradients (dQ, dK, dV) of this rank's shard: the backend's backward on one rank, the ring backward
-        with the backend's ``ring_backward_fn`` on several, its counters added to ``stats`` (kept apart from
-        the forward ring's)."""
+        with the backend's ``ring_backward_kernels`` on several, its gradients as the backend's own
+        (``ring_gradients``) and its counters added to ``stats`` (kept apart from the forward ring's)."""
         c = self.case
         if self.ranks == 1:
             return self.be.serialized_backward(qs, ks, vs, out, lse, dout, c.patterns, c.causal, c.softmax_scale,
                                                self.setup.backward_kernel)
-        return ring_dilated_backward(qs, ks, vs, out, lse, dout, patterns=c.patterns, comm=self.comm,
-                                     causal=c.causal, scale=c.softmax_scale, transport=self.transport,
-                                     backward_fn=self.be.ring_backward_fn, stats=stats, sync_rings=True,
-                                     placement=self.layout.placement)
+        grads = ring_dilated_backward(qs, ks, vs, out, lse, dout, patterns=c.patterns, comm=self.comm,
+                                      causal=c.causal, scale=c.softmax_scale, transport=self.transport,
+                                      kernels=self.be.ring_backward_kernels(self.setup.backward_kernel),
+                                      stats=stats, sync_rings=True, placement=self.layout.placement)
+        return self.be.ring_gradients(grads, c.dtype)
 
     def run(self) -> tuple[dict, dict[str, list[np.ndarray]], dict]:
         """Warm-up and timed repeats; returns (per-repeat timings, host outputs, accuracy sums).

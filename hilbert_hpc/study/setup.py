@@ -97,9 +97,10 @@ def check_case(case: Case, ranks: int | None = None) -> CaseSetup:
         backward_kernel = be.backward_kernel_choice(case.head_dim, case.dtype) if case.pass_ != "forward" else None
     except (RuntimeError, ValueError) as exc:
         raise ConfigError(str(exc), f"{case.case_id}.dtype") from None
-    if ranks > 1 and case.pass_ != "forward" and be.ring_backward_fn is None:
+    if ranks > 1 and case.pass_ != "forward" and be.ring_backward_kernels(backward_kernel) is None:
         raise ConfigError(f"pass = {case.pass_!r} of backend {case.backend!r} runs on one rank so far (its ring "
-                          f"has no backward yet; numpy's has); give the case ranks = 1", f"{case.case_id}.pass")
+                          f"has no backward yet; numpy's, cuda's and cuda-fp32's have); give the case ranks = 1",
+                          f"{case.case_id}.pass")
     if ranks > 1 and be.attend_fn is None:
         raise ConfigError(f"backend {case.backend!r} is the single-process baseline; run it with one rank "
                           f"or choose numpy/cupy", f"{case.case_id}.backend")
