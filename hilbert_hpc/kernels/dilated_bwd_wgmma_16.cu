@@ -449,25 +449,11 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T))
         }
     }
 
-    // dK (scaled) and dV of this thread's keys added to dk, dv: every old value of a row read before any store
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int j = key0 + 8 * h;
-        if (j >= mk) continue;
-        float2* krow = reinterpret_cast<float2*>(dk + koff + j * k_row + 2 * t);
-        float2* vrow = reinterpret_cast<float2*>(dv + voff + j * v_row + 2 * t);
-        float2 pk[D / 8], pv[D / 8];
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-            pk[n] = krow[4 * n];
-            pv[n] = vrow[4 * n];
-        }
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-            krow[4 * n] = make_float2(pk[n].x + scale * gk[4 * n + 2 * h], pk[n].y + scale * gk[4 * n + 2 * h + 1]);
-            vrow[4 * n] = make_float2(pv[n].x + gv[4 * n + 2 * h], pv[n].y + gv[4 * n + 2 * h + 1]);
-        }
-    }
+    // dK (scaled) and dV of this thread's keys added to dk, dv (the accumulators' layout is backward.cuh's
+    // [D / 8][4] fragment, flattened)
+    add_key_gradients<D / 8>(dk, dv, koff, voff, k_row, v_row, key0, mk, t, scale,
+                             reinterpret_cast<const float (&)[D / 8][4]>(gk),
+                             reinterpret_cast<const float (&)[D / 8][4]>(gv));
 }
 #undef BWD_FULL
 #undef BWD_EMPTY
