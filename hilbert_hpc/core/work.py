@@ -39,20 +39,29 @@ def span_pairs(start: int, stop: int, heads: int, patterns: Sequence[Pattern], c
     return total
 
 
-def rank_spans(tokens: int, ranks: int, placement: str = "contiguous") -> list[list[tuple[int, int]]]:
-    """The serialized spans ``[start, stop)`` each rank holds: ``contiguous``, rank ``p`` holds
-    ``[p*L, (p+1)*L)``, ``L = N / P``; ``zigzag``, chunks ``p`` and ``2P-1-p`` of ``2P`` equal chunks
-    (``distributed.sharding.Shards``)."""
-    pieces = {"contiguous": ranks, "zigzag": 2 * ranks}.get(placement)
-    if pieces is None:
-        raise ValueError(f"placement must be 'contiguous' or 'zigzag', got {placement!r}")
+#: how serialized positions are assigned to ranks (``distributed.sharding.Shards``)
+PLACEMENTS = ("contiguous", "zigzag")
+
+
+def spans_of(tokens: int, ranks: int, placement: str, rank: int) -> list[tuple[int, int]]:
+    """The serialized spans ``[start, stop)`` rank ``rank`` holds, in the order of its local rows:
+    ``contiguous``, ``[p*L, (p+1)*L)``, ``L = N / P``; ``zigzag``, chunks ``p`` and ``2P-1-p`` of ``2P`` equal
+    chunks."""
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
+    pieces = ranks if placement == "contiguous" else 2 * ranks
     if ranks < 1 or tokens % pieces:
         raise ValueError(f"ranks must be a positive number of ranks whose {pieces // ranks} chunk(s) each divide "
                          f"tokens ({tokens}), got {ranks}")
     c = tokens // pieces
     if placement == "contiguous":
-        return [[(p * c, (p + 1) * c)] for p in range(ranks)]
-    return [[(p * c, (p + 1) * c), ((2 * ranks - 1 - p) * c, (2 * ranks - p) * c)] for p in range(ranks)]
+        return [(rank * c, (rank + 1) * c)]
+    return [(rank * c, (rank + 1) * c), ((2 * ranks - 1 - rank) * c, (2 * ranks - rank) * c)]
+
+
+def rank_spans(tokens: int, ranks: int, placement: str = "contiguous") -> list[list[tuple[int, int]]]:
+    """:func:`spans_of` every rank."""
+    return [spans_of(tokens, ranks, placement, p) for p in range(ranks)]
 
 
 def rank_useful_flops(tokens: int, ranks: int, heads: int, head_dim: int, patterns: Sequence[Pattern],

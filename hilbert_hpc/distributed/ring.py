@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from hilbert_hpc.core.blockwise import array_module, attend, merge_lse
 from hilbert_hpc.core.dilated import AttendFn, accumulate_patterns, empty_accumulators
@@ -49,7 +49,8 @@ class RingStats:
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
-def _sync(xp: Any) -> None:
+def synchronize(xp: Any) -> None:
+    """Wait for the GPU work queued so far (CuPy); nothing for NumPy."""
     if xp.__name__ == "cupy":
         xp.cuda.get_current_stream().synchronize()
 
@@ -231,7 +232,7 @@ def ring_attention(qs: Array, ks: Array, vs: Array, geom: RingPattern, causal: b
     for p in geom.layout(pos) if (compute and kernels is None) else ():
         rows, hs = geom.rows(pos, p.piece, p.offset), geom.heads_of(p.offset)
         queries[p.index, p.piece] = xp.ascontiguousarray(qs[rows, hs].transpose(1, 0, 2))
-    _sync(xp)
+    synchronize(xp)
     stats.pack_s += time.perf_counter() - t0
 
     for t, (src, send, recv) in enumerate(geom.schedule(causal)):
@@ -269,6 +270,21 @@ def ring_attention(qs: Array, ks: Array, vs: Array, geom: RingPattern, causal: b
     return stats
 
 
+def long_rings(patterns: Sequence[Pattern], shards: Shards, comm: Any, heads: int, dk: int, dv: int,
+               barrier: RingStats | None) -> Iterator[tuple[int, RingPattern]]:
+    """``(index, geometry)`` of each pattern of ``patterns`` that spans ranks, as this rank's
+    :class:`RingPattern`. With ``barrier``, every rank first meets at a barrier, whose time is added to its
+    ``imbalance_s`` (the load imbalance, kept out of the ring's waits)."""
+    for i, p in enumerate(patterns):
+        if p.segment <= shards.chunk:
+            continue
+        if barrier is not None:
+            t0 = time.perf_counter()
+            comm.Barrier()
+            barrier.imbalance_s += time.perf_counter() - t0
+        yield i, RingPattern(p, shards, comm.Get_rank(), heads, dk, dv)
+
+
 def ring_dilated_attention(qs: Array, ks: Array, vs: Array, *, patterns: Sequence[Pattern], comm: Any,
                            causal: bool = False, scale: float | None = None, transport: Any = None,
                            attend_fn: AttendFn = attend, stats: RingStats | None = None,
@@ -288,7 +304,7 @@ def ring_dilated_forward(qs: Array, ks: Array, vs: Array, *, patterns: Sequence[
     log-sum-exp (L, H), the ``L`` that :func:`hilbert_hpc.distributed.ring_backward.ring_dilated_backward` needs.
 
     Every rank of ``comm`` calls this with its shard: the serialized positions that
-    ``placement`` (:data:`hilbert_hpc.distributed.sharding.PLACEMENTS`) gives it, in the order of
+    ``placement`` (:data:`hilbert_hpc.core.work.PLACEMENTS`) gives it, in the order of
     :meth:`~hilbert_hpc.distributed.sharding.Shards.pieces` (contiguous: rank ``p`` owns
     ``[p*L, (p+1)*L)``). Patterns must satisfy
     :func:`hilbert_hpc.distributed.sharding.check_distribution` for that placement. ``transport`` defaults to
@@ -320,17 +336,11 @@ def ring_dilated_forward(qs: Array, ks: Array, vs: Array, *, patterns: Sequence[
         kernels.local_patterns(qs, ks, vs, local, causal, scale, out, lse)
     elif local:
         accumulate_patterns(qs, ks, vs, local, causal, scale, out, lse, attend_fn)
-    _sync(xp)
+    synchronize(xp)
     stats.local_s += time.perf_counter() - t0
-    for i, p in enumerate(patterns):
-        if p.segment > shards.chunk:
-            geom = RingPattern(p, shards, comm.Get_rank(), heads, dk, dv)
-            if sync_rings:
-                t1 = time.perf_counter()
-                comm.Barrier()
-                stats.imbalance_s += time.perf_counter() - t1
-            stats.add(ring_attention(qs, ks, vs, geom, causal, scale, out, lse, comm, transport, tag=100 + i,
-                                     attend_fn=attend_fn, kernels=kernels))
+    for i, geom in long_rings(patterns, shards, comm, heads, dk, dv, stats if sync_rings else None):
+        stats.add(ring_attention(qs, ks, vs, geom, causal, scale, out, lse, comm, transport, tag=100 + i,
+                                 attend_fn=attend_fn, kernels=kernels))
     return out, lse
 
 
@@ -343,11 +353,8 @@ def ring_transfer_only(ks: Array, vs: Array, *, patterns: Sequence[Pattern], com
     shard, heads, dk = ks.shape
     shards = Shards(shard * comm.Get_size(), comm.Get_size(), placement)
     stats = RingStats()
-    for i, p in enumerate(patterns):
-        if p.segment > shards.chunk:
-            comm.Barrier()
-            geom = RingPattern(p, shards, comm.Get_rank(), heads, dk, vs.shape[-1])
-            stats.add(ring_attention(ks, ks, vs, geom, causal, 1.0, None, None, comm, transport, tag=100 + i,
-                                     compute=False))
+    for i, geom in long_rings(patterns, shards, comm, heads, dk, vs.shape[-1], RingStats()):
+        stats.add(ring_attention(ks, ks, vs, geom, causal, 1.0, None, None, comm, transport, tag=100 + i,
+                                 compute=False))
     return stats
 

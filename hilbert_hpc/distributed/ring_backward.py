@@ -39,7 +39,8 @@ from typing import Any, Callable, Sequence
 from hilbert_hpc.core.backward import Grads, attend_backward, local_dilated_backward, row_delta
 from hilbert_hpc.core.blockwise import accumulator_dtype, array_module
 from hilbert_hpc.core.patterns import Pattern
-from hilbert_hpc.distributed.ring import PiecePair, RingPattern, RingStats, progress_until_done
+from hilbert_hpc.distributed.ring import (PiecePair, RingPattern, RingStats, long_rings, progress_until_done,
+                                         synchronize)
 from hilbert_hpc.distributed.sharding import Shards
 
 Array = Any
@@ -89,11 +90,6 @@ class HostBlockBackward:
             dv_acc += dv_o
 
 
-def _sync(xp: Any) -> None:
-    if xp.__name__ == "cupy":
-        xp.cuda.get_current_stream().synchronize()
-
-
 def ring_backward(qs: Array, ks: Array, vs: Array, lse: Array, delta: Array, dout: Array, geom: RingPattern,
                   causal: bool, scale: float, grads: Grads, comm: Any, transport: Any, tag: int,
                   kernels: Any) -> RingStats:
@@ -114,7 +110,7 @@ def ring_backward(qs: Array, ks: Array, vs: Array, lse: Array, delta: Array, dou
 
     t0 = time.perf_counter()
     cur = geom.pack(ks, vs, blocks[0])
-    _sync(xp)
+    synchronize(xp)
     stats.pack_s += time.perf_counter() - t0
 
     schedule = geom.schedule(causal)
@@ -145,7 +141,7 @@ def ring_backward(qs: Array, ks: Array, vs: Array, lse: Array, delta: Array, dou
         for pair in pairs:
             kernels.ring_block(qs, dout, lse, delta, cur, terms, geom, pos, src, pair, scale, dq)
         progress_until_done(xp, exchanges)
-        _sync(xp)
+        synchronize(xp)
         t2 = time.perf_counter()
         for exchange in exchanges:
             exchange.wait()
@@ -210,15 +206,9 @@ def ring_dilated_backward(qs: Array, ks: Array, vs: Array, out: Array, lse: Arra
     delta = kernels.row_delta(dout, out)
     grads = kernels.local_backward(qs, ks, vs, out, lse, dout, delta,
                                    [p for p in patterns if p.segment <= shards.chunk], causal, scale)
-    _sync(xp)
+    synchronize(xp)
     stats.local_s += time.perf_counter() - t0
-    for i, p in enumerate(patterns):
-        if p.segment > shards.chunk:
-            if sync_rings:
-                t1 = time.perf_counter()
-                comm.Barrier()
-                stats.imbalance_s += time.perf_counter() - t1
-            geom = RingPattern(p, shards, comm.Get_rank(), heads, dk, dv)
-            stats.add(ring_backward(qs, ks, vs, lse, delta, dout, geom, causal, scale, grads, comm, transport,
-                                    tag=300 + 2 * i, kernels=kernels))
+    for i, geom in long_rings(patterns, shards, comm, heads, dk, dv, stats if sync_rings else None):
+        stats.add(ring_backward(qs, ks, vs, lse, delta, dout, geom, causal, scale, grads, comm, transport,
+                                tag=300 + 2 * i, kernels=kernels))
     return grads

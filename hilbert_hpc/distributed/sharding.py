@@ -34,10 +34,7 @@ from hilbert_hpc.errors import ConfigError
 from hilbert_hpc.core.hilbert import bits_for, hilbert_decode, hilbert_encode
 from hilbert_hpc.core.ordering import inverse_order, serialization_order
 from hilbert_hpc.core.patterns import Pattern
-
-
-#: how serialized positions are assigned to ranks
-PLACEMENTS = ("contiguous", "zigzag")
+from hilbert_hpc.core.work import PLACEMENTS, spans_of
 
 
 def check_distribution(tokens: int, ranks: int, patterns: Sequence[Pattern], param: str = "patterns",
@@ -107,11 +104,9 @@ class Shards:
         return self.shard if self.placement == "contiguous" else self.shard // 2
 
     def pieces(self, rank: int) -> list[Piece]:
-        """The runs of serialized positions of ``rank``, in local row order."""
-        if self.placement == "contiguous":
-            return [Piece(rank * self.shard, self.shard, 0)]
-        c = self.chunk
-        return [Piece(rank * c, c, 0), Piece((2 * self.ranks - 1 - rank) * c, c, c)]
+        """The runs of serialized positions of ``rank``, in local row order (``core.work.spans_of``)."""
+        return [Piece(start, stop - start, i * self.chunk)
+                for i, (start, stop) in enumerate(spans_of(self.tokens, self.ranks, self.placement, rank))]
 
     def serialized(self, rank: int) -> np.ndarray:
         """Serialized positions of ``rank``'s local rows."""

@@ -42,7 +42,7 @@ else:  # pragma: no cover
 
 from hilbert_hpc.errors import ConfigError, JobFileError
 from hilbert_hpc.core.ordering import ORDERINGS
-from hilbert_hpc.distributed.sharding import PLACEMENTS
+from hilbert_hpc.core.work import PLACEMENTS
 from hilbert_hpc.distributed.transports import TRANSPORTS
 from hilbert_hpc.core.patterns import Pattern, check_problem, check_serializable, parse_grid, parse_patterns
 from hilbert_hpc.backends import PASSES, check_backend, check_pass
