@@ -93,7 +93,7 @@ def max_rel(got: np.ndarray, want: np.ndarray) -> float:
 def test_row_delta_is_the_float32_rowsum_of_the_real_values(dtype, monkeypatch):
     import hilbert_hpc.kernels.backward as backward
 
-    monkeypatch.setattr(backward, "DELTA_CHUNK", 3 * 4 * D)          # several chunks of rows
+    monkeypatch.setattr(backward, "ROW_DOT_CHUNK", 3 * 4 * D)          # several chunks of rows
     rng = np.random.default_rng(0)
     a, b = (rng.standard_normal((10, 4, D)) for _ in range(2))
     if dtype == "bfloat16":

@@ -142,7 +142,7 @@ def rounded_backward(qs: Tensor, ks: Tensor, vs: Tensor, out: Tensor, lse: Tenso
     (:func:`chunk_rows`, :data:`SCRATCH_SHARE`), rounded once into the gradients, chunk after chunk."""
     import torch
 
-    from hilbert_hpc.kernels.backward import BackwardKernels
+    from hilbert_hpc.kernels.backward import BackwardKernels, row_dot
     from hilbert_hpc.kernels.selection import choose_backward
 
     n = int(qs.shape[0])
@@ -164,7 +164,7 @@ def fused_backward(qs: Any, ks: Any, vs: Any, out: Any, lse: Any, dout: Any, pat
                    causal: bool, scale: float, choice: KernelChoice | None = None) -> list[Any]:
     """float32 gradients [dQ, dK, dV] of the backward kernel ``choice`` (None: chosen here) on the current GPU
     and stream: torch tensors or CuPy arrays (the gradients are of the same kind as ``qs``)."""
-    from hilbert_hpc.kernels.backward import BackwardKernels
+    from hilbert_hpc.kernels.backward import BackwardKernels, row_dot
     from hilbert_hpc.kernels.selection import choose_backward
 
     choice = choice or choose_backward(_dtype_name(qs.dtype), int(qs.shape[2]))
@@ -182,27 +182,3 @@ def _float32_zeros(x: Any) -> Any:
     import cupy
 
     return cupy.zeros(x.shape, dtype=cupy.float32)
-
-
-#: elements of the float32 temporaries of one chunk of :func:`row_dot`
-ROW_DOT_CHUNK = 1 << 22
-
-
-def row_dot(a: Any, b: Any) -> Any:
-    """rowsum(a * b) over the last dimension of (N, H, D) tensors or CuPy arrays, in float32, a chunk of rows at
-    a time (the float32 temporaries stay small beside the arrays)."""
-    n, heads, d = (int(x) for x in a.shape)
-    step = max(1, ROW_DOT_CHUNK // max(1, heads * d))
-    if is_tensor(a):
-        import torch
-
-        out = torch.empty((n, heads), dtype=torch.float32, device=a.device)
-        for r in range(0, n, step):
-            out[r:r + step] = (a[r:r + step].float() * b[r:r + step].float()).sum(-1)
-        return out
-    import cupy
-
-    out = cupy.empty((n, heads), dtype=cupy.float32)
-    for r in range(0, n, step):
-        out[r:r + step] = (a[r:r + step].astype(cupy.float32) * b[r:r + step].astype(cupy.float32)).sum(-1)
-    return out

@@ -34,8 +34,8 @@ from hilbert_hpc.kernels.sixteen_bit import device_pointer
 ARRAYS = ("q", "k", "v", "dout", "lse", "delta", "dq", "dk", "dv")
 #: the inputs held in the choice's dtype (16 bits for a 16-bit choice); the others are float32
 INPUTS = ("q", "k", "v", "dout")
-#: elements of the float32 temporaries of one chunk of rows of :meth:`RingBackwardKernels.row_delta`
-DELTA_CHUNK = 1 << 22
+#: elements of the float32 temporaries of one chunk of rows of :func:`row_dot`
+ROW_DOT_CHUNK = 1 << 22
 
 
 def key_chunks(kg: tuple, vg: tuple, mk: int, shift: int | None, block_keys: int,
@@ -136,14 +136,7 @@ class RingBackwardKernels:
     def row_delta(self, dout: Any, out: Any) -> Any:
         """``delta = rowsum(dO * O)`` (L, H) in float32, from the real values of ``dout`` and ``out`` (16 bits:
         torch tensors or raw bits), a chunk of rows at a time (the float32 temporaries stay small)."""
-        n, heads, d = (int(x) for x in dout.shape)
-        step = max(1, DELTA_CHUNK // max(1, heads * d))
-        dtype = self.kernels.choice.dtype
-        delta = _module(dout).empty((n, heads), dtype=np.float32)
-        for r in range(0, n, step):
-            rows = slice(r, r + step)
-            delta[rows] = (_float32_rows(dout, dtype, rows) * _float32_rows(out, dtype, rows)).sum(-1)
-        return delta
+        return row_dot(dout, out, self.kernels.choice.dtype)
 
     def local_backward(self, qs: Any, ks: Any, vs: Any, out: Any, lse: Any, dout: Any, delta: Any,
                        patterns: Sequence[Any], causal: bool, scale: float) -> tuple[Any, Any, Any]:
@@ -165,24 +158,33 @@ class RingBackwardKernels:
             self.kernels.launch(qs, block, block, dout, lse, delta, dq, partial, partial, **geometry)
 
 
-def _module(x: Any) -> Any:
-    """The array module the float32 values of ``x`` are computed in: CuPy for a (CUDA) torch tensor, else
-    the module of ``x``."""
-    if is_tensor(x):
-        import cupy
+def row_dot(a: Any, b: Any, dtype: str | None = None) -> Any:
+    """rowsum(a * b) over the last dimension of (N, H, D) arrays in float32, a chunk of rows at a time (the
+    float32 temporaries stay small beside the arrays): of torch tensors a torch tensor; of NumPy or CuPy
+    arrays an array of their module, 16-bit raw bits (int16 / uint16) read as values of ``dtype``
+    ('bfloat16', 'float16')."""
+    n, heads, d = (int(x) for x in a.shape)
+    step = max(1, ROW_DOT_CHUNK // max(1, heads * d))
+    if is_tensor(a):
+        import torch
 
-        return cupy
-    return array_module(x)
+        out = torch.empty((n, heads), dtype=torch.float32, device=a.device)
+        for r in range(0, n, step):
+            out[r:r + step] = (a[r:r + step].float() * b[r:r + step].float()).sum(-1)
+        return out
+    out = array_module(a).empty((n, heads), dtype=np.float32)
+    for r in range(0, n, step):
+        rows = slice(r, r + step)
+        out[rows] = (_float32_rows(a, dtype, rows) * _float32_rows(b, dtype, rows)).sum(-1)
+    return out
 
 
-def _float32_rows(x: Any, dtype: str, rows: slice) -> Any:
-    """Rows of ``x`` as float32 values (NumPy or CuPy): a torch tensor's, the raw bits (int16 / uint16) of a
-    ``dtype`` ('bfloat16', 'float16') array decoded, any other array converted."""
+def _float32_rows(x: Any, dtype: str | None, rows: slice) -> Any:
+    """Rows of a NumPy or CuPy array as float32 values: with ``dtype`` ('bfloat16', 'float16') the raw bits
+    (int16 / uint16) of such an array decoded; any other array converted."""
     part = x[rows]
-    xp = _module(part)
-    if is_tensor(part):
-        return xp.asarray(part.float())
-    if part.dtype.kind in "iu" and part.dtype.itemsize == 2:
+    xp = array_module(part)
+    if dtype is not None and part.dtype.kind in "iu" and part.dtype.itemsize == 2:
         if dtype == "bfloat16":
             return (part.view(xp.uint16).astype(xp.uint32) << 16).view(xp.float32)
         return part.view(xp.float16).astype(xp.float32)
