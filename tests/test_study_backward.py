@@ -92,10 +92,10 @@ def test_dout_has_its_own_stream_and_the_check_sees_a_wrong_gradient():
     out, lse = setup.backend.serialized_forward(*inputs, case.patterns, case.causal, case.softmax_scale)
     grads = list(setup.backend.serialized_backward(*inputs, out, lse, dout, case.patterns, case.causal,
                                                    case.softmax_scale))
-    good = gradient_fields(gradient_accuracy(setup, 7, 8, inputs, dout, grads))
+    good = gradient_fields(gradient_accuracy(setup, 7, 8, grads))
     assert max(good.values()) < 1e-5
     grads[1] = grads[1] * 1.01                                         # dK 1% off
-    bad = gradient_fields(gradient_accuracy(setup, 7, 8, inputs, dout, grads))
+    bad = gradient_fields(gradient_accuracy(setup, 7, 8, grads))
     assert bad["grad_k_max_rel_err"] > 5e-3 and bad["grad_q_max_rel_err"] < 1e-5
 
 
@@ -173,20 +173,22 @@ def test_results_without_pass_resume_as_forward(tmp_path):
 
 
 def test_plan_counts_the_backward_memory():
+    from hilbert_hpc.core.reference_backward import reference_bytes
+    from hilbert_hpc.study.jobfile import DEFAULT_ACCURACY_ROWS
     from hilbert_hpc.study.plan import estimate
 
     fwd, both = _case(pass_="forward"), _case()
     n, row, heads = both.tokens, both.heads * both.head_dim, both.heads
-    extra = n * row * 4 + n * (3 * row + heads) * 4 + n * (8 * row + 2 * heads) * 8    # dO; dQ dK dV, delta; check
+    check = reference_bytes(n, heads, both.head_dim, both.patterns, DEFAULT_ACCURACY_ROWS)
+    extra = n * row * 4 + n * (3 * row + heads) * 4 + check                            # dO; dQ dK dV, delta; check
     assert estimate(both).memory_bytes - estimate(fwd).memory_bytes == extra
     assert estimate(both).floor_bytes == estimate(fwd).floor_bytes
     # on 8 ranks: the shard's part, the three accumulator blocks of the ring backward (the pattern (256, 4)
-    # spans 2 ranks: 128/4 rows of every head's K and V per rank, float32) and the whole sequence's check on one
-    # rank
+    # spans 2 ranks: 128/4 rows of every head's K and V per rank, float32) and the check of the sampled rows
     fwd8, both8 = (dataclasses.replace(c, ranks=8) for c in (fwd, both))
     shard = n // 8
     accumulators = 3 * (shard // 4) * heads * 2 * both.head_dim * 4
-    extra8 = shard * row * 4 + shard * (3 * row + heads) * 4 + accumulators + n * (8 * row + 2 * heads) * 8
+    extra8 = shard * row * 4 + shard * (3 * row + heads) * 4 + accumulators + check
     assert estimate(both8).memory_bytes - estimate(fwd8).memory_bytes == extra8
 
 
@@ -313,3 +315,44 @@ def test_plan_counts_the_16_bit_backward_chunks_on_one_device():
     assert be.gradient_bytes(262144, row, 2, pats) == 3 * row * (262144 * 2 + chunk * 4)
     assert be.gradient_bytes(262144, row, 2, pats) < 0.7 * be.gradient_bytes(262144, row, 4, pats)
     assert be.gradient_bytes(4096, row, 2, pats) == 3 * row * 4096 * 4          # (8192, 4) spans ranks
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("causal", [False, True])
+def test_each_rank_checks_its_own_gradient_rows_and_a_wrong_row_on_one_rank_shows(causal):
+    """The gradient check on several ranks: every rank checks the sampled rows it owns (no rank gathers the
+    sequence), the first rank adds the sums up; a gradient 1% off on the last rank only is seen there."""
+    from mpi4py import MPI
+
+    from hilbert_hpc.core.backward import local_dilated_backward
+    from hilbert_hpc.core.dilated import local_dilated_forward
+    from hilbert_hpc.study.gradients import dout_shard, gradient_accuracy, gradient_fields
+    from hilbert_hpc.study.measure import shard_inputs
+    from hilbert_hpc.study.setup import check_case
+
+    world = MPI.COMM_WORLD
+    comm = world.Split(0 if world.Get_rank() < 2 else MPI.UNDEFINED, world.Get_rank())
+    if comm == MPI.COMM_NULL:
+        return
+    one, two = check_case(_case(causal=causal, dtype="float64")), check_case(_case(causal=causal, dtype="float64"), 2)
+    case = one.case
+    inputs = shard_inputs(case, 7, one.layout, _OneRank(), 0)                # the whole sequence, serialized
+    dout = dout_shard(one, 7, _OneRank(), 0)
+    out, lse = local_dilated_forward(*inputs, case.patterns, case.causal, case.softmax_scale)
+    grads = local_dilated_backward(*inputs, out, lse, dout, case.patterns, case.causal, case.softmax_scale)
+    rank = comm.Get_rank()
+    mine = np.flatnonzero(two.layout.owner(np.arange(case.tokens)) == rank)  # serialized positions of this rank
+    shard = [np.empty_like(g[:len(mine)]) for g in grads]
+    for s, g in zip(shard, grads):
+        s[two.layout.local_rows(mine)] = g[mine]
+    assert two.layout.placement == ("zigzag" if causal else "contiguous")
+    good = gradient_accuracy(two, 7, 8, shard, comm)
+    if rank == 1:
+        shard[1] = shard[1] * 1.01
+    bad = gradient_accuracy(two, 7, 8, shard, comm)
+    comm.Free()
+    if rank != 0:
+        assert good is None and bad is None
+        return
+    assert good["q"]["rows"] == 8 and max(gradient_fields(good).values()) < 1e-12
+    assert gradient_fields(bad)["grad_k_max_rel_err"] > 5e-3 and gradient_fields(bad)["grad_v_max_rel_err"] < 1e-12

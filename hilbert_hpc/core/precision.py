@@ -53,6 +53,17 @@ class Precision:
         with np.errstate(over="ignore"):                 # beyond the range: inf, as the backend sees it
             return np.asarray(x).astype(self.host_dtype()).astype(np.float64)
 
+    def round_on(self, x: Any, xp: Any = np) -> Any:
+        """:meth:`round` for arrays of ``xp`` (NumPy or CuPy; CuPy has no bfloat16: float32 values are rounded
+        to nearest even on their bits, as the backends' conversion kernels do)."""
+        if xp is np:
+            return self.round(x)
+        if self.name != "bfloat16":
+            return x.astype(self.name).astype(np.float64)
+        bits = x.astype(np.float32).view(np.uint32)
+        bits = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+        return bits.view(np.float32).astype(np.float64)
+
 
 #: bf16 keeps 8 significant bits (unit roundoff 2^-9), fp16 11 (2^-12): a few roundings of the output
 PRECISIONS = {

@@ -5,11 +5,12 @@ The loss gradient dO is made like the random inputs, from the seed, on its own
 stream (``core.inputs.STREAMS["do"]``, docs/semantics.md section 1), also for
 cases that read Q, K, V from a file. The gradients of the first call are
 compared with float64 on the sampled rows of the forward's accuracy check: the
-reference is the exact backward (``core.backward``) run on float64 copies of
-the inputs and dO as the backend saw them, on the backend's GPU (CuPy) when it
-has one, else on the CPU. On several ranks (the ring backward,
-``distributed.ring_backward``) the case's first rank gathers the inputs and dO
-and checks every rank's sampled rows.
+reference is the exact gradient of those rows alone (``core.reference_backward``),
+from the inputs and dO as the backend saw them (``study.reference_inputs``), on
+the backend's GPU (CuPy) when it has one, else on the CPU. On several ranks (the
+ring backward, ``distributed.ring_backward``) each rank checks the sampled rows
+it owns and the case's first rank adds up the sums: no rank holds the whole
+sequence.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from hilbert_hpc.core.backward import local_dilated_backward
-from hilbert_hpc.core.dilated import local_dilated_forward
+from hilbert_hpc.core.arrays import RowReader
 from hilbert_hpc.core.inputs import random_rows
 from hilbert_hpc.core.reference import sample_selected_rows
+from hilbert_hpc.core.reference_backward import reference_gradient_rows
+from hilbert_hpc.errors import UserError
+from hilbert_hpc.study.reference_inputs import row_source
 from hilbert_hpc.study.jobfile import Case
 from hilbert_hpc.study.setup import CaseSetup
 
@@ -51,61 +54,67 @@ def _error_sums(got: np.ndarray, ref: np.ndarray) -> dict:
             "sq_ref": float((ref ** 2).sum())}
 
 
-def gradient_accuracy(setup: CaseSetup, seed: int, rows: int, inputs: list[Any], dout: Any,
-                      grads: list[Any], comm: Any = None) -> dict[str, dict] | None:
+def gradient_accuracy(setup: CaseSetup, seed: int, rows: int, grads: list[Any],
+                      comm: Any = None) -> dict[str, dict] | None:
     """Error sums of dQ, dK and dV (every head of the sampled rows) against the float64 backward.
 
-    ``inputs`` (Q, K, V), ``dout`` and ``grads`` (dQ, dK, dV): this rank's
-    serialized shards of batch element 0 (the whole sequence on one rank).
-    Returns ``{"q": sums, ...}``. On several ranks (``comm`` of more than one
-    rank, every rank calls this) the inputs and dO are gathered on the case's
-    first rank, which alone computes the reference (the whole sequence, as on one
-    rank) and receives each rank's sampled gradient rows; it returns the sums,
-    the other ranks None.
+    ``grads`` (dQ, dK, dV): this rank's serialized shards of batch element 0.
+    Every rank checks the sampled rows it owns against
+    ``core.reference_backward`` (the exact gradients of those rows alone, from
+    inputs made again from the seed or read from the input file: no rank holds
+    the whole sequence), on the backend's GPU (CuPy) when it has one. Returns
+    ``{"q": sums, ...}``; on several ranks (``comm`` of more than one rank, every
+    rank calls this, collective) the case's first rank returns the sums of all
+    ranks and the other ranks None. An input that cannot be read back on one rank
+    is raised on every rank.
     """
-    case, be = setup.case, setup.backend
+    from hilbert_hpc.distributed.mpi import agree
+
+    case, layout = setup.case, setup.layout
     serial = sample_selected_rows(case.tokens, case.heads, case.patterns, rows, seed)
-    ranks = 1 if comm is None else comm.Get_size()
+    rank, ranks = (0, 1) if comm is None else (comm.Get_rank(), comm.Get_size())
+    mine = serial[layout.owner(serial) == rank]
+    sums, error = dict.fromkeys(GRADIENTS, _error_sums(np.empty(0), np.empty(0))), None
+    try:
+        if mine.size:
+            sums = _local_sums(setup, seed, mine, grads)
+    except UserError as exc:
+        error = exc
+    if ranks > 1:
+        error = agree(comm, error)
+    if error is not None:
+        raise error
     if ranks == 1:
-        got = [np.asarray(be.to_numpy(g)[serial], dtype=np.float64) for g in grads]
-        whole = [np.asarray(be.to_numpy(x), dtype=np.float64) for x in (*inputs, dout)]
-    else:
-        rank, layout = comm.Get_rank(), setup.layout
-        owner = layout.owner(serial)
-        mine = layout.local_rows(serial[owner == rank])
-        parts = comm.gather([np.asarray(be.to_numpy(g)[mine], dtype=np.float64) for g in grads], root=0)
-        # the ring's inputs are the backend's ring views (16 bits: their bits); ring_output gives the values back
-        whole = [_gather_serialized(comm, layout, np.asarray(be.to_numpy(be.ring_output(x, case.dtype)),
-                                                             dtype=np.float64))
-                 for x in (*inputs, dout)]
-        if rank != 0:
-            return None
-        got = [np.concatenate([p[i] for p in parts]) for i in range(len(GRADIENTS))]
-        serial = np.concatenate([serial[owner == r] for r in range(comm.Get_size())])   # the rows of ``got``
-    xp = _reference_module(be.on_gpu)
-    q, k, v, do = (xp.asarray(x) for x in whole)
-    del whole
-    out, lse = local_dilated_forward(q, k, v, case.patterns, case.causal, case.softmax_scale)
-    ref = local_dilated_backward(q, k, v, out, lse, do, case.patterns, case.causal, case.softmax_scale)
-    del q, k, v, do, out, lse
-    return {name: _error_sums(g, _host(r[serial])) for name, g, r in zip(GRADIENTS, got, ref)}
+        return sums
+    parts = comm.gather(sums, root=0)
+    if rank != 0:
+        return None
+    return {name: _combined([p[name] for p in parts]) for name in GRADIENTS}
 
 
-def _gather_serialized(comm: Any, layout: Any, shard: np.ndarray) -> np.ndarray | None:
-    """The whole serialized sequence on rank 0 from every rank's ``shard`` (its local rows of ``layout``);
-    None elsewhere."""
-    shard = np.ascontiguousarray(shard)
-    whole = np.empty((comm.Get_size() * shard.shape[0], *shard.shape[1:]), dtype=shard.dtype) \
-        if comm.Get_rank() == 0 else None
-    comm.Gather(shard, whole, root=0)
-    if whole is not None and layout.placement != "contiguous":
-        whole = whole[layout.shards.storage(np.arange(whole.shape[0]))]
-    return whole
+def _local_sums(setup: CaseSetup, seed: int, serial: np.ndarray, grads: list[Any]) -> dict[str, dict]:
+    """Error sums of the gradients of ``serial`` (sorted serialized positions this rank owns)."""
+    case, layout = setup.case, setup.layout
+    xp = _reference_module(setup.backend.on_gpu)
+    natural = row_source(case, seed, xp)
+    ref = reference_gradient_rows(serial, source=lambda name, s: natural(name, layout.natural_of(s)),
+                                  heads=case.heads, patterns=case.patterns, causal=case.causal,
+                                  scale=case.softmax_scale, xp=xp)
+    local = layout.local_rows(serial)
+    got = [np.asarray(RowReader(g)[local], dtype=np.float64) for g in grads]
+    return {name: _error_sums(g, _host(r)) for name, g, r in zip(GRADIENTS, got, ref)}
+
+
+def _combined(parts: list[dict]) -> dict:
+    """The error sums of several ranks' rows as one."""
+    return {"rows": sum(p["rows"] for p in parts), "max_abs": max(p["max_abs"] for p in parts),
+            "max_ref": max(p["max_ref"] for p in parts), "sq_err": sum(p["sq_err"] for p in parts),
+            "sq_ref": sum(p["sq_ref"] for p in parts)}
 
 
 def _reference_module(on_gpu: bool) -> Any:
-    """CuPy for a GPU backend (its float64 reference takes a fraction of a second where the CPU takes minutes),
-    else NumPy."""
+    """CuPy for a GPU backend (its float64 reference takes a fraction of a second where the CPU takes far
+    longer), else NumPy."""
     if on_gpu:
         try:
             import cupy

@@ -197,6 +197,8 @@ def _backends(value: Any, where: str) -> tuple[str, ...]:
     return tuple(_backend(v, f"{where}[{i}]") for i, v in enumerate(value))
 
 
+#: rows compared with float64 when a job does not say (``[job] accuracy_rows``)
+DEFAULT_ACCURACY_ROWS = 32
 #: Job-wide settings: key -> (validator, default)
 JOB_KEYS: dict[str, tuple[Callable[[Any, str], Any], Any]] = {
     "name": (check_name, "job"),
@@ -204,7 +206,7 @@ JOB_KEYS: dict[str, tuple[Callable[[Any, str], Any], Any]] = {
     "seed": (check_job_seed, 2026),
     "repeats": (_int(1), 3),
     "warmup": (_int(0), 1),
-    "accuracy_rows": (_int(0), 32),
+    "accuracy_rows": (_int(0), DEFAULT_ACCURACY_ROWS),
     "save_output": (_bool, False),
     "interleave": (_bool, False),
     "optional_backends": (_backends, ()),

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from hilbert_hpc.core import device_memory
-from hilbert_hpc.distributed.datafile import read_rows, read_shard
+from hilbert_hpc.distributed.datafile import read_shard
 from hilbert_hpc.errors import UserError
 from hilbert_hpc.core.inputs import random_rows
 from hilbert_hpc.study.jobfile import Case, Job
@@ -31,6 +31,7 @@ from hilbert_hpc.distributed.ring import RingStats, ring_dilated_forward, ring_t
 from hilbert_hpc.distributed.ring_backward import ring_dilated_backward
 from hilbert_hpc.distributed.sharding import IndexView, Layout
 from hilbert_hpc.study.gradients import backward_pass, dout_shard, gradient_accuracy, gradient_fields
+from hilbert_hpc.study.reference_inputs import row_source
 from hilbert_hpc.study.setup import CaseSetup
 
 
@@ -103,15 +104,7 @@ def local_accuracy(case: Case, seed: int, rows: int, output: Any, layout: Layout
         return result
     picked = layout.natural_of(serial)
 
-    prec = precision(case.dtype)
-
-    def source(name: str, idx: np.ndarray) -> np.ndarray:
-        """The rows as the backend sees them: made or read, rounded to the case's dtype, in float64."""
-        if case.input:
-            return prec.round(read_rows(case.input, name, 0, idx, np.float64))
-        return prec.round(random_rows(seed, name, idx, case.heads, case.head_dim, prec.generation_dtype()))
-
-    ref = reference_rows(picked, source=source, perm=IndexView(layout.natural_of),
+    ref = reference_rows(picked, source=row_source(case, seed), perm=IndexView(layout.natural_of),
                          inverse=IndexView(layout.serialized_of), heads=case.heads, patterns=case.patterns,
                          causal=case.causal, scale=case.softmax_scale)
     got = np.asarray(output[layout.local_rows(serial)], dtype=np.float64)
@@ -298,8 +291,7 @@ class CaseRun:
                     self.accuracy = self._agreed_accuracy(RowReader(out_s))
                     if grads:
                         self.accuracy["grads"] = gradient_accuracy(self.setup, job.seed, job.accuracy_rows,
-                                                                   [qs, ks, vs], self.douts[b], grads,
-                                                                   self.comm)
+                                                                   grads, self.comm)
             del out_s, lse, grads          # before the next call allocates its output
             if self.ranks > 1:
                 self.comm.Barrier()

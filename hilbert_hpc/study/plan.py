@@ -21,7 +21,8 @@ from typing import Any, TextIO
 
 from hilbert_hpc.errors import ConfigError
 from hilbert_hpc.study.gradients import backward_pass
-from hilbert_hpc.study.jobfile import Case, Job
+from hilbert_hpc.study.jobfile import DEFAULT_ACCURACY_ROWS, Case, Job
+from hilbert_hpc.core.reference_backward import reference_bytes
 from hilbert_hpc.core.patterns import useful_flops
 from hilbert_hpc.distributed.ring import RingPattern
 from hilbert_hpc.distributed.sharding import Shards
@@ -81,30 +82,31 @@ def ring_backward_bytes(case: Case, shards: Shards, itemsize: int) -> int:
     return max(_rank_ring_sends(case, shards, itemsize, True)[1]) * case.batch
 
 
-def backward_bytes(case: Case, shards: Shards, itemsize: int, gradient_check: bool = True,
+def backward_bytes(case: Case, shards: Shards, itemsize: int, accuracy_rows: int = DEFAULT_ACCURACY_ROWS,
                    be: Backend | None = None) -> int:
     """What a forward+backward case holds beyond the forward's Q, K, V, O and L (0 for pass = forward): dO of
     every batch element, dQ, dK, dV and rowsum(dO * O) of one, the ring backward's three accumulator blocks
     (outgoing, incoming and this step's terms: the size of the largest packed K/V block, in the accumulator dtype), and the first call's float64 gradient
-    check of the whole sequence (copies of Q, K, V, dO; its O, L, dQ, dK, dV and rowsum), which on several
-    ranks the case's first rank holds (``gradient_check`` False: a training step, without the study's check)."""
+    check of ``accuracy_rows`` sampled rows (``core.reference_backward.reference_bytes``; 0: a training step,
+    without the study's check)."""
     if not backward_pass(case):
         return 0
     acc = max(itemsize, 4)
     row, heads, shard = case.heads * case.head_dim, case.heads, shards.shard
     grads = case.batch * shard * row * itemsize + shard * (3 * row + heads) * acc
     largest = ring_bytes(case, shards, itemsize)[0] if case.ranks > 1 else 0
-    check = case.tokens * (8 * row + 2 * heads) * 8 if gradient_check else 0
+    check = reference_bytes(case.tokens, heads, case.head_dim, case.patterns, accuracy_rows) if accuracy_rows else 0
     return grads + 3 * largest // itemsize * acc + check
 
 
 def estimate(case: Case, torch_on_gpu: bool | None = None, setup: CaseSetup | None = None,
-             gradient_check: bool = True) -> Estimate:
+             accuracy_rows: int = DEFAULT_ACCURACY_ROWS) -> Estimate:
     """What ``case`` needs on each of its ``case.ranks`` ranks.
 
     ``torch_on_gpu``: whether the PyTorch peer runs on a GPU (None: as on this machine).
     ``setup``: the case's setup (``run`` passes the one it made), else :func:`~hilbert_hpc.study.setup.plan_setup`'s.
-    ``gradient_check``: count the study's float64 gradient check of a forward+backward case (``backward_bytes``).
+    ``accuracy_rows``: the rows of the study's float64 gradient check of a forward+backward case
+    (``backward_bytes``; 0: none).
     """
     setup = setup or plan_setup(case)
     be = setup.backend
@@ -116,7 +118,7 @@ def estimate(case: Case, torch_on_gpu: bool | None = None, setup: CaseSetup | No
     floor = case.batch * shard * row * (3 * itemsize + be.output_itemsize(itemsize))
     memory = floor + shard * case.heads * acc
     memory += be.workspace_bytes(shard, case.heads, case.head_dim, itemsize, floor, setup.kernel)
-    memory += backward_bytes(case, setup.layout.shards, itemsize, gradient_check, be)
+    memory += backward_bytes(case, setup.layout.shards, itemsize, accuracy_rows, be)
     largest, sent = ring_bytes(case, setup.layout.shards, itemsize) if ranks > 1 else (0, 0)
     memory += 2 * largest
     on_gpu = be.plan_on_gpu(torch_on_gpu)
@@ -172,7 +174,8 @@ def print_plan(job: Job, world_size: int, stream: TextIO, device_memory: int | N
     print(head, file=stream)
     print("-" * len(head), file=stream)
     for case in job.cases:
-        est = estimate(case, True if device_memory is not None else None, setups.get(case.case_id))
+        est = estimate(case, True if device_memory is not None else None, setups.get(case.case_id),
+                       job.accuracy_rows)
         limit = device_memory if est.on_gpu else host_memory
         fits = None if limit is None else est.memory_bytes <= limit
         print(f"{case.case_id[:28]:<28} {est.ranks:>5} {est.tokens_per_rank:>12,} {est.memory_bytes / GIB:>12.3f} "
@@ -245,7 +248,7 @@ def check_job_fits(job: Job, comm: Any, setups: dict[str, CaseSetup]) -> None:
     from hilbert_hpc.distributed.mpi import ranks_per_node
 
     per_node = ranks_per_node(comm)
-    ests = [estimate(c, setup=setups[c.case_id]) for c in job.cases]
+    ests = [estimate(c, setup=setups[c.case_id], accuracy_rows=job.accuracy_rows) for c in job.cases]
     limits = {}
     for on_gpu in sorted({e.on_gpu for e in ests}):
         mine = available_bytes(on_gpu, 1 if on_gpu else per_node)

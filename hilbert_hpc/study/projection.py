@@ -196,7 +196,7 @@ def project(case: Case, ranks: int, rate: Rate, bandwidth: Bandwidth, device_mem
     """``case``'s tokens on ``ranks`` GPUs (the module's model); a ConfigError if they cannot be split so."""
     case = dataclasses.replace(case, ranks=ranks)
     setup = plan_setup(case, cc)
-    est = estimate(case, True, setup, gradient_check=False)
+    est = estimate(case, True, setup, accuracy_rows=0)
     shard = est.tokens_per_rank
     shards = setup.layout.shards
     per_rank = rank_useful_flops(case.tokens, ranks, case.heads, case.head_dim, case.patterns, case.causal,
