@@ -78,8 +78,8 @@ class _OneRank:
 
 def test_dout_has_its_own_stream_and_the_check_sees_a_wrong_gradient():
     from hilbert_hpc.core.inputs import random_rows
-    from hilbert_hpc.study.gradients import dout_shard, gradient_accuracy, gradient_fields
-    from hilbert_hpc.study.measure import shard_inputs
+    from hilbert_hpc.study.gradients import gradient_accuracy, gradient_fields
+    from hilbert_hpc.study.measure import dout_shard, shard_inputs
     from hilbert_hpc.study.setup import check_case
 
     setup = check_case(_case())
@@ -326,8 +326,8 @@ def test_each_rank_checks_its_own_gradient_rows_and_a_wrong_row_on_one_rank_show
 
     from hilbert_hpc.core.backward import local_dilated_backward
     from hilbert_hpc.core.dilated import local_dilated_forward
-    from hilbert_hpc.study.gradients import dout_shard, gradient_accuracy, gradient_fields
-    from hilbert_hpc.study.measure import shard_inputs
+    from hilbert_hpc.study.gradients import gradient_accuracy, gradient_fields
+    from hilbert_hpc.study.measure import dout_shard, shard_inputs
     from hilbert_hpc.study.setup import check_case
 
     world = MPI.COMM_WORLD

@@ -3,7 +3,7 @@ of the gradients.
 
 The loss gradient dO is made like the random inputs, from the seed, on its own
 stream (``core.inputs.STREAMS["do"]``, docs/semantics.md section 1), also for
-cases that read Q, K, V from a file. The gradients of the first call are
+cases that read Q, K, V from a file (``measure.dout_shard``). The gradients of the first call are
 compared with float64 on the sampled rows of the forward's accuracy check: the
 reference is the exact gradient of those rows alone (``core.reference_backward``),
 from the inputs and dO as the backend saw them (``study.reference_inputs``), on
@@ -21,7 +21,6 @@ from typing import Any
 import numpy as np
 
 from hilbert_hpc.core.arrays import RowReader
-from hilbert_hpc.core.inputs import random_rows
 from hilbert_hpc.core.reference import sample_selected_rows
 from hilbert_hpc.core.reference_backward import reference_gradient_rows
 from hilbert_hpc.errors import UserError
@@ -36,14 +35,6 @@ GRADIENTS = ("q", "k", "v")
 def backward_pass(case: Case) -> bool:
     """True when the case also computes (and times) the backward."""
     return case.pass_ == "forward+backward"
-
-
-def dout_shard(setup: CaseSetup, seed: int, comm: Any, batch_index: int) -> Any:
-    """This rank's loss gradient dO of one batch element, serialized, as the backend computes with it."""
-    case, layout = setup.case, setup.layout
-    positions = batch_index * case.tokens + layout.shard_natural(comm.Get_rank())
-    rows = random_rows(seed, "do", positions, case.heads, case.head_dim, setup.precision.generation_dtype())
-    return setup.backend.to_device(rows, case.dtype)
 
 
 def _error_sums(got: np.ndarray, ref: np.ndarray) -> dict:

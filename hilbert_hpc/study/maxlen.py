@@ -156,8 +156,8 @@ def trial(search: Search, backend: str, tokens: int, check_rows: int = 0) -> dic
     from hilbert_hpc.study.jobfile import Case
     from hilbert_hpc.core.arrays import RowReader
     from hilbert_hpc.distributed.mpi import SingleProcessComm
-    from hilbert_hpc.study.gradients import backward_pass, dout_shard
-    from hilbert_hpc.study.measure import backend_inputs, local_accuracy
+    from hilbert_hpc.study.gradients import backward_pass
+    from hilbert_hpc.study.measure import backend_inputs, dout_shard, local_accuracy
     from hilbert_hpc.study.plan import estimate
     from hilbert_hpc.study.setup import check_case
 

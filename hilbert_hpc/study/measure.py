@@ -30,7 +30,7 @@ from hilbert_hpc.core.reference import reference_rows, sample_selected_rows, sel
 from hilbert_hpc.distributed.ring import RingStats, ring_dilated_forward, ring_transfer_only
 from hilbert_hpc.distributed.ring_backward import ring_dilated_backward
 from hilbert_hpc.distributed.sharding import IndexView, Layout
-from hilbert_hpc.study.gradients import backward_pass, dout_shard, gradient_accuracy, gradient_fields
+from hilbert_hpc.study.gradients import backward_pass, gradient_accuracy, gradient_fields
 from hilbert_hpc.study.reference_inputs import row_source
 from hilbert_hpc.study.setup import CaseSetup
 
@@ -71,18 +71,37 @@ def backend_inputs(setup: CaseSetup, seed: int, comm: Any, batch_index: int) -> 
     are made as ``shard_inputs`` makes them; the backend's ``to_device`` is then a
     no-op in the timed calls.
     """
-    from hilbert_hpc.core.arrays import concatenate
-    from hilbert_hpc.core.inputs import CHUNK_ELEMENTS
-
     case, layout, be = setup.case, setup.layout, setup.backend
     xp = generation_module(be.on_gpu)
     if case.input or not setup.precision.sixteen_bit:
         return shard_inputs(case, seed, layout, comm, batch_index, xp)
     positions = batch_index * case.tokens + layout.shard_natural(comm.Get_rank())
+    return [_made_rows(setup, seed, t, positions, xp) for t in ("q", "k", "v")]
+
+
+def dout_shard(setup: CaseSetup, seed: int, comm: Any, batch_index: int) -> Any:
+    """This rank's loss gradient dO of one batch element, serialized, as the backend computes with it: made
+    from the seed like the random inputs, where they are made (on the GPU for a GPU backend), also for cases
+    that read Q, K, V from a file."""
+    case, be = setup.case, setup.backend
+    positions = batch_index * case.tokens + setup.layout.shard_natural(comm.Get_rank())
+    rows = _made_rows(setup, seed, "do", positions, generation_module(be.on_gpu))
+    return rows if setup.precision.sixteen_bit else be.to_device(rows, case.dtype)
+
+
+def _made_rows(setup: CaseSetup, seed: int, tensor: str, positions: np.ndarray, xp: Any) -> Any:
+    """Random rows of ``tensor`` for natural ``positions`` in ``xp``; 16-bit ones a chunk of rows at a time, each
+    chunk rounded as it reaches the backend."""
+    from hilbert_hpc.core.arrays import concatenate
+    from hilbert_hpc.core.inputs import CHUNK_ELEMENTS
+
+    case, prec = setup.case, setup.precision
+    if not prec.sixteen_bit:
+        return random_rows(seed, tensor, positions, case.heads, case.head_dim, prec.generation_dtype(), xp)
     step = max(1, CHUNK_ELEMENTS // (case.heads * case.head_dim))
-    return [concatenate([be.to_device(random_rows(seed, t, positions[i:i + step], case.heads, case.head_dim,
-                                                  np.float32, xp), case.dtype)
-                         for i in range(0, len(positions), step)]) for t in ("q", "k", "v")]
+    return concatenate([setup.backend.to_device(random_rows(seed, tensor, positions[i:i + step], case.heads,
+                                                            case.head_dim, np.float32, xp), case.dtype)
+                        for i in range(0, len(positions), step)])
 
 
 def local_accuracy(case: Case, seed: int, rows: int, output: Any, layout: Layout, rank: int) -> dict:
