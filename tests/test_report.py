@@ -396,7 +396,7 @@ def test_labels_and_plot_legend_name_the_transport_used(tmp_path):
     from hilbert_hpc.study.report_files import scaling_figure
 
     fig = scaling_figure(tables["strong_scaling"], "strong", "efficiency", True)
-    legend = [t.get_text() for ax in fig.axes for t in (ax.get_legend().get_texts() if ax.get_legend() else [])]
+    legend = [t.get_text() for box in fig.legends for t in box.get_texts()]
     assert legend and all("staged" in t and "auto" not in t for t in legend), legend
 
 

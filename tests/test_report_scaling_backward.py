@@ -166,13 +166,17 @@ def test_the_plots_draw_the_backward_and_forward_backward_curves(study, tmp_path
     for name in ("strong_scaling", "weak_scaling"):
         fig = scaling_figure(tables[name], name, "efficiency", True)
         ax_t, ax_e = fig.axes
-        legend = [t.get_text() for t in ax_e.get_legend().get_texts()]
+        (box,) = fig.legends                                            # one legend, below both panels
+        legend = [t.get_text() for t in box.get_texts()]
         groups = list(dict.fromkeys(r["group"] for r in tables[name] if "backward_s" in r))
-        for group in groups:
-            for what in ("forward", "backward", "forward+backward"):
-                assert f"{group} ({what})" in legend, (group, what, legend)
         forward_only = [g for g in dict.fromkeys(r["group"] for r in tables[name]) if g not in groups]
-        assert all(g in legend for g in forward_only)                   # a forward series: its label alone
+        # a color per group, a marker and line style per curve kind
+        assert legend == [*dict.fromkeys(r["group"] for r in tables[name]), "forward", "backward", "forward+backward"]
+        assert groups and ax_e.get_legend() is None and ax_t.get_legend() is None
+        for group in groups:
+            labels = [line.get_label() for line in ax_e.get_lines()]
+            assert all(f"{group} ({what})" in labels for what in ("forward", "backward", "forward+backward"))
+        assert len(ax_e.get_lines()) == 3 * len(groups) + len(forward_only) + 1     # with the line at 1.0
         assert len(ax_e.get_lines()) == 3 * len(groups) + len(forward_only) + 1     # with the line at 1.0
         assert ax_t.get_ylabel().startswith("time, s")
 
@@ -187,7 +191,7 @@ def test_forward_only_plots_are_drawn_as_before(tmp_path):
     fig = scaling_figure(tables["strong_scaling"], "strong", "efficiency", True)
     ax_t, ax_e = fig.axes
     (group,) = {r["group"] for r in tables["strong_scaling"]}
-    assert [t.get_text() for t in ax_e.get_legend().get_texts()] == [group]
+    assert [t.get_text() for box in fig.legends for t in box.get_texts()] == [group]   # no curve kinds
     assert len(ax_e.get_lines()) == 2 and ax_t.get_ylabel().startswith("attention time, s")
 
 

@@ -192,6 +192,20 @@ def test_plan_counts_the_backward_memory():
     assert estimate(both8).memory_bytes - estimate(fwd8).memory_bytes == extra8
 
 
+def test_plan_counts_the_peers_gathered_backward_copies():
+    """The peers gather every pattern and head offset for their kernels' backward: the largest such group (the
+    (64, 1) pattern: every row and head) in nine copies (five inputs, three gradients, the kernel's own)."""
+    pytest.importorskip("torch")
+    from hilbert_hpc.study.plan import estimate
+
+    for backend in ("torch", "numpy"):
+        fwd, both = _case(backend=backend, pass_="forward"), _case(backend=backend)
+        n, row, heads = both.tokens, both.heads * both.head_dim, both.heads
+        gathered = 9 * n * row * 4 if backend == "torch" else 0
+        extra = n * row * 4 + n * (3 * row + heads) * 4 + gathered                # dO; dQ dK dV, delta; copies
+        assert estimate(both, accuracy_rows=0).memory_bytes - estimate(fwd).memory_bytes == extra
+
+
 def test_the_default_forward_returns_the_merged_log_sum_exp_for_kernels_and_array_modules():
     """Backend.serialized_forward: the array-module algorithm, or a fused provider's local patterns into an
     output of the input's type; a backend computing the backward needs only ``passes`` and the backward."""
@@ -314,7 +328,15 @@ def test_plan_counts_the_16_bit_backward_chunks_on_one_device():
     chunk = chunk_rows(262144, pats, SCRATCH_SHARE)
     assert be.gradient_bytes(262144, row, 2, pats) == 3 * row * (262144 * 2 + chunk * 4)
     assert be.gradient_bytes(262144, row, 2, pats) < 0.7 * be.gradient_bytes(262144, row, 4, pats)
-    assert be.gradient_bytes(4096, row, 2, pats) == 3 * row * 4096 * 4          # (8192, 4) spans ranks
+    assert be.gradient_bytes(4096, row, 2, pats) == 3 * row * 4096 * (4 + 2)    # (8192, 4) spans ranks
+    # and plan counts the gradients as the backend holds them
+    from hilbert_hpc.study.plan import backward_bytes
+    from hilbert_hpc.study.setup import plan_setup
+
+    case = _case(backend="cuda", dtype="bfloat16")
+    n, r, heads = case.tokens, case.heads * case.head_dim, case.heads
+    shards = plan_setup(case).layout.shards
+    assert backward_bytes(case, shards, 2, 0, be) == n * r * 2 + be.gradient_bytes(n, r, 2, case.patterns) + n * heads * 4
 
 
 @pytest.mark.mpi(min_size=2)

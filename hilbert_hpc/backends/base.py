@@ -143,6 +143,12 @@ class Backend:
         ``plan``): by default in the accumulator dtype (at least float32)."""
         return shard * 3 * row * max(itemsize, 4)
 
+    def backward_workspace_bytes(self, shard: int, heads: int, head_dim: int, itemsize: int,
+                                 patterns: Sequence[Pattern]) -> int:
+        """Working memory of the backward beyond dO, the gradients and rowsum(dO * O) (for ``plan``): none by
+        default (the kernels and the array-module algorithm work in place or in bounded tiles)."""
+        return 0
+
     def backward_kernel_choice(self, head_dim: int, dtype: str) -> KernelChoice | None:
         """The backward kernel this backend runs for ``head_dim`` and ``dtype`` on this GPU (the one decision of
         a forward+backward case, ``CaseSetup.backward_kernel``, which :meth:`serialized_backward` takes), None

@@ -74,6 +74,20 @@ def merged_attention(kernel: AttentionKernel, qs: Any, ks: Any, vs: Any, pattern
     return out, lse
 
 
+#: What the backward of one pattern and head offset holds at once, in gathered copies: its five gathered inputs
+#: (dO, Q, K, V, O), the kernel's three gradients and about one more of the kernel's own working memory (torch's
+#: memory-efficient float32 kernel ran out of memory there at N = 4M, H = 8, D = 64 on one H200)
+GATHERED_BACKWARD_COPIES = 9
+
+
+def gathered_backward_bytes(shard: int, heads: int, head_dim: int, itemsize: int,
+                            patterns: Sequence[Pattern]) -> int:
+    """The most working memory :func:`merged_attention_backward` holds for a shard (for ``plan``): the copies of
+    its largest gathered pattern and head offset (``shard / r`` rows of ``ceil(heads / r)`` heads)."""
+    largest = max((shard // p.dilation * -(-heads // p.dilation) for p in patterns), default=0)
+    return GATHERED_BACKWARD_COPIES * largest * head_dim * itemsize
+
+
 def merged_attention_backward(kernel: AttentionKernel, dout: Any, qs: Any, ks: Any, vs: Any, out: Any, lse: Any,
                               patterns: Sequence[Pattern], causal: bool, scale: float) -> tuple[Any, Any, Any]:
     """(dQ, dK, dV) of :func:`merged_attention` in the input dtype, from the merged output ``out`` (in the input

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from hilbert_hpc.backends.base import Backend
-from hilbert_hpc.backends.gather_merge import AttentionKernel, merged_attention, merged_attention_backward, peer_attention
+from hilbert_hpc.backends.gather_merge import (AttentionKernel, gathered_backward_bytes, merged_attention,
+                                               merged_attention_backward, peer_attention)
 from hilbert_hpc.core.patterns import Pattern
 
 if TYPE_CHECKING:
@@ -218,6 +219,11 @@ class TorchPeer(Backend):
                         kernel: KernelChoice | None) -> int:
         """The gathered copies: ``TORCH_WORKSPACE`` times the Q/K/V/O bytes (measured)."""
         return int(TORCH_WORKSPACE * qkvo_bytes)
+
+    def backward_workspace_bytes(self, shard: int, heads: int, head_dim: int, itemsize: int,
+                                 patterns: Sequence[Pattern]) -> int:
+        """The gathered copies of the backward's largest pattern and head offset (``gathered_backward_bytes``)."""
+        return gathered_backward_bytes(shard, heads, head_dim, itemsize, patterns)
 
     def plan_on_gpu(self, gpu_nodes: bool | None) -> bool:
         """On GPU nodes (``gpu_nodes``) the peer runs on their GPU; otherwise as on this machine."""

@@ -85,7 +85,9 @@ def ring_backward_bytes(case: Case, shards: Shards, itemsize: int) -> int:
 def backward_bytes(case: Case, shards: Shards, itemsize: int, accuracy_rows: int = DEFAULT_ACCURACY_ROWS,
                    be: Backend | None = None) -> int:
     """What a forward+backward case holds beyond the forward's Q, K, V, O and L (0 for pass = forward): dO of
-    every batch element, dQ, dK, dV and rowsum(dO * O) of one, the ring backward's three accumulator blocks
+    every batch element, dQ, dK, dV as ``be`` holds them (``Backend.gradient_bytes``), rowsum(dO * O) of one,
+    the backend's backward working memory (``Backend.backward_workspace_bytes``), the ring backward's three
+    accumulator blocks
     (outgoing, incoming and this step's terms: the size of the largest packed K/V block, in the accumulator dtype), and the first call's float64 gradient
     check of ``accuracy_rows`` sampled rows (``core.reference_backward.reference_bytes``; 0: a training step,
     without the study's check)."""
@@ -93,7 +95,9 @@ def backward_bytes(case: Case, shards: Shards, itemsize: int, accuracy_rows: int
         return 0
     acc = max(itemsize, 4)
     row, heads, shard = case.heads * case.head_dim, case.heads, shards.shard
-    grads = case.batch * shard * row * itemsize + shard * (3 * row + heads) * acc
+    be = be or plan_setup(case).backend
+    grads = (case.batch * shard * row * itemsize + be.gradient_bytes(shard, row, itemsize, case.patterns)
+             + shard * heads * acc + be.backward_workspace_bytes(shard, heads, case.head_dim, itemsize, case.patterns))
     largest = ring_bytes(case, shards, itemsize)[0] if case.ranks > 1 else 0
     check = reference_bytes(case.tokens, heads, case.head_dim, case.patterns, accuracy_rows) if accuracy_rows else 0
     return grads + 3 * largest // itemsize * acc + check

@@ -58,23 +58,32 @@ CURVES = (("attention", "", "forward", "o", "-"), ("backward", "backward_", "bac
 
 def scaling_figure(rows: Sequence[dict[str, Any]], title: str, efficiency_title: str, log_time: bool) -> Any:
     """Two panels: time (with the ideal, dashed) and efficiency (with 1.0) against ranks on a log2 axis;
-    one series per group, labelled by the group (with the transport each group used). A group of
-    forward+backward cases also draws its backward and forward+backward curves (:data:`CURVES`), in the
-    group's color, each labelled with what it times."""
+    one series per group, in its color. A group of forward+backward cases also draws its backward and
+    forward+backward curves (:data:`CURVES`) in the group's color, told apart by marker and line style.
+    One legend below both panels names each group by its color (with the transport it used) and, where
+    there are backward curves, each marker and line style by what it times: it grows with the groups and
+    never covers a curve."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
 
-    fig = Figure(figsize=(11, 4.5), layout="constrained")
+    groups = _series(rows)
+    kinds = [c for c in CURVES if any(f"{c[0]}_s" in r for r in rows)] if any("backward_s" in r for r in rows) else []
+    entries = len(groups) + len(kinds)
+    columns = 1 if max((len(g) for g in groups), default=0) > 60 else 2
+    fig = Figure(figsize=(11, 4.5 + 0.22 * math.ceil(entries / columns)), layout="constrained")
     FigureCanvasAgg(fig)
     ax_t, ax_e = fig.subplots(1, 2)
     all_ranks: set[int] = set()
     efficiencies: list[float] = []
     any_backward = any("backward_s" in r for r in rows)
-    for i, (label, series) in enumerate(_series(rows).items()):
+    handles = []
+    for i, (label, series) in enumerate(groups.items()):
         color = f"C{i % 10}"
         ranks = [r["ranks"] for r in series]
         all_ranks.update(ranks)
         curves = [c for c in CURVES if f"{c[0]}_s" in series[0]]
+        handles.append(Line2D([], [], color=color, linewidth=3, label=label))
         for time_key, eff_prefix, what, marker, style in curves:
             name = f"{label} ({what})" if len(curves) > 1 else label
             med = np.array([r[f"{time_key}_s"] for r in series])
@@ -104,7 +113,9 @@ def scaling_figure(rows: Sequence[dict[str, Any]], title: str, efficiency_title:
     ax_e.set_ylim(0, 1.1 * top)
     ax_e.set_ylabel("efficiency")
     ax_e.set_title(efficiency_title)
-    ax_e.legend(fontsize="small")
+    handles += [Line2D([], [], color="black", marker=marker, linestyle=style, label=what)
+                for _, _, what, marker, style in kinds]
+    fig.legend(handles=handles, loc="outside lower center", ncols=columns, fontsize="small")
     return fig
 
 
