@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from hilbert_hpc.backends import Backend, find_backend, require_usable
 from hilbert_hpc.core.ordering import resolve_ordering
 from hilbert_hpc.core.precision import Precision, precision
+from hilbert_hpc.core.work import imbalance, rank_useful_flops
 from hilbert_hpc.distributed.sharding import Layout, check_distribution, zigzag_possible
 from hilbert_hpc.distributed.transports import TransportChoice, choose_transport
 from hilbert_hpc.errors import ConfigError
@@ -27,15 +28,24 @@ from hilbert_hpc.study.jobfile import Case, Job
 SINGLE_RANK = TransportChoice("none", "single rank: no communication")
 
 
+#: ``auto`` keeps contiguous shards while their largest rank's useful FLOPs are at most this times the mean
+BALANCED = 1.05
+
+
 def case_placement(case: Case, ranks: int) -> str:
     """The placement of ``case`` on ``ranks`` ranks (``distributed.sharding.PLACEMENTS``): as requested, or for
-    ``auto`` zigzag where it balances work (a causal case on several ranks whose patterns allow it), else
-    contiguous. One rank holds the whole sequence: contiguous."""
+    ``auto`` zigzag where contiguous shards would leave the work unbalanced (a causal case on several ranks
+    whose largest rank would own more than :data:`BALANCED` times the mean useful FLOPs, and whose patterns
+    allow zigzag), else contiguous: zigzag's rings make every step on pieces of half a shard, which a
+    contiguous causal ring skips or makes on whole shards. One rank holds the whole sequence: contiguous."""
     if ranks == 1:
         return "contiguous"
     if case.placement != "auto":
         return case.placement
-    return "zigzag" if case.causal and zigzag_possible(case.tokens, ranks, case.patterns) else "contiguous"
+    if not case.causal or not zigzag_possible(case.tokens, ranks, case.patterns):
+        return "contiguous"
+    flops = rank_useful_flops(case.tokens, ranks, case.heads, case.head_dim, case.patterns, True)
+    return "zigzag" if imbalance(flops) > BALANCED else "contiguous"
 
 
 def case_layout(case: Case, ranks: int) -> Layout:
