@@ -136,3 +136,22 @@ def test_zigzag_ring_equals_single_rank(kind, causal, ordering):
         err = np.abs(np.where(finite, got - ref[mine], 0)).max() / np.abs(np.where(np.isfinite(ref), ref, 0)).max()
         assert err <= 1e-12, f"rank {rank}: {name} relative error {err:.2e} ({kind}, causal={causal})"
     assert (stats.ring_steps > 0) == (kind != "local")
+
+
+def test_auto_placement_takes_zigzag_only_where_contiguous_shards_are_unbalanced():
+    """placement = "auto": a causal global pattern on 4 ranks (contiguous: 1.75x the mean) goes zigzag; LongNet's
+    causal patterns (contiguous: balanced per segment) and every non-causal case stay contiguous."""
+    import dataclasses
+
+    from hilbert_hpc.core.patterns import parse_patterns
+    from hilbert_hpc.study.jobfile import Case
+    from hilbert_hpc.study.setup import BALANCED, case_placement
+
+    longnet = parse_patterns([[2048, 1], [8192, 4], [32768, 16], [1 << 22, 2048]])
+    case = Case(case_id="c", name="c", grid=(1 << 22,), patterns=longnet, heads=8, head_dim=64, causal=True)
+    assert BALANCED == 1.05
+    assert case_placement(case, 2) == case_placement(case, 8) == "contiguous"
+    assert case_placement(dataclasses.replace(case, placement="zigzag"), 2) == "zigzag"      # asked for: kept
+    glob = dataclasses.replace(case, grid=(4096,), patterns=parse_patterns([[4096, 1]]))
+    assert case_placement(glob, 4) == "zigzag" and case_placement(glob, 1) == "contiguous"
+    assert case_placement(dataclasses.replace(glob, causal=False), 4) == "contiguous"
