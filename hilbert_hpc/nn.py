@@ -17,6 +17,7 @@ float32.
 """
 
 import operator
+from functools import lru_cache
 from typing import Sequence
 
 import numpy as np
@@ -139,7 +140,26 @@ def _geometry(tokens: int, head_dim: int, patterns: Sequence, grid: Sequence[int
               scale: float | None, segment: int | None
               ) -> tuple[list[int], list[int], float, torch.Tensor | None, torch.Tensor | None]:
     """The checked problem geometry as the ops take it: segments, dilations, scale, and the serialization
-    permutation and its inverse as index tensors (None for the natural order). A constant for torch.compile."""
+    permutation and its inverse as index tensors (None for the natural order). A constant for torch.compile;
+    made once per problem (:func:`_cached_geometry`), not on every call of a training loop."""
+    try:
+        key = (tuple(tuple(p) for p in patterns), grid if grid is None or isinstance(grid, int) else tuple(grid))
+        hash(key)
+    except TypeError:                                   # not a plain sequence of pairs: checked uncached
+        return _index_geometry(tokens, head_dim, patterns, grid, ordering, scale, segment)
+    segments, dilations, scale, order, inverse = _cached_geometry(tokens, head_dim, *key, ordering, scale, segment)
+    return list(segments), list(dilations), scale, order, inverse
+
+
+@lru_cache(maxsize=16)
+def _cached_geometry(tokens: int, head_dim: int, patterns: tuple, grid: tuple | int | None, ordering: str,
+                     scale: float | None, segment: int | None) -> tuple:
+    """:func:`_index_geometry` of hashable arguments, kept for the next call (errors are not kept)."""
+    return _index_geometry(tokens, head_dim, patterns, grid, ordering, scale, segment)
+
+
+def _index_geometry(tokens: int, head_dim: int, patterns: Sequence, grid: Sequence[int] | int | None,
+                    ordering: str, scale: float | None, segment: int | None) -> tuple:
     pats, perm, scale = problem_geometry(tokens, head_dim, patterns, grid, ordering, scale, segment)
     identity = bool(np.array_equal(perm, np.arange(tokens)))
     order, inverse = (None, None) if identity else (torch.tensor(perm), torch.tensor(inverse_order(perm)))

@@ -190,3 +190,26 @@ def test_16_bit_backward_chunks_hold_whole_segments():
     assert chunk_rows(262144, pats, 0.0) == 262144 and chunk_rows(262144, pats, 1.0) == 262144
     assert chunk_rows(262144, pats, 1e-9) == 8192                    # at least one lcm of the segments
     assert chunk_rows(24576, [Pattern(3072, 1), Pattern(8192, 2)], 0.5) == 24576   # lcm 24576: one chunk
+
+
+def test_the_geometry_is_made_once_per_problem(monkeypatch):
+    """A training loop calls dilated_attention with one problem many times: its serialization and index tensors
+    are made on the first call only (a second problem, or unhashable arguments, make their own)."""
+    from hilbert_hpc import nn as hnn
+
+    made = []
+    real = hnn.problem_geometry
+    monkeypatch.setattr(hnn, "problem_geometry", lambda *a: made.append(a) or real(*a))
+    hnn._cached_geometry.cache_clear()
+    q = torch.randn(64, 2, 8)
+    args = dict(patterns=[(16, 1), (64, 4)], grid=(8, 8), ordering="hilbert")
+    first = [hnn.dilated_attention(q, q, q, **args) for _ in range(3)]
+    assert len(made) == 1 and all(torch.equal(first[0], o) for o in first)
+    hnn.dilated_attention(q, q, q, **dict(args, grid=[4, 16]))
+    assert len(made) == 2
+    hnn.dilated_attention(q, q, q, patterns=[(16, 1), (64, 4)], grid=(8, 8), ordering="natural")
+    assert len(made) == 3
+    with pytest.raises(ValueError):                                     # errors are raised every time
+        hnn.dilated_attention(q, q, q, patterns=[(16, 3)])
+    with pytest.raises(ValueError):
+        hnn.dilated_attention(q, q, q, patterns=[(16, 3)])
