@@ -118,5 +118,7 @@ def test_rows_rounded_on_the_gpu_as_on_the_host(dtype):
     from hilbert_hpc.core.precision import precision
 
     x = np.random.default_rng(4).standard_normal(4096).astype(np.float32) * 100
+    x[:6] = [np.nan, -np.nan, np.inf, -np.inf, np.finfo(np.float32).max, -0.0]
+    x[6:8] = np.array([0x7F800001, 0xFFFF8001], dtype=np.uint32).view(np.float32)   # NaNs near the rounding edge
     prec = precision(dtype)
-    assert np.array_equal(prec.round_on(cupy.asarray(x), cupy).get(), prec.round(x))
+    assert np.array_equal(prec.round_on(cupy.asarray(x), cupy).get(), prec.round(x), equal_nan=True)

@@ -318,7 +318,7 @@ def test_gpu_backends_run_forward_and_backward(tmp_path):
 
 def test_plan_counts_the_16_bit_backward_chunks_on_one_device():
     """backend cuda, 16 bits, one device: dQ, dK, dV in 16 bits plus the float32 sums of one chunk of rows;
-    float32 or a pattern spanning ranks: float32 sums of the whole shard."""
+    float32, or several ranks (the ring backward): float32 sums of the whole shard."""
     from hilbert_hpc.backends.cuda_autograd import SCRATCH_SHARE, chunk_rows
     from hilbert_hpc.backends.cuda_fused import CudaBackend
     from hilbert_hpc.core.patterns import Pattern
@@ -328,7 +328,8 @@ def test_plan_counts_the_16_bit_backward_chunks_on_one_device():
     chunk = chunk_rows(262144, pats, SCRATCH_SHARE)
     assert be.gradient_bytes(262144, row, 2, pats) == 3 * row * (262144 * 2 + chunk * 4)
     assert be.gradient_bytes(262144, row, 2, pats) < 0.7 * be.gradient_bytes(262144, row, 4, pats)
-    assert be.gradient_bytes(4096, row, 2, pats) == 3 * row * 4096 * (4 + 2)    # (8192, 4) spans ranks
+    for local in (pats, pats[:1]):   # on several ranks the ring backward's float32 sums, local patterns or not
+        assert be.gradient_bytes(4096, row, 2, local, ranks=2) == 3 * row * 4096 * (4 + 2)
     # and plan counts the gradients as the backend holds them
     from hilbert_hpc.study.plan import backward_bytes
     from hilbert_hpc.study.setup import plan_setup
@@ -336,7 +337,7 @@ def test_plan_counts_the_16_bit_backward_chunks_on_one_device():
     case = _case(backend="cuda", dtype="bfloat16")
     n, r, heads = case.tokens, case.heads * case.head_dim, case.heads
     shards = plan_setup(case).layout.shards
-    assert backward_bytes(case, shards, 2, 0, be) == n * r * 2 + be.gradient_bytes(n, r, 2, case.patterns) + n * heads * 4
+    assert backward_bytes(case, shards, 2, 0, be) == n * r * 2 + be.gradient_bytes(n, r, 2, case.patterns, 1) + n * heads * 4
 
 
 @pytest.mark.mpi(min_size=2)

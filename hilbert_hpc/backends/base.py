@@ -138,9 +138,9 @@ class Backend:
         case's kernel choice (None: the backend chooses once for this call)."""
         raise NotImplementedError
 
-    def gradient_bytes(self, shard: int, row: int, itemsize: int, patterns: Sequence[Pattern]) -> int:
-        """Bytes of dQ, dK, dV of a shard of ``shard`` rows of ``row`` elements while the backward runs (for
-        ``plan``): by default in the accumulator dtype (at least float32)."""
+    def gradient_bytes(self, shard: int, row: int, itemsize: int, patterns: Sequence[Pattern], ranks: int = 1) -> int:
+        """Bytes of dQ, dK, dV of a shard of ``shard`` rows of ``row`` elements on one of ``ranks`` ranks while the
+        backward runs (for ``plan``): by default in the accumulator dtype (at least float32)."""
         return shard * 3 * row * max(itemsize, 4)
 
     def backward_workspace_bytes(self, shard: int, heads: int, head_dim: int, itemsize: int,

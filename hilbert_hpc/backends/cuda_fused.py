@@ -62,14 +62,14 @@ class CudaBackend(CudaFp32Backend):
 
         return backward(qs, ks, vs, out, lse, dout, patterns, causal, scale, kernel)
 
-    def gradient_bytes(self, shard: int, row: int, itemsize: int, patterns: Sequence[Pattern]) -> int:
+    def gradient_bytes(self, shard: int, row: int, itemsize: int, patterns: Sequence[Pattern], ranks: int = 1) -> int:
         """16 bits on one device: the gradients in 16 bits and the float32 sums of one chunk of rows
-        (:func:`hilbert_hpc.backends.cuda_autograd.chunk_rows`); with patterns that span ranks, the float32
-        sums of the whole shard (the ring backward's) and the 16-bit gradients they are rounded into (a 2-rank
-        bf16 case measured 30.1 GiB where the float32 sums alone gave 26.0); float32: as the default."""
+        (:func:`hilbert_hpc.backends.cuda_autograd.chunk_rows`); on several ranks (the ring backward, whatever
+        the patterns) the float32 sums of the whole shard and the 16-bit gradients they are rounded into (a
+        2-rank bf16 case measured 30.1 GiB where the float32 sums alone gave 26.0); float32: as the default."""
         if itemsize != 2:
-            return super().gradient_bytes(shard, row, itemsize, patterns)
-        if any(p.segment > shard for p in patterns):
+            return super().gradient_bytes(shard, row, itemsize, patterns, ranks)
+        if ranks > 1:
             return 3 * row * shard * (4 + itemsize)
         from hilbert_hpc.backends.cuda_autograd import SCRATCH_SHARE, chunk_rows
 

@@ -60,9 +60,10 @@ class Precision:
             return self.round(x)
         if self.name != "bfloat16":
             return x.astype(self.name).astype(np.float64)
-        bits = x.astype(np.float32).view(np.uint32)
+        x = x.astype(np.float32)
+        bits = x.view(np.uint32)
         bits = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
-        return bits.view(np.float32).astype(np.float64)
+        return xp.where(xp.isnan(x), x, bits.view(np.float32)).astype(np.float64)    # NaN stays NaN
 
 
 #: bf16 keeps 8 significant bits (unit roundoff 2^-9), fp16 11 (2^-12): a few roundings of the output

@@ -106,18 +106,34 @@ def _segment_chunks(rows: np.ndarray, p: Pattern, o: int, head_count: int) -> It
         i = j
 
 
+class _SegmentRows:
+    """K and V of a chunk's segment keys, kept for the next chunk: the pieces of one long segment come in
+    consecutive chunks (``_segment_chunks`` sorts groups by size), which then make its rows once."""
+
+    def __init__(self, source: Source) -> None:
+        self.source = source
+        self.keys: np.ndarray | None = None
+        self.rows: tuple[Any, Any] = (None, None)
+
+    def __call__(self, keys: np.ndarray) -> tuple[Any, Any]:
+        if self.keys is None or not np.array_equal(self.keys, keys):
+            self.keys, self.rows = keys, (self.source("k", keys.ravel()), self.source("v", keys.ravel()))
+        return self.rows
+
+
 class _Chunk:
     """One chunk of rows against their segments' keys, for the heads ``hs``: the rows' scores and the keys."""
 
-    def __init__(self, rows: np.ndarray, index: np.ndarray, keys: np.ndarray, hs: np.ndarray, source: Source,
-                 causal: bool, xp: Any) -> None:
+    def __init__(self, rows: np.ndarray, index: np.ndarray, keys: np.ndarray, hs: np.ndarray,
+                 segments: _SegmentRows, causal: bool, xp: Any) -> None:
         self.valid = index >= 0
         self.safe = np.where(self.valid, index, 0)
         self.hs = hs
         u, m = keys.shape
+        k, v = segments(keys)
         # (U, hs, m, D): the segment keys of each group, head-major for batched products
-        self.k = source("k", keys.ravel())[:, hs].reshape(u, m, len(hs), -1).transpose(0, 2, 1, 3)
-        self.v = source("v", keys.ravel())[:, hs].reshape(u, m, len(hs), -1).transpose(0, 2, 1, 3)
+        self.k = k[:, hs].reshape(u, m, len(hs), -1).transpose(0, 2, 1, 3)
+        self.v = v[:, hs].reshape(u, m, len(hs), -1).transpose(0, 2, 1, 3)
         allowed = np.broadcast_to(self.valid[:, :, None], (*index.shape, m))
         if causal:
             allowed = allowed & (keys[:, None, :] <= rows[self.safe][:, :, None])
@@ -149,13 +165,14 @@ class _Chunk:
 def _forward_stats(rows: np.ndarray, q: Any, source: Source, heads: int, patterns: Sequence[Pattern],
                    causal: bool, scale: float, xp: Any) -> tuple[Any, Any]:
     """The merged output (n, H, D) and log-sum-exp (n, H) of ``rows`` (-inf and 0 where no pattern selects)."""
-    out = xp.zeros(q.shape, dtype=np.float64)
+    out = xp.zeros((*q.shape[:2], source("v", rows[:1]).shape[-1]), dtype=np.float64)
     lse = xp.full(q.shape[:2], -np.inf)
+    segments = _SegmentRows(source)
     for p in patterns:
         for o in range(min(p.dilation, heads)):
             hs = np.arange(o, heads, p.dilation)
             for index, keys in _segment_chunks(rows, p, o, len(hs)):
-                c = _Chunk(rows, index, keys, hs, source, causal, xp)
+                c = _Chunk(rows, index, keys, hs, segments, causal, xp)
                 s = c.scores(q, scale, xp)
                 mx = s.max(axis=-1, keepdims=True)
                 mx = xp.where(xp.isfinite(mx), mx, 0.0)            # padding rows see no key
@@ -176,11 +193,12 @@ def _query_gradients(rows: np.ndarray, q: Any, do: Any, lse: Any, delta: Any, so
                      patterns: Sequence[Pattern], causal: bool, scale: float, xp: Any) -> Any:
     """dQ of ``rows``: scale * sum over their keys of P (dP - D) K."""
     dq = xp.zeros(q.shape, dtype=np.float64)
+    segments = _SegmentRows(source)
     for p in patterns:
         for o in range(min(p.dilation, heads)):
             hs = np.arange(o, heads, p.dilation)
             for index, keys in _segment_chunks(rows, p, o, len(hs)):
-                c = _Chunk(rows, index, keys, hs, source, causal, xp)
+                c = _Chunk(rows, index, keys, hs, segments, causal, xp)
                 prob = xp.exp(c.scores(q, scale, xp) - c.rows_of(lse, xp).transpose(0, 2, 1)[..., None])
                 dp = xp.matmul(c.heads_first(do, xp), c.v.swapaxes(-1, -2))
                 ds = prob * (dp - c.rows_of(delta, xp).transpose(0, 2, 1)[..., None])

@@ -96,7 +96,7 @@ def backward_bytes(case: Case, shards: Shards, itemsize: int, accuracy_rows: int
     acc = max(itemsize, 4)
     row, heads, shard = case.heads * case.head_dim, case.heads, shards.shard
     be = be or plan_setup(case).backend
-    grads = (case.batch * shard * row * itemsize + be.gradient_bytes(shard, row, itemsize, case.patterns)
+    grads = (case.batch * shard * row * itemsize + be.gradient_bytes(shard, row, itemsize, case.patterns, case.ranks)
              + shard * heads * acc + be.backward_workspace_bytes(shard, heads, case.head_dim, itemsize, case.patterns))
     largest = ring_bytes(case, shards, itemsize)[0] if case.ranks > 1 else 0
     check = reference_bytes(case.tokens, heads, case.head_dim, case.patterns, accuracy_rows) if accuracy_rows else 0

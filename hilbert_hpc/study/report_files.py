@@ -70,7 +70,7 @@ def scaling_figure(rows: Sequence[dict[str, Any]], title: str, efficiency_title:
     groups = _series(rows)
     kinds = [c for c in CURVES if any(f"{c[0]}_s" in r for r in rows)] if any("backward_s" in r for r in rows) else []
     entries = len(groups) + len(kinds)
-    columns = 1 if max((len(g) for g in groups), default=0) > 60 else 2
+    columns = 1 if max((len(label) for label in groups), default=0) > 60 else 2   # long labels: one column
     fig = Figure(figsize=(11, 4.5 + 0.22 * math.ceil(entries / columns)), layout="constrained")
     FigureCanvasAgg(fig)
     ax_t, ax_e = fig.subplots(1, 2)
