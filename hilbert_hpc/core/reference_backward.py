@@ -162,30 +162,36 @@ class _Chunk:
             target[where] = picked
 
 
-def _forward_stats(rows: np.ndarray, q: Any, source: Source, heads: int, patterns: Sequence[Pattern],
-                   causal: bool, scale: float, xp: Any) -> tuple[Any, Any]:
-    """The merged output (n, H, D) and log-sum-exp (n, H) of ``rows`` (-inf and 0 where no pattern selects)."""
-    out = xp.zeros((*q.shape[:2], source("v", rows[:1]).shape[-1]), dtype=np.float64)
-    lse = xp.full(q.shape[:2], -np.inf)
+def _chunks(rows: np.ndarray, source: Source, heads: int, patterns: Sequence[Pattern], causal: bool,
+            xp: Any) -> Iterator[_Chunk]:
+    """Every chunk of ``rows`` against their segments' keys: per pattern and head offset, their heads."""
     segments = _SegmentRows(source)
     for p in patterns:
         for o in range(min(p.dilation, heads)):
             hs = np.arange(o, heads, p.dilation)
             for index, keys in _segment_chunks(rows, p, o, len(hs)):
-                c = _Chunk(rows, index, keys, hs, segments, causal, xp)
-                s = c.scores(q, scale, xp)
-                mx = s.max(axis=-1, keepdims=True)
-                mx = xp.where(xp.isfinite(mx), mx, 0.0)            # padding rows see no key
-                e = xp.exp(s - mx)
-                den = e.sum(axis=-1)
-                part = (xp.matmul(e, c.v) / xp.maximum(den, 1e-300)[..., None]).transpose(0, 2, 1, 3)
-                part_lse = (mx[..., 0] + xp.log(den)).transpose(0, 2, 1)        # (U, c, hs)
-                a, b = c.rows_of(lse, xp), part_lse
-                mm = xp.maximum(a, b)
-                wa, wb = xp.exp(a - mm), xp.exp(b - mm)
-                merged = (c.rows_of(out, xp) * wa[..., None] + part * wb[..., None]) / (wa + wb)[..., None]
-                c.scatter(out, merged, xp, add=False)
-                c.scatter(lse, mm + xp.log(wa + wb), xp, add=False)
+                yield _Chunk(rows, index, keys, hs, segments, causal, xp)
+
+
+def _forward_stats(rows: np.ndarray, q: Any, source: Source, heads: int, patterns: Sequence[Pattern],
+                   causal: bool, scale: float, xp: Any) -> tuple[Any, Any]:
+    """The merged output (n, H, D) and log-sum-exp (n, H) of ``rows`` (-inf and 0 where no pattern selects)."""
+    out = xp.zeros((*q.shape[:2], source("v", rows[:1]).shape[-1]), dtype=np.float64)
+    lse = xp.full(q.shape[:2], -np.inf)
+    for c in _chunks(rows, source, heads, patterns, causal, xp):
+        s = c.scores(q, scale, xp)
+        mx = s.max(axis=-1, keepdims=True)
+        mx = xp.where(xp.isfinite(mx), mx, 0.0)            # padding rows see no key
+        e = xp.exp(s - mx)
+        den = e.sum(axis=-1)
+        part = (xp.matmul(e, c.v) / xp.maximum(den, 1e-300)[..., None]).transpose(0, 2, 1, 3)
+        part_lse = (mx[..., 0] + xp.log(den)).transpose(0, 2, 1)        # (U, c, hs)
+        a, b = c.rows_of(lse, xp), part_lse
+        mm = xp.maximum(a, b)
+        wa, wb = xp.exp(a - mm), xp.exp(b - mm)
+        merged = (c.rows_of(out, xp) * wa[..., None] + part * wb[..., None]) / (wa + wb)[..., None]
+        c.scatter(out, merged, xp, add=False)
+        c.scatter(lse, mm + xp.log(wa + wb), xp, add=False)
     return out, lse
 
 
@@ -193,16 +199,11 @@ def _query_gradients(rows: np.ndarray, q: Any, do: Any, lse: Any, delta: Any, so
                      patterns: Sequence[Pattern], causal: bool, scale: float, xp: Any) -> Any:
     """dQ of ``rows``: scale * sum over their keys of P (dP - D) K."""
     dq = xp.zeros(q.shape, dtype=np.float64)
-    segments = _SegmentRows(source)
-    for p in patterns:
-        for o in range(min(p.dilation, heads)):
-            hs = np.arange(o, heads, p.dilation)
-            for index, keys in _segment_chunks(rows, p, o, len(hs)):
-                c = _Chunk(rows, index, keys, hs, segments, causal, xp)
-                prob = xp.exp(c.scores(q, scale, xp) - c.rows_of(lse, xp).transpose(0, 2, 1)[..., None])
-                dp = xp.matmul(c.heads_first(do, xp), c.v.swapaxes(-1, -2))
-                ds = prob * (dp - c.rows_of(delta, xp).transpose(0, 2, 1)[..., None])
-                c.scatter(dq, scale * xp.matmul(ds, c.k).transpose(0, 2, 1, 3), xp, add=True)
+    for c in _chunks(rows, source, heads, patterns, causal, xp):
+        prob = xp.exp(c.scores(q, scale, xp) - c.rows_of(lse, xp).transpose(0, 2, 1)[..., None])
+        dp = xp.matmul(c.heads_first(do, xp), c.v.swapaxes(-1, -2))
+        ds = prob * (dp - c.rows_of(delta, xp).transpose(0, 2, 1)[..., None])
+        c.scatter(dq, scale * xp.matmul(ds, c.k).transpose(0, 2, 1, 3), xp, add=True)
     return dq
 
 
