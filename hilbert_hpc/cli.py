@@ -19,29 +19,15 @@ def _world() -> Any:
     return comm
 
 
-def _collectively(comm: Any, fn, *args):
-    """Run ``fn`` on every rank; if it raised a UserError on any rank, raise it on all of them."""
-    from hilbert_hpc.distributed.mpi import agree
-
-    error, value = None, None
-    try:
-        value = fn(*args)
-    except UserError as exc:
-        error = exc
-    error = agree(comm, error)
-    if error is not None:
-        raise error
-    return value
-
-
 def _cmd_run(args: argparse.Namespace) -> int:
+    from hilbert_hpc.distributed.mpi import collectively
     from hilbert_hpc.study.jobfile import load_job
     from hilbert_hpc.study.runner import check_case, run_job
     from hilbert_hpc.study.setup import runnable_here
 
     comm = _world()
-    job = _collectively(comm, load_job, args.job, None, comm.Get_size())
-    job, left_out = _collectively(comm, runnable_here, job)
+    job = collectively(comm, load_job, args.job, None, comm.Get_size())
+    job, left_out = collectively(comm, runnable_here, job)
     if comm.Get_rank() == 0:
         for note in left_out:
             print(f"note: {note}", file=sys.stderr)
@@ -54,7 +40,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     def check_all() -> dict:
         return {case.case_id: check_case(case) for case in job.cases}
 
-    setups = _collectively(comm, check_all)
+    setups = collectively(comm, check_all)
     run_job(job, output=args.output, comm=comm, resume=args.resume, overwrite=args.overwrite, setups=setups)
     return 0
 
@@ -85,10 +71,11 @@ def _bandwidth_arguments(args: argparse.Namespace) -> int:
 
 
 def _cmd_bandwidth(args: argparse.Namespace) -> int:
+    from hilbert_hpc.distributed.mpi import collectively
     from hilbert_hpc.study.bandwidth import run_bandwidth
 
     comm = _world()
-    max_bytes = _collectively(comm, _bandwidth_arguments, args)
+    max_bytes = collectively(comm, _bandwidth_arguments, args)
     run_bandwidth(comm, args.transport, args.device, max_bytes, args.iterations, args.output,
                   overwrite=args.overwrite)
     return 0

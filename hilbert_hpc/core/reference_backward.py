@@ -50,7 +50,7 @@ def reference_gradient_rows(rows: np.ndarray, *, source: Source, heads: int, pat
 def _gradients(rows: np.ndarray, source: Source, heads: int, patterns: Sequence[Pattern], causal: bool,
                scale: float, xp: Any) -> tuple[Any, Any, Any]:
     blocks = list(_key_blocks(rows, patterns, heads, causal))
-    stat_rows = np.unique(np.concatenate([rows, *(b[3] for b in blocks)]))
+    stat_rows = np.unique(np.concatenate([rows, *(queries for _, _, queries in blocks)]))
     q, do = source("q", stat_rows), source("do", stat_rows)
     out, lse = _forward_stats(stat_rows, q, source, heads, patterns, causal, scale, xp)
     delta = (do * out).sum(axis=-1)
@@ -62,8 +62,8 @@ def _gradients(rows: np.ndarray, source: Source, heads: int, patterns: Sequence[
 
 
 def _key_blocks(rows: np.ndarray, patterns: Sequence[Pattern], heads: int,
-                causal: bool) -> Iterator[tuple[int, Pattern, np.ndarray, np.ndarray]]:
-    """(index into ``rows``, pattern, heads, queries) for every pattern that selects a row as a key: the heads
+                causal: bool) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """(index into ``rows``, heads, queries) for every pattern that selects a row as a key: the heads
     ``h = row (mod r)`` and the selected rows of its segment that attend to it (those at or after it, if
     causal)."""
     for i, t in enumerate(rows.tolist()):
@@ -74,7 +74,7 @@ def _key_blocks(rows: np.ndarray, patterns: Sequence[Pattern], heads: int,
             queries = t // p.segment * p.segment + o + p.dilation * np.arange(p.selected, dtype=np.int64)
             if causal:
                 queries = queries[queries >= t]
-            yield i, p, np.arange(o, heads, p.dilation), queries
+            yield i, np.arange(o, heads, p.dilation), queries
 
 
 def _segment_chunks(rows: np.ndarray, p: Pattern, o: int, head_count: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
@@ -212,7 +212,7 @@ def _key_gradients(rows: np.ndarray, stat_rows: np.ndarray, q: Any, do: Any, lse
     """dK and dV of ``rows``: over the queries of every block each row is a key of (``_key_blocks``)."""
     k, v = source("k", rows), source("v", rows)
     dk, dv = xp.zeros(k.shape, dtype=np.float64), xp.zeros(v.shape, dtype=np.float64)
-    for i, _, hs, queries in blocks:
+    for i, hs, queries in blocks:
         at, h = xp.asarray(np.searchsorted(stat_rows, queries)), xp.asarray(hs)
         qq, dd = q[at][:, h], do[at][:, h]                                  # (m, hs, D)
         prob = xp.exp(xp.einsum("mhd,hd->mh", qq, k[i, h]) * scale - lse[at][:, h])

@@ -12,6 +12,8 @@ import sys
 import traceback
 from typing import Any, Callable, Mapping
 
+from hilbert_hpc.errors import UserError
+
 from hilbert_hpc.core import threads
 
 LOCAL_RANK_VARIABLES = ("OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID", "MPI_LOCAL_RANK",
@@ -137,6 +139,20 @@ def abort_on_exception(comm: Any) -> None:
 def agree(comm: Any, error: Exception | None) -> Exception | None:
     """Collective: the first rank's error (by rank order) if any rank had one, on every rank."""
     return agree_boundary(comm, 0, error)[1]
+
+
+def collectively(comm: Any, fn: Callable[..., Any], *args: Any) -> Any:
+    """Collective: ``fn(*args)`` on every rank; if it raised a UserError on any rank, raise it on all of them
+    (before any rank waits in the next collective)."""
+    error, value = None, None
+    try:
+        value = fn(*args)
+    except UserError as exc:
+        error = exc
+    error = agree(comm, error)
+    if error is not None:
+        raise error
+    return value
 
 
 def agree_boundary(comm: Any, signum: int, error: Exception | None) -> tuple[int, Exception | None]:

@@ -23,7 +23,6 @@ import numpy as np
 from hilbert_hpc.core.arrays import RowReader
 from hilbert_hpc.core.reference import sample_selected_rows
 from hilbert_hpc.core.reference_backward import reference_gradient_rows
-from hilbert_hpc.errors import UserError
 from hilbert_hpc.study.reference_inputs import row_source
 from hilbert_hpc.study.jobfile import Case
 from hilbert_hpc.study.setup import CaseSetup
@@ -59,32 +58,20 @@ def gradient_accuracy(setup: CaseSetup, seed: int, rows: int, grads: list[Any],
     ranks and the other ranks None. An input that cannot be read back on one rank
     is raised on every rank.
     """
-    from hilbert_hpc.distributed.mpi import agree
+    from hilbert_hpc.distributed.mpi import SingleProcessComm, collectively
 
-    case, layout = setup.case, setup.layout
+    case, layout, comm = setup.case, setup.layout, comm or SingleProcessComm()
     serial = sample_selected_rows(case.tokens, case.heads, case.patterns, rows, seed)
-    rank, ranks = (0, 1) if comm is None else (comm.Get_rank(), comm.Get_size())
-    mine = serial[layout.owner(serial) == rank]
-    sums, error = dict.fromkeys(GRADIENTS, _error_sums(np.empty(0), np.empty(0))), None
-    try:
-        if mine.size:
-            sums = _local_sums(setup, seed, mine, grads)
-    except UserError as exc:
-        error = exc
-    if ranks > 1:
-        error = agree(comm, error)
-    if error is not None:
-        raise error
-    if ranks == 1:
-        return sums
+    mine = serial[layout.owner(serial) == comm.Get_rank()]
+    sums = collectively(comm, _local_sums, setup, seed, mine, grads)
     parts = comm.gather(sums, root=0)
-    if rank != 0:
-        return None
-    return {name: _combined([p[name] for p in parts]) for name in GRADIENTS}
+    return {name: _combined([p[name] for p in parts]) for name in GRADIENTS} if comm.Get_rank() == 0 else None
 
 
 def _local_sums(setup: CaseSetup, seed: int, serial: np.ndarray, grads: list[Any]) -> dict[str, dict]:
-    """Error sums of the gradients of ``serial`` (sorted serialized positions this rank owns)."""
+    """Error sums of the gradients of ``serial`` (sorted serialized positions this rank owns; none: empty sums)."""
+    if not serial.size:
+        return dict.fromkeys(GRADIENTS, _error_sums(np.empty(0), np.empty(0)))
     case, layout = setup.case, setup.layout
     xp = _reference_module(setup.backend.on_gpu)
     natural = row_source(case, seed, xp)

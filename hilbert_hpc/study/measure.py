@@ -19,7 +19,6 @@ import numpy as np
 
 from hilbert_hpc.core import device_memory
 from hilbert_hpc.distributed.datafile import read_shard
-from hilbert_hpc.errors import UserError
 from hilbert_hpc.core.inputs import random_rows
 from hilbert_hpc.study.jobfile import Case, Job
 from hilbert_hpc.study.record import PHASES, RING_BACKWARD_STATS, RING_STATS, SAVED, Timings, names
@@ -336,18 +335,10 @@ class CaseRun:
         """This rank's :func:`local_accuracy`, agreed by every rank of the case: an input that cannot be read
         back (changed or damaged during the run) on one rank is raised on all of them, before any rank waits
         in the next collective."""
-        from hilbert_hpc.distributed.mpi import agree
+        from hilbert_hpc.distributed.mpi import collectively
 
-        accuracy, error = {}, None
-        try:
-            accuracy = local_accuracy(self.case, self.job.seed, self.job.accuracy_rows, output, self.layout,
-                                      self.rank)
-        except UserError as exc:
-            error = exc
-        error = agree(self.comm, error)
-        if error is not None:
-            raise error
-        return accuracy
+        return collectively(self.comm, local_accuracy, self.case, self.job.seed, self.job.accuracy_rows, output,
+                            self.layout, self.rank)
 
     def results(self) -> tuple[dict, dict[str, list[np.ndarray]], dict]:
         """(per-repeat timings, the last call's host outputs, accuracy sums) once every call has run;
