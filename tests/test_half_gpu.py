@@ -19,7 +19,7 @@ pytestmark = pytest.mark.gpu
 JOB = job_text(name="half", repeats=1, warmup=1, accuracy_rows=96, defaults={"heads": 6, "backend": "torch"},
                cases=[{"name": "g", "grid": [48, 64], "patterns": [[256, 1], [1024, 2], [3072, 6]],
                        "ordering": "hilbert",
-                       "sweep": {"dtype": ["bfloat16", "float16"], "head_dim": [64, 128], "causal": [False, True],
+                       "sweep": {"dtype": ["bfloat16", "float16"], "head_dim": [64, 96, 128], "causal": [False, True],
                                  "backend": ["torch", "cuda"]}}])
 
 

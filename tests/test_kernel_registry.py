@@ -16,8 +16,8 @@ from hilbert_hpc.kernels.selection import SHARED_OPTIN, choose
 #: (compute capability, dtype) -> the family per head dim 32, 64, 96, 128 (None: refused)
 EXPECTED = {
     (90, "float32"): ("wgmma", "wgmma", "wgmma", "wgmma"),
-    (90, "bfloat16"): ("wgmma16", "tma16", "wgmma16", "tma16"),
-    (90, "float16"): ("wgmma16", "tma16", "wgmma16", "tma16"),
+    (90, "bfloat16"): ("wgmma16", "tma16", "tma16", "tma16"),
+    (90, "float16"): ("wgmma16", "tma16", "tma16", "tma16"),
     (80, "float32"): ("tf32x3", "tf32x3", "tf32x3", "tf32x3"),
     (80, "bfloat16"): ("mma16", "mma16", "mma16", "mma16"),
     (80, "float16"): ("mma16", "mma16", "mma16", "mma16"),
@@ -60,9 +60,9 @@ def test_override_is_read_from_the_environment_once_per_choice(monkeypatch):
 
 def test_accumulating_instantiation_is_tma16s_float32_output():
     c = choose("float16", 128, cc=90, override="")
-    assert c.accumulating().name == "dilated_fwd_tma_16<f16_t,128,128,2,2,0,float>"
+    assert c.accumulating().name == "dilated_fwd_tma_16<f16_t,128,128,2,2,0,1,float>"
     with pytest.raises(ValueError, match="needs tma16"):
-        choose("float16", 96, cc=90, override="").accumulating()
+        choose("float16", 32, cc=90, override="").accumulating()
 
 
 def test_every_instantiation_the_check_compiles_comes_from_the_registry(monkeypatch):
@@ -94,7 +94,7 @@ def test_every_instantiation_the_check_compiles_comes_from_the_registry(monkeypa
 
 def test_instantiations_are_each_familys_configurations():
     seen = registry.instantiations()
-    forward, fma_bwd, mma16_bwd, tf32x3_bwd, wgmma16_bwd = 96, 24, 16, 8, 22
+    forward, fma_bwd, mma16_bwd, tf32x3_bwd, wgmma16_bwd = 100, 24, 16, 8, 22
     assert len(seen) == len(set(seen)) == forward + fma_bwd + mma16_bwd + tf32x3_bwd + wgmma16_bwd
     for f in FAMILIES.values():
         mine = [v for v in seen if v.variant == f.name]
@@ -122,10 +122,10 @@ def test_defaults_and_alternatives_fit_the_familys_shared_memory(name):
 
 
 def test_a_forced_configuration_is_checked_against_the_family():
-    with pytest.raises(RuntimeError, match="HILBERT_HPC_HALF_KERNEL=tma16:64,2,3: tma16 takes BK,NC,STAGES,PIPE"):
+    with pytest.raises(RuntimeError, match="HILBERT_HPC_HALF_KERNEL=tma16:64,2,3: tma16 takes BK,NC,STAGES,PIPE,LAZY"):
         choose("bfloat16", 64, cc=90, override="tma16:64,2,3")
-    with pytest.raises(ValueError, match=r"tma16 configuration \(BK, NC, STAGES, PIPE\)"):
-        choose("bfloat16", 64, cc=90, override="tma16:60,2,3,1")
+    with pytest.raises(ValueError, match=r"tma16 configuration \(BK, NC, STAGES, PIPE, LAZY\)"):
+        choose("bfloat16", 64, cc=90, override="tma16:60,2,3,1,1")
     with pytest.raises(RuntimeError, match="unknown FP32 kernel variant 'mma16'"):
         choose("float32", 64, cc=90, override="mma16")
 

@@ -65,13 +65,15 @@ def test_conversion_kernels_compile_with_the_kernels_rounding(arch):
 
 
 def test_shared_bytes_and_threads_follow_the_configuration():
-    v = TMA16.variant(64, "bfloat16", (64, 4, 3, 1))
-    assert (v.threads, v.block_queries, v.config) == (640, 256, (64, 4, 3, 1))
+    v = TMA16.variant(64, "bfloat16", (64, 4, 3, 1, 1))
+    assert (v.threads, v.block_queries, v.config) == (640, 256, (64, 4, 3, 1, 1))
     assert v.shared_bytes == 2 * 256 * 64 + 3 * 2 * 64 * 64 * 2 + 8 * 10 + 1024
-    assert v.name == "dilated_fwd_tma_16<bf16_t,64,64,4,3,1,bf16_t>" and v.arch == "sm_90a" and v.runs_on(90)
+    assert v.name == "dilated_fwd_tma_16<bf16_t,64,64,4,3,1,1,bf16_t>" and v.arch == "sm_90a" and v.runs_on(90)
     with pytest.raises(ValueError, match="head_dim"):
-        TMA16.variant(96, "bfloat16")
-    for bad in ((48, 2, 2, 0), (64, 1, 2, 0), (64, 5, 2, 0), (64, 2, 1, 0), (64, 2, 2, 2)):
+        TMA16.variant(32, "bfloat16")
+    d96 = TMA16.variant(96, "float16")          # computed as 128 columns: the shared memory of D = 128
+    assert d96.shared_bytes == TMA16.variant(128, "float16", d96.config).shared_bytes
+    for bad in ((48, 2, 2, 0, 1), (64, 1, 2, 0, 1), (64, 5, 2, 0, 1), (64, 2, 1, 0, 1), (64, 2, 2, 2, 1), (64, 2, 2, 0, 2)):
         with pytest.raises(ValueError, match="tma16 configuration"):
             TMA16.variant(64, "bfloat16", bad)
 

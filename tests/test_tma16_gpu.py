@@ -29,7 +29,7 @@ def _hopper() -> bool:
 
 @pytest.mark.skipif(not _hopper(), reason="tma16 needs compute capability 9.0")
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("dtype,d", [("bfloat16", 64), ("float16", 128), ("bfloat16", 128)])
+@pytest.mark.parametrize("dtype,d", [("bfloat16", 64), ("float16", 128), ("bfloat16", 128), ("bfloat16", 96)])
 def test_split_calls_merge_in_float32_and_leave_unselected_rows_alone(monkeypatch, dtype, d, causal):
     import torch
 
@@ -66,3 +66,46 @@ def test_split_calls_merge_in_float32_and_leave_unselected_rows_alone(monkeypatc
     ours_err = np.abs(got[sel] - want[sel]).max() / top
     peer_err = np.abs(peer[sel] - want[sel]).max() / top
     assert np.isfinite(got).all() and ours_err <= 2 * peer_err, (ours_err, peer_err)
+
+
+@pytest.mark.skipif(not _hopper(), reason="tma16 needs compute capability 9.0")
+@pytest.mark.parametrize("lazy", [0, 1])
+@pytest.mark.parametrize("d", [64, 96, 128])
+def test_scores_growing_along_the_keys_rescale_the_running_output(monkeypatch, d, lazy):
+    """Scores that grow by far more than 2^8 (log2 units) from key tile to key tile, and a row whose largest
+    score comes first: with lazy rescaling (LAZY = 1) the running max moves at most every few tiles and must
+    still match float64 as closely as the peer does, as every tile's rescale (LAZY = 0) does."""
+    import torch
+
+    from hilbert_hpc.backends.torch_peer import TorchPeer
+    from hilbert_hpc.core.patterns import Pattern
+    from hilbert_hpc.kernels.registry import TMA16
+    from hilbert_hpc.kernels.selection import SIXTEEN_BIT_ENV, choose
+    from hilbert_hpc.kernels.sixteen_bit import launch_local_patterns
+
+    config = (*TMA16.defaults[d][:4], lazy)
+    monkeypatch.setenv(SIXTEEN_BIT_ENV, "tma16:" + ",".join(map(str, config)))
+    assert choose("bfloat16", d).variant.config == config
+    n, heads, causal = 2048, 2, False
+    patterns = [Pattern(2048, 1)]
+    g = torch.Generator(device="cuda").manual_seed(d + lazy)
+    q = torch.randn((n, heads, d), generator=g, device="cuda") * 0.1 + 1.0
+    k = torch.randn((n, heads, d), generator=g, device="cuda") * 0.1 + 1.0
+    ramp = torch.linspace(0.0, 40.0, n, device="cuda")[:, None, None]       # score ramp: about 40 * sqrt(d)
+    k = k * ramp
+    k[:, 1] = k[:, 1].flip(0)                  # head 1: the largest scores in the first tile, none after it
+    v = torch.randn((n, heads, d), generator=g, device="cuda")
+    q, k, v = (x.to(torch.bfloat16) for x in (q, k, v))
+    scale = 1.0 / math.sqrt(d)
+    out, lse = torch.zeros_like(q), torch.full((n, heads), -math.inf, device="cuda")
+    launch_local_patterns(q, k, v, patterns, causal, scale, out, lse)
+    torch.cuda.synchronize()
+
+    host = [x.float().cpu().numpy().astype(np.float64) for x in (q, k, v)]
+    want = dense_dilated_attention(*host, [(p.segment, p.dilation) for p in patterns], causal, scale=scale)
+    peer = TorchPeer().serialized_attention(q, k, v, patterns, causal, scale).double().cpu().numpy()
+    got = out.double().cpu().numpy()
+    top = np.abs(want).max()
+    ours_err = np.abs(got - want).max() / top
+    peer_err = np.abs(peer - want).max() / top
+    assert np.isfinite(got).all() and ours_err <= 2 * max(peer_err, 2.0 ** -9), (ours_err, peer_err)

@@ -14,14 +14,21 @@ __device__ __forceinline__ int unmasked_key_end(int kend, int causal, int first_
     return causal ? min(kend, max(0, first_query + causal_shift + 1)) : kend;
 }
 
+// Lazy rescaling (softmax_tile<..., LAZY = true>): the running max m of a row moves only when a tile's max
+// exceeds it by more than RESCALE_SLACK (log2 units). Below that the probabilities exp2(mul s - m) stay at most
+// 2^RESCALE_SLACK, alpha is exactly 1 and the running output keeps its scale: most tiles skip the rescale.
+// Exact in the sense of the merge: o and l always share the m they were scaled with.
+constexpr float RESCALE_SLACK = 8.0f;
+
 // Online softmax of one key tile for this thread's two query rows (row0, row0 + 8), in log2 units, on the
 // accumulator layout of mma.sync m16n8 and wgmma m64nN (lane = 4 g + t): s[4 b + 2 h + e] = score of
 // (row g + 8 h, key kt + 8 b + 2 t + e), o[4 n + 2 h + e] = running output (row g + 8 h, column 8 n + 2 t + e).
 // Scores become mul * score (mul = scale * log2 e, or 1 when Q was pre-scaled); masked (only boundary tiles
 // need it): keys at or past kend, and past i + causal_shift when causal. On return s holds the FP32
 // probabilities exp2(mul s - m), m the running max, l this lane's partial row sum, alpha[h] the factor of the
-// running output of row h, and, when RESCALE, o is rescaled by it.
-template <int NB, int NO, bool RESCALE>
+// running output of row h, and, when RESCALE, o is rescaled by it. LAZY: m moves by more than RESCALE_SLACK
+// or not at all (above).
+template <int NB, int NO, bool RESCALE, bool LAZY = false>
 __device__ __forceinline__ void softmax_tile(float (&s)[4 * NB], float (&o)[NO], float (&m)[2], float (&l)[2],
                                              float (&alpha)[2], bool masked, int kt, int kend, int causal,
                                              int causal_shift, int row0, int t, float mul) {
@@ -40,7 +47,8 @@ __device__ __forceinline__ void softmax_tile(float (&s)[4 * NB], float (&o)[NO],
                 }
                 mx = fmaxf(mx, x);
             }
-        const float m_new = fmaxf(m[h], lanes_max<4>(mx) * mul);
+        float m_new = fmaxf(m[h], lanes_max<4>(mx) * mul);
+        if (LAZY && m_new - m[h] <= RESCALE_SLACK) m_new = m[h];   // false while m[h] is -inf
         const float m_use = (m_new == NEG_INF) ? 0.0f : m_new;
         const float a = exp2f(m[h] - m_use);
         alpha[h] = a;
@@ -85,6 +93,12 @@ __device__ __forceinline__ void rescale_rows(float (&o)[NO], const float (&alpha
         }
 }
 
+// rescale_rows where some row of the warp has alpha != 1 (after a lazy softmax_tile: most tiles have none).
+template <int NO>
+__device__ __forceinline__ void rescale_rows_lazy(float (&o)[NO], const float (&alpha)[2]) {
+    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) rescale_rows<NO>(o, alpha);
+}
+
 // Merging a new partial result (log-sum-exp `mine`) into a running one (`old`, -inf for none):
 // out = (old_out * wa + new_out * wb) / den and lse = mx + log(den).
 struct MergeWeights {
@@ -106,10 +120,11 @@ __device__ __forceinline__ MergeWeights merge_weights(float old, float mine) {
 // layout of mma.sync m16n8 and wgmma m64nN (lane = 4 g + t): o[4 n + 2 h + e] = (row g + 8 h, column
 // 8 n + 2 t + e); m: running max (log2 units), l: this lane's partial row sums (summed over the row's 4
 // lanes here). Rows past mq or with no visible key are left untouched. Every lane of the warp must call it.
-template <int D>
+// DA >= D: columns of the accumulators; columns past D are not written.
+template <int D, int DA = D>
 __device__ __forceinline__ void merge_rows32(float* __restrict__ out, float* __restrict__ lse, long long qoff,
                                              long long q_row, long long loff, long long l_row, int row0, int mq,
-                                             int t, const float (&m)[2], float (&l)[2], const float (&o)[D / 2]) {
+                                             int t, const float (&m)[2], float (&l)[2], const float (&o)[DA / 2]) {
     float old[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -150,11 +165,12 @@ __device__ __forceinline__ void merge_rows32(float* __restrict__ out, float* __r
 // (mma.sync m16n8 and wgmma m64nN, per warp of 16 rows, lane = 4 g + t): o[4 n + 2 h + e] = (row g + 8 h,
 // column 8 n + 2 t + e). m: running max (log2 units), l: this lane's partial row sums (summed over the 4
 // lanes of a row here). The old output is read, combined in FP32 and rounded once to T. Rows past mq or
-// with no visible key are left untouched. Every lane of the warp must call it.
-template <typename T, int D>
+// with no visible key are left untouched. Every lane of the warp must call it. DA >= D: columns of the
+// accumulators (a kernel computing D rounded up to whole regions); columns past D are not written.
+template <typename T, int D, int DA = D>
 __device__ __forceinline__ void merge_rows16(T* __restrict__ out, float* __restrict__ lse, long long qoff,
                                              long long q_row, long long loff, long long l_row, int row0, int mq,
-                                             int t, const float (&m)[2], float (&l)[2], const float (&o)[D / 2]) {
+                                             int t, const float (&m)[2], float (&l)[2], const float (&o)[DA / 2]) {
     using H = Half16<T>;
     float old[2];
 #pragma unroll

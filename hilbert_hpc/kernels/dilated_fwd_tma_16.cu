@@ -14,7 +14,10 @@
 //   * the grid is one-dimensional, query blocks of one problem adjacent (block b: problem b / qblocks,
 //     query block b % qblocks, in reverse when causal: longest first), so the blocks resident at one time
 //     share their problems' K and V in L2.
-// Head dims 64 and 128 (rows of 128 bytes per 64-column region; D = 128 is two regions).
+// Head dims 64, 96 and 128 (rows of 128 bytes per 64-column region; D = 96 and 128 are two regions). D = 96 is
+// computed as DP = 128 columns: the copy engine zero-fills columns 96..127 of every tile (past the maps' first
+// dimension), Q K^T runs D / 16 = 6 k-steps (the valid columns only), P V runs N = 128 (wgmma's MN-major
+// 128-byte-swizzled B takes whole 64-column regions) and the merge writes the first 96 columns.
 //
 // Block: warpgroup 0 is the producer (one thread issues every copy; setmaxnreg.dec to PREG registers),
 // warpgroups 1..NC consume (setmaxnreg.inc to CREG). Barriers: q_full (Q of the block), and per stage s of
@@ -28,7 +31,9 @@
 // m64n{D}k16, A = P from registers, B = V MN-major, imm-trans-b = 1). PIPE = 1 overlaps tile it's Q K^T with
 // tile it - 1's P V: S(it) and P(it-1) V(it-1) are issued together, the softmax of S(it) runs while P V is in
 // flight, and the running output is rescaled once that completes (FlashAttention-3's intra-warpgroup
-// pipelining). PIPE = 0: one product at a time.
+// pipelining). PIPE = 0: one product at a time. LAZY = 1: the running max moves only by more than
+// RESCALE_SLACK (attention.cuh), so most tiles skip the rescale of the running output (FlashAttention-4's
+// conditional rescaling); 0: every tile rescales.
 //
 // Shared memory, 128-byte swizzle (the copy engine's CU_TENSOR_MAP_SWIZZLE_128B: 16-byte chunk c of row r of
 // a 1024-byte-aligned region lands at chunk c ^ (r % 8)): every tile is stored per 64-column region as
@@ -67,22 +72,23 @@ struct RegsTma {
     static constexpr int CREG = C > 240 ? 240 : C;
 };
 
-// The merge into the running output: 16-bit (rounded once per launch) or float32 (an FP32 running output).
-template <typename T, int D>
+// The merge of D columns of DP-column accumulators into the running output: 16-bit (rounded once per launch)
+// or float32 (an FP32 running output).
+template <typename T, int D, int DP>
 __device__ __forceinline__ void merge_out(T* __restrict__ out, float* __restrict__ lse, long long qoff, long long q_row,
                                           long long loff, long long l_row, int row0, int mq, int t,
-                                          const float (&m)[2], float (&l)[2], const float (&o)[D / 2]) {
-    merge_rows16<T, D>(out, lse, qoff, q_row, loff, l_row, row0, mq, t, m, l, o);
+                                          const float (&m)[2], float (&l)[2], const float (&o)[DP / 2]) {
+    merge_rows16<T, D, DP>(out, lse, qoff, q_row, loff, l_row, row0, mq, t, m, l, o);
 }
-template <typename T, int D>
+template <typename T, int D, int DP>
 __device__ __forceinline__ void merge_out(float* __restrict__ out, float* __restrict__ lse, long long qoff,
                                           long long q_row, long long loff, long long l_row, int row0, int mq, int t,
-                                          const float (&m)[2], float (&l)[2], const float (&o)[D / 2]) {
-    merge_rows32<D>(out, lse, qoff, q_row, loff, l_row, row0, mq, t, m, l, o);
+                                          const float (&m)[2], float (&l)[2], const float (&o)[DP / 2]) {
+    merge_rows32<D, DP>(out, lse, qoff, q_row, loff, l_row, row0, mq, t, m, l, o);
 }
 
 // O: the running output's element type, T or float (the output geometry is its own: o_base .. o_row).
-template <typename T, int D, int BK, int NC, int STAGES, int PIPE, typename O>
+template <typename T, int D, int BK, int NC, int STAGES, int PIPE, int LAZY, typename O>
 __global__ void __launch_bounds__(WG_THREADS * (NC + 1), 1)
 dilated_fwd_tma_16(const TensorMap* __restrict__ maps, O* __restrict__ out, float* __restrict__ lse,
                    long long o_base, long long o_seg, long long o_head, long long o_row,
@@ -90,15 +96,16 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, O* __restrict__ out, floa
                    int heads, int qblocks, int mq, int mk, int causal, int causal_shift, float scale)
 {
     using H = Half16<T>;
-    using L = SmemTma<D, BK, NC, STAGES>;
+    constexpr int DP = (D + 63) / 64 * 64;   // columns computed: whole 64-column regions (zero-filled past D)
+    using L = SmemTma<DP, BK, NC, STAGES>;
     using R = RegsTma<NC>;
     constexpr int BQ = WG_QUERIES * NC;
-    constexpr int NR = D / 64;               // 64-column regions of a row
+    constexpr int NR = DP / 64;              // 64-column regions of a row
     constexpr int NS = BK / 2;               // score registers per thread
-    constexpr int NO = D / 2;                // output registers per thread
-    constexpr int KQ = D / 16;               // k-steps of Q K^T
+    constexpr int NO = DP / 2;               // output registers per thread
+    constexpr int KQ = D / 16;               // k-steps of Q K^T (the valid columns only)
     constexpr int KP = BK / 16;              // k-steps of P V
-    static_assert(D == 64 || D == 128, "head dims 64 and 128 (128-byte rows per region)");
+    static_assert(D == 64 || D == 96 || D == 128, "head dims 64, 96 and 128 (128-byte rows per region)");
     static_assert(BK % 16 == 0 && BK <= 256 && NC >= 1 && NC <= 4 && STAGES >= 2, "configuration");
 
     extern __shared__ __align__(128) unsigned char smem_tma[];
@@ -203,7 +210,7 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, O* __restrict__ out, floa
             wgmma_fence();
     #pragma unroll
             for (int kk = 0; kk < KP; ++kk)
-                Wgmma16<T, D>::template rs<1, 1>(o, p[kk], smem_desc_sw128(sv + 2048 * kk, L::REGION));
+                Wgmma16<T, DP>::template rs<1, 1>(o, p[kk], smem_desc_sw128(sv + 2048 * kk, L::REGION));
             wgmma_commit();
         };
         auto pack_p = [&]() {
@@ -214,8 +221,14 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, O* __restrict__ out, floa
         };
         auto softmax = [&](int it) {
             const int kt = it * BK;
-            softmax_tile<BK / 8, NO, false>(s, o, m, l, alpha, kt + BK > open_end, kt, kend, causal, causal_shift,
+            softmax_tile<BK / 8, NO, false, LAZY != 0>(s, o, m, l, alpha, kt + BK > open_end, kt, kend, causal, causal_shift,
                                              row0, t, mul);
+        };
+        auto rescale = [&]() {
+            if (LAZY)
+                rescale_rows_lazy<NO>(o, alpha);
+            else
+                rescale_rows<NO>(o, alpha);
         };
 
         if (PIPE) {
@@ -237,7 +250,7 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, O* __restrict__ out, floa
                     wgmma_wait<0>();
                     pin(o);
                     mbar_arrive(EMPTY(stage_of<STAGES>(it - 1)));
-                    rescale_rows<NO>(o, alpha);
+                    rescale();
                     pack_p();
                 }
                 mbar_wait(V_FULL(stage_of<STAGES>(nt - 1)), phase_of<STAGES>(nt - 1));
@@ -255,7 +268,7 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, O* __restrict__ out, floa
                 wgmma_wait<0>();
                 pin(s);
                 softmax(it);
-                rescale_rows<NO>(o, alpha);
+                rescale();
                 pack_p();
                 mbar_wait(V_FULL(st), ph);
                 issue_pv(it);
@@ -275,7 +288,7 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, O* __restrict__ out, floa
 
         const long long ooff = o_base + problem_seg * o_seg + problem_head * o_head;
         const long long loff = l_base + problem_seg * l_seg + problem_head * l_head;
-        merge_out<T, D>(out, lse, ooff, o_row, loff, l_row, row0, mq, t, m, l, o);
+        merge_out<T, D, DP>(out, lse, ooff, o_row, loff, l_row, row0, mq, t, m, l, o);
     }
 #undef K_FULL
 #undef V_FULL

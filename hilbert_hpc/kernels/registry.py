@@ -219,8 +219,10 @@ def wgmma16_shared_bytes(head_dim: int, keys: int, warpgroups: int, vmode: int =
 
 def tma16_shared_bytes(head_dim: int, keys: int, consumers: int, stages: int) -> int:
     """Dynamic shared memory of one tma16 block (SmemTma in dilated_fwd_tma_16.cu): Q of the consumer
-    warpgroups, the K/V stages, the mbarriers and 1024 bytes that align the base for the 128-byte swizzle."""
-    return 2 * 64 * consumers * head_dim + 2 * stages * 2 * keys * head_dim + 8 * (1 + 3 * stages) + 1024
+    warpgroups, the K/V stages (rows of the head dim rounded up to whole 64-column regions), the mbarriers
+    and 1024 bytes that align the base for the 128-byte swizzle."""
+    padded = -(-head_dim // 64) * 64
+    return 2 * 64 * consumers * padded + 2 * stages * 2 * keys * padded + 8 * (1 + 3 * stages) + 1024
 
 
 def mma16_shared_bytes(head_dim: int, keys: int) -> int:
@@ -250,10 +252,13 @@ WGMMA16 = KernelFamily(
     valid=lambda c: c[0] % 16 == 0 and 16 <= c[0] <= 256 and c[1] in (1, 2) and c[2] in (0, 1))
 #: key tiles of tma16 (the wgmma m64nNk16 widths of Wgmma16 in wgmma.cuh)
 TMA16_KEY_TILES = (32, 64, 96, 128, 192)
-#: per head dim (64 and 128: rows of one or two 128-byte swizzle spans): (key tile BK, consumer warpgroups NC,
-#: stages, PIPE), template arguments of dilated_fwd_tma_16<T, D, BK, NC, STAGES, PIPE, OUT>; PIPE = 1 overlaps
-#: the next tile's Q K^T with the softmax. Measured on an H200 (N = 262,144, patterns (2048,1) (4096,2) (8192,4),
-#: bf16, ms non-causal / causal, tests/scripts/wgmma16_probe.py --sweep, docs/performance.md): D = 64 (H = 12):
+#: per head dim (64, 96 and 128: rows of one or two 128-byte swizzle spans; 96 computed as 128 columns of which
+#: the copy engine zero-fills the last 32): (key tile BK, consumer warpgroups NC,
+#: stages, PIPE, LAZY), template arguments of dilated_fwd_tma_16<T, D, BK, NC, STAGES, PIPE, LAZY, OUT>; PIPE = 1
+#: overlaps the next tile's Q K^T with the softmax, LAZY = 1 rescales the running output only when a row's max
+#: grows by more than 2^8 (attention.cuh). Measured before LAZY existed (every tile rescaled), on an H200
+#: (N = 262,144, patterns (2048,1) (4096,2) (8192,4), bf16, ms non-causal / causal,
+#: tests/scripts/wgmma16_probe.py --sweep, docs/performance.md), (BK, NC, STAGES, PIPE): D = 64 (H = 12):
 #: (64, 4, 3, 1) 8.34 / 5.68, (96, 3, 3, 1) 8.44 / 5.72, (64, 3, 4, 1) 9.07 / 5.96, (64, 3, 3, 1) 9.03-9.24 /
 #: 5.90-6.16, (64, 3, 3, 0) 9.66 / 6.41, (128, 2, 2, 0) 10.09 / 6.75, (128, 2, 2, 1) 10.86 / 7.51, (64, 2, 3, 1)
 #: 11.23 / 6.84, (64, 3, 2, 1) 11.24 / 6.92; D = 128 (H = 8): (128, 2, 2, 0) 8.10-8.38 / 5.59, (128, 2, 3, 0)
@@ -262,14 +267,16 @@ TMA16_KEY_TILES = (32, 64, 96, 128, 192)
 #: NC >= 2: with one consumer the launch bound already gives it more registers than setmaxnreg may raise it to.
 TMA16 = KernelFamily(
     "tma16", "dilated_fwd_tma_16.cu", SIXTEEN_BIT,
-    lambda t, d, c, o: f"dilated_fwd_tma_16<{t},{d},{c[0]},{c[1]},{c[2]},{c[3]},{o}>", ("BK", "NC", "STAGES", "PIPE"),
+    lambda t, d, c, o: f"dilated_fwd_tma_16<{t},{d},{c[0]},{c[1]},{c[2]},{c[3]},{c[4]},{o}>",
+    ("BK", "NC", "STAGES", "PIPE", "LAZY"),
     lambda d, c: tma16_shared_bytes(d, c[0], c[1], c[2]), lambda c: 128 * (c[1] + 1), lambda d, c: 64 * c[1],
-    SIXTEEN_BIT_ALIGN, defaults={64: (64, 4, 3, 1), 128: (128, 2, 2, 0)},
-    alternatives={64: ((96, 3, 3, 1), (64, 3, 3, 1), (64, 3, 4, 1), (64, 3, 3, 0), (128, 2, 2, 0), (128, 2, 2, 1),
-                       (64, 2, 3, 1)),
-                  128: ((128, 2, 3, 0), (64, 2, 3, 1), (128, 2, 2, 1), (64, 2, 4, 0))},
+    SIXTEEN_BIT_ALIGN, defaults={64: (64, 4, 3, 1, 1), 96: (128, 2, 2, 0, 1), 128: (128, 2, 2, 0, 1)},
+    alternatives={64: ((64, 4, 3, 1, 0), (96, 3, 3, 1, 1), (64, 3, 3, 1, 1), (128, 2, 2, 0, 1), (128, 2, 2, 1, 1)),
+                  96: ((128, 2, 2, 0, 0), (64, 2, 3, 1, 1)),
+                  128: ((128, 2, 2, 0, 0), (128, 2, 3, 0, 1), (64, 2, 3, 1, 1), (128, 2, 2, 1, 1))},
     min_cc=90, max_cc=90, arch=HOPPER_ARCH, max_shared=HOPPER_SHARED, float32_output=True,
-    valid=lambda c: c[0] in TMA16_KEY_TILES and c[1] in (2, 3, 4) and 2 <= c[2] <= 8 and c[3] in (0, 1))
+    valid=lambda c: c[0] in TMA16_KEY_TILES and c[1] in (2, 3, 4) and 2 <= c[2] <= 8 and c[3] in (0, 1)
+    and c[4] in (0, 1))
 #: mma16 key tile per head dim (4 warps x 16 queries per block); shared memory 2 (D + 8) (64 + 4 BK) bytes:
 #: D = 128 with BK = 32 keeps two blocks per SM on compute capability 8.0 and fits 8.6/8.9's 99 KiB. The
 #: alternatives are compiled in CI (the mma16 kernel has not been timed on a GPU of compute capability 8.x).

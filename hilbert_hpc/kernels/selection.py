@@ -5,13 +5,13 @@ float32: the first family of the registry's FP32 order (``wgmma``, ``tf32x3``, `
 and whose block fits its opt-in shared memory. Rows that are not aligned for it fall back, launch by launch,
 to the next of those that reads them (:meth:`KernelChoice.for_alignment`: ``warp`` reads any rows).
 
-16 bits (bfloat16, float16): on compute capability 9.0 ``tma16`` where it has the head dim (64, 128), else
+16 bits (bfloat16, float16): on compute capability 9.0 ``tma16`` where it has the head dim (64, 96, 128), else
 ``wgmma16``; ``mma16`` on other GPUs from 8.0; older GPUs are refused with a message that names the dtype and
 the GPU's compute capability.
 
 An override forces a family, optionally with a configuration (its template arguments, as the registry names
 them): ``HILBERT_HPC_FP32_KERNEL`` for float32 (e.g. ``tf32x3``, ``wgmma:64,2,1``), ``HILBERT_HPC_HALF_KERNEL``
-for the 16-bit kernels (``wgmma16``, ``wgmma16:BK,WG,VMODE``, ``tma16``, ``tma16:BK,NC,STAGES,PIPE``, ``mma16``
+for the 16-bit kernels (``wgmma16``, ``wgmma16:BK,WG,VMODE``, ``tma16``, ``tma16:BK,NC,STAGES,PIPE,LAZY``, ``mma16``
 or ``mma16:BK``); a forced family the GPU cannot run is one clear error.
 
 The backward (:func:`choose_backward`, the registry's ``direction`` BACKWARD families, which the forward never
@@ -112,7 +112,7 @@ def _env(dtype: str, direction: str = FORWARD) -> str:
 
 
 def forced_family(dtype: str, forced: str, direction: str = FORWARD) -> tuple[KernelFamily, tuple | None]:
-    """(family, configuration or None for its default) of an override value such as 'tma16:64,4,3,1', among
+    """(family, configuration or None for its default) of an override value such as 'tma16:64,4,3,1,1', among
     the ``direction`` families of ``dtype``."""
     env = _env(dtype, direction)
     families = registry.families_for(dtype, direction)

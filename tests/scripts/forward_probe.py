@@ -1,0 +1,129 @@
+"""Forward of dilated attention on one GPU: hilbert_hpc.nn against FlashAttention-4 on the same useful work.
+
+For each case, in one process: ``ours`` (``hilbert_hpc.nn.dilated_attention``, natural order, no autograd) and
+``flash-dense``, FlashAttention-4's forward alone on the rows each pattern and head offset selects, gathered
+before the clock starts (no gather, no merge: the strongest form of the peer, its kernels only). Times are
+CUDA-event medians of ``--repeat`` after ``--warmup``; useful FLOPs 4 m^2 D per segment, pattern and head
+(halved when causal). ``ours / flash`` > 1 means ours is faster. Without flash-attn-4 only ``ours`` runs.
+
+    python tests/scripts/forward_probe.py                          # every case (about a minute on an H200)
+    python tests/scripts/forward_probe.py --case d64 --case d64-causal --json fwd.json
+    HILBERT_HPC_HALF_KERNEL=tma16:64,4,3,1,0 python tests/scripts/forward_probe.py --case d64 --only ours
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from backward_probe import timed, useful_flops  # noqa: E402
+
+from hilbert_hpc import nn as hnn  # noqa: E402
+from hilbert_hpc.core.patterns import Pattern  # noqa: E402
+
+ANCHOR = ((2048, 1), (4096, 2), (8192, 4))
+
+
+def longnet(n: int) -> tuple:
+    """LongNet's patterns of the scaling studies up to the whole sequence: (2048,1) (8192,4) (32768,16) (N,N/2048)."""
+    return ((2048, 1), (8192, 4), (32768, 16), (n, n // 2048))
+
+
+#: name -> (dtype, N, H, D, causal, patterns)
+CASES = {
+    "d64": (torch.bfloat16, 262144, 12, 64, False, ANCHOR),
+    "d64-causal": (torch.bfloat16, 262144, 12, 64, True, ANCHOR),
+    "d128": (torch.bfloat16, 262144, 8, 128, False, ANCHOR),
+    "d128-causal": (torch.bfloat16, 262144, 8, 128, True, ANCHOR),
+    "d96": (torch.bfloat16, 262144, 8, 96, False, ANCHOR),
+    "d32": (torch.bfloat16, 262144, 16, 32, False, ANCHOR),
+    "longnet-1m": (torch.bfloat16, 1 << 20, 8, 64, False, longnet(1 << 20)),
+    "longnet-4m": (torch.bfloat16, 1 << 22, 8, 64, False, longnet(1 << 22)),
+    "fp32-d64": (torch.float32, 262144, 12, 64, False, ANCHOR),
+    "fp32-d128": (torch.float32, 262144, 8, 128, False, ANCHOR),
+}
+
+
+def inputs(dtype, n: int, heads: int, d: int) -> list:
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    return [torch.randn((n, heads, d), generator=gen, device="cuda", dtype=torch.float32).to(dtype) for _ in range(3)]
+
+
+def time_ours(case: tuple, warmup: int, repeat: int) -> float:
+    dtype, n, heads, d, causal, patterns = case
+    q, k, v = inputs(dtype, n, heads, d)
+    with torch.no_grad():
+        return timed(lambda: hnn.dilated_attention(q, k, v, patterns=list(patterns), causal=causal), warmup, repeat)
+
+
+def time_flash_dense(case: tuple, warmup: int, repeat: int) -> float:
+    """FlashAttention-4's forward on the pre-gathered rows of every pattern and head offset."""
+    from hilbert_hpc.backends.flash_peer import FA4
+    from hilbert_hpc.backends.gather_merge import _gather
+
+    dtype, n, heads, d, causal, patterns = case
+    full = inputs(dtype, n, heads, d)
+    batches = [[_gather(FA4, x, p, heads, o) for x in full] for p in (Pattern(w, r) for w, r in patterns)
+               for o in range(min(p.dilation, heads))]
+    del full
+    scale = d ** -0.5
+    return timed(lambda: [FA4.forward(q, k, v, causal, scale) for q, k, v in batches], warmup, repeat)
+
+
+def flash_available() -> str | None:
+    """None when FlashAttention-4 can run here, else why not."""
+    try:
+        from hilbert_hpc.backends import get_backend
+        get_backend("flash")
+    except Exception as exc:          # not installed, not registered, or cannot run here
+        return str(exc)
+    return None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--case", action="append", choices=sorted(CASES), help="cases (default: all)")
+    parser.add_argument("--only", action="append", choices=("ours", "flash-dense"), help="contenders")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--json", help="also write the rows to this file")
+    args = parser.parse_args()
+    why_not = flash_available()
+    if why_not:
+        print(f"# flash-dense: not run ({why_not})", flush=True)
+    print(f"# {torch.cuda.get_device_name()}", flush=True)
+    rows = []
+    for name in args.case or list(CASES):
+        case = CASES[name]
+        dtype, n, heads, d, causal, patterns = case
+        flops = useful_flops(n, heads, d, patterns, causal)
+        row = dict(case=name, dtype=str(dtype).removeprefix("torch."), n=n, heads=heads, d=d, causal=causal)
+        for who, run in (("ours", time_ours), ("flash-dense", time_flash_dense)):
+            if (args.only and who not in args.only) or (who == "flash-dense" and (why_not or dtype == torch.float32)):
+                continue
+            try:
+                ms = run(case, args.warmup, args.repeat)
+            except Exception as exc:       # one contender failing must not hide the others' rows
+                print(f"# {name} {who}: failed: {type(exc).__name__}: {exc}", flush=True)
+                continue
+            row[f"{who}_ms"], row[f"{who}_tflops"] = ms, flops / ms / 1e9
+            torch.cuda.empty_cache()
+        if "ours_ms" in row and "flash-dense_ms" in row:
+            row["ours_over_flash"] = row["flash-dense_ms"] / row["ours_ms"]
+        rows.append(row)
+        print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(rows, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
