@@ -180,6 +180,18 @@ def errors(f, inputs: list, want: list, causal: bool) -> dict:
             for n, x, w in zip("qkv", xs, want)}
 
 
+def print_row(row: dict) -> None:
+    """One result row as key=value pairs (floats to 4 significant digits)."""
+    print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
+
+
+def write_rows(path: str | None, rows: list) -> None:
+    """The rows as a JSON list, where a path is given."""
+    if path:
+        with open(path, "w") as fh:
+            json.dump(rows, fh, indent=1)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", action="append", choices=sorted(CASES), help="cases (default: all)")
@@ -206,17 +218,13 @@ def main() -> int:
                 print(f"# {case} {name}: failed: {type(exc).__name__}: {exc}", flush=True)
                 continue
             rows.append(row)
-            print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
-                  flush=True)
+            print_row(row)
         if dtype in (torch.bfloat16, torch.float16) and any(c[0] == "flash" for c in contenders(dtype)) and \
                 (not args.only or "flash-dense" in args.only):
             row = dict(case=case, **measure_dense(dtype, n, heads, d, causal, args.warmup, args.repeat))
             rows.append(row)
-            print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
-                  flush=True)
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(rows, fh, indent=1)
+            print_row(row)
+    write_rows(args.json, rows)
     return 0
 
 

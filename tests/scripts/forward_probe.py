@@ -14,7 +14,6 @@ CUDA-event medians of ``--repeat`` after ``--warmup``; useful FLOPs 4 m^2 D per 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from backward_probe import timed, useful_flops  # noqa: E402
+from backward_probe import print_row, timed, useful_flops, write_rows  # noqa: E402
 
 from hilbert_hpc import nn as hnn  # noqa: E402
 from hilbert_hpc.core.patterns import Pattern  # noqa: E402
@@ -118,10 +117,8 @@ def main() -> int:
         if "ours_ms" in row and "flash-dense_ms" in row:
             row["ours_over_flash"] = row["flash-dense_ms"] / row["ours_ms"]
         rows.append(row)
-        print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(rows, fh, indent=1)
+        print_row(row)
+    write_rows(args.json, rows)
     return 0
 
 
