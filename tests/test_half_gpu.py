@@ -42,7 +42,7 @@ def _sm80() -> bool:
 @pytest.mark.skipif(not _sm80(), reason="needs a GPU with 16-bit tensor cores (compute capability 8.0+)")
 @pytest.mark.parametrize("variant", ["default", "wgmma16", "mma16"])
 def test_cuda_backend_in_16_bits_matches_the_peer_rule(tmp_path, monkeypatch, variant):
-    """Every 16-bit kernel: the default for this GPU (on Hopper tma16 for head dims 64, 96 and 128), wgmma16 and
+    """Every 16-bit kernel: the default for this GPU (on Hopper tma16), wgmma16 and
     mma16 forced (mma16 is the default off Hopper)."""
     from hilbert_hpc.study.jobfile import load_job
     from hilbert_hpc.kernels.selection import SIXTEEN_BIT_ENV, choose

@@ -29,7 +29,8 @@ def _hopper() -> bool:
 
 @pytest.mark.skipif(not _hopper(), reason="tma16 needs compute capability 9.0")
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("dtype,d", [("bfloat16", 64), ("float16", 128), ("bfloat16", 128), ("bfloat16", 96)])
+@pytest.mark.parametrize("dtype,d", [("bfloat16", 64), ("float16", 128), ("bfloat16", 128), ("bfloat16", 96),
+                                     ("float16", 32)])
 def test_split_calls_merge_in_float32_and_leave_unselected_rows_alone(monkeypatch, dtype, d, causal):
     import torch
 
@@ -70,7 +71,7 @@ def test_split_calls_merge_in_float32_and_leave_unselected_rows_alone(monkeypatc
 
 @pytest.mark.skipif(not _hopper(), reason="tma16 needs compute capability 9.0")
 @pytest.mark.parametrize("lazy", [0, 1])
-@pytest.mark.parametrize("d", [64, 96, 128])
+@pytest.mark.parametrize("d", [32, 64, 96, 128])
 def test_scores_growing_along_the_keys_rescale_the_running_output(monkeypatch, d, lazy):
     """Scores that grow by far more than 2^8 (log2 units) from key tile to key tile, and a row whose largest
     score comes first: with lazy rescaling (LAZY = 1) the running max moves at most every few tiles and must

@@ -14,10 +14,11 @@
 //   * the grid is one-dimensional, query blocks of one problem adjacent (block b: problem b / qblocks,
 //     query block b % qblocks, in reverse when causal: longest first), so the blocks resident at one time
 //     share their problems' K and V in L2.
-// Head dims 64, 96 and 128 (rows of 128 bytes per 64-column region; D = 96 and 128 are two regions). D = 96 is
-// computed as DP = 128 columns: the copy engine zero-fills columns 96..127 of every tile (past the maps' first
-// dimension), Q K^T runs D / 16 = 6 k-steps (the valid columns only), P V runs N = 128 (wgmma's MN-major
-// 128-byte-swizzled B takes whole 64-column regions) and the merge writes the first 96 columns.
+// Head dims 32, 64, 96 and 128 (rows of 128 bytes per 64-column region; D = 96 and 128 are two regions). D = 32
+// and 96 are computed as DP = 64 and 128 columns: the copy engine zero-fills the columns past D of every tile
+// (past the maps' first dimension), Q K^T runs D / 16 k-steps (the valid columns only), P V runs N = DP
+// (wgmma's MN-major 128-byte-swizzled B takes whole 64-column regions) and the merge writes the first D
+// columns.
 //
 // Block: warpgroup 0 is the producer (one thread issues every copy; setmaxnreg.dec to PREG registers),
 // warpgroups 1..NC consume (setmaxnreg.inc to CREG). Barriers: q_full (Q of the block), and per stage s of
@@ -105,7 +106,7 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, O* __restrict__ out, floa
     constexpr int NO = DP / 2;               // output registers per thread
     constexpr int KQ = D / 16;               // k-steps of Q K^T (the valid columns only)
     constexpr int KP = BK / 16;              // k-steps of P V
-    static_assert(D == 64 || D == 96 || D == 128, "head dims 64, 96 and 128 (128-byte rows per region)");
+    static_assert(D == 32 || D == 64 || D == 96 || D == 128, "head dims 32, 64, 96 and 128");
     static_assert(BK % 16 == 0 && BK <= 256 && NC >= 1 && NC <= 4 && STAGES >= 2, "configuration");
 
     extern __shared__ __align__(128) unsigned char smem_tma[];

@@ -252,7 +252,7 @@ WGMMA16 = KernelFamily(
     valid=lambda c: c[0] % 16 == 0 and 16 <= c[0] <= 256 and c[1] in (1, 2) and c[2] in (0, 1))
 #: key tiles of tma16 (the wgmma m64nNk16 widths of Wgmma16 in wgmma.cuh)
 TMA16_KEY_TILES = (32, 64, 96, 128, 192)
-#: per head dim (64, 96 and 128: rows of one or two 128-byte swizzle spans; 96 computed as 128 columns of which
+#: per head dim (rows of one or two 128-byte swizzle spans; 32 and 96 computed as 64 and 128 columns of which
 #: the copy engine zero-fills the last 32): (key tile BK, consumer warpgroups NC,
 #: stages, PIPE, LAZY), template arguments of dilated_fwd_tma_16<T, D, BK, NC, STAGES, PIPE, LAZY, OUT>; PIPE = 1
 #: overlaps the next tile's Q K^T with the softmax, LAZY = 1 rescales the running output only when a row's max
@@ -270,10 +270,12 @@ TMA16 = KernelFamily(
     lambda t, d, c, o: f"dilated_fwd_tma_16<{t},{d},{c[0]},{c[1]},{c[2]},{c[3]},{c[4]},{o}>",
     ("BK", "NC", "STAGES", "PIPE", "LAZY"),
     lambda d, c: tma16_shared_bytes(d, c[0], c[1], c[2]), lambda c: 128 * (c[1] + 1), lambda d, c: 64 * c[1],
-    SIXTEEN_BIT_ALIGN, defaults={64: (64, 4, 3, 1, 1), 96: (128, 2, 2, 0, 1), 128: (128, 2, 2, 0, 1)},
+    SIXTEEN_BIT_ALIGN, defaults={32: (64, 4, 3, 1, 1), 64: (64, 4, 3, 1, 1), 96: (64, 3, 3, 1, 1),
+                                 128: (128, 2, 2, 0, 1)},
     alternatives={64: ((64, 4, 3, 1, 0), (128, 3, 2, 0, 1), (128, 3, 3, 0, 1), (192, 2, 2, 0, 1), (96, 3, 3, 1, 1),
                        (64, 3, 3, 1, 1), (128, 2, 2, 0, 1), (128, 2, 2, 1, 1)),
-                  96: ((128, 2, 2, 0, 0), (64, 3, 3, 1, 1), (64, 2, 3, 1, 1)),
+                  32: ((64, 3, 3, 1, 1), (128, 3, 2, 0, 1)),
+                  96: ((64, 3, 3, 1, 0), (128, 2, 2, 0, 1), (64, 2, 3, 1, 1)),
                   128: ((128, 2, 2, 0, 0), (64, 3, 3, 1, 1), (128, 2, 3, 0, 1), (64, 2, 3, 1, 1), (128, 2, 2, 1, 1))},
     min_cc=90, max_cc=90, arch=HOPPER_ARCH, max_shared=HOPPER_SHARED, float32_output=True,
     valid=lambda c: c[0] in TMA16_KEY_TILES and c[1] in (2, 3, 4) and 2 <= c[2] <= 8 and c[3] in (0, 1)

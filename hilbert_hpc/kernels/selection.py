@@ -5,7 +5,7 @@ float32: the first family of the registry's FP32 order (``wgmma``, ``tf32x3``, `
 and whose block fits its opt-in shared memory. Rows that are not aligned for it fall back, launch by launch,
 to the next of those that reads them (:meth:`KernelChoice.for_alignment`: ``warp`` reads any rows).
 
-16 bits (bfloat16, float16): on compute capability 9.0 ``tma16`` where it has the head dim (64, 96, 128), else
+16 bits (bfloat16, float16): on compute capability 9.0 ``tma16`` where it has the head dim (32, 64, 96, 128: all), else
 ``wgmma16``; ``mma16`` on other GPUs from 8.0; older GPUs are refused with a message that names the dtype and
 the GPU's compute capability.
 
