@@ -263,7 +263,14 @@ TMA16_KEY_TILES = (32, 64, 96, 128, 192)
 #: 5.90-6.16, (64, 3, 3, 0) 9.66 / 6.41, (128, 2, 2, 0) 10.09 / 6.75, (128, 2, 2, 1) 10.86 / 7.51, (64, 2, 3, 1)
 #: 11.23 / 6.84, (64, 3, 2, 1) 11.24 / 6.92; D = 128 (H = 8): (128, 2, 2, 0) 8.10-8.38 / 5.59, (128, 2, 3, 0)
 #: 8.05 / 5.75, (64, 2, 3, 1) 9.23-9.29 / 5.85-6.01, (128, 2, 2, 1) 9.53-9.71 / 6.20-6.36, (64, 2, 4, 0) 9.72 /
-#: 6.21, (96, 2, 3, 0) 10.03 / 5.97. Four consumers (640 threads) fit their code in 96 registers without spills.
+#: 6.21, (96, 2, 3, 0) 10.03 / 5.97. With LAZY (H200, two runs; D = 32 and 96 by tests/scripts/forward_probe.py,
+#: H = 16 and 8, non-causal), (BK, NC, STAGES, PIPE, LAZY): D = 64: (64, 4, 3, 1, 1) 8.75-8.80 / 6.18-6.19,
+#: (64, 4, 3, 1, 0) 8.97-9.35 / 6.29-6.60, (128, 3, 2, 0, 1) 8.97 / 6.44, (128, 3, 3, 0, 1) 9.07 / 6.53, (96, 3, 3, 1, 1)
+#: 9.51 / 6.51, (192, 2, 2, 0, 1) 10.63 / 7.24; D = 128: (128, 2, 2, 0, 1) 8.64-8.66 / 6.26-6.42, (128, 2, 2, 0, 0)
+#: 9.08-9.62 / 6.41-6.76, (128, 2, 3, 0, 1) 9.06 / 6.55, (64, 3, 3, 1, 1) 9.31 / 6.29; D = 96: (64, 3, 3, 1, 1)
+#: 8.39-8.63, (128, 2, 2, 0, 1) 8.68-9.07, (64, 2, 3, 1, 1) 9.84; D = 32: (64, 4, 3, 1, 1) 10.87-11.59, (128, 3, 2, 0, 1)
+#: 11.76, (64, 3, 3, 1, 1) 13.13. Three consumers with BK = 128 and PIPE = 1 spill (ptxas allocates for the
+#: launch bound's 128 registers). Four consumers (640 threads) fit their code in 96 registers without spills.
 #: NC >= 2: with one consumer the launch bound already gives it more registers than setmaxnreg may raise it to.
 TMA16 = KernelFamily(
     "tma16", "dilated_fwd_tma_16.cu", SIXTEEN_BIT,
