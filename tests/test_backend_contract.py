@@ -133,13 +133,16 @@ def hopper(monkeypatch):
     return set_cc
 
 
-@pytest.mark.parametrize("head_dim, variant, scratch", [(64, "tma16", True), (96, "wgmma16", False)])
-def test_plan_counts_the_kernel_run_records(hopper, head_dim, variant, scratch):
-    """The kernel of plan's memory is the results' ``kernel``: tma16 (with its float32 scratch) at head_dim 64,
-    wgmma16 (none) at 96; off Hopper mma16 at both, and no scratch."""
+@pytest.mark.parametrize("head_dim, variant, scratch", [(64, "tma16", True), (96, "tma16", True),
+                                                        (96, "wgmma16", False)])
+def test_plan_counts_the_kernel_run_records(hopper, monkeypatch, head_dim, variant, scratch):
+    """The kernel of plan's memory is the results' ``kernel``: tma16 (with its float32 scratch), or wgmma16
+    forced (none); off Hopper mma16, and no scratch."""
     from hilbert_hpc.study.plan import estimate
     from hilbert_hpc.study.setup import check_case, plan_setup
 
+    if variant != "tma16":
+        monkeypatch.setenv("HILBERT_HPC_HALF_KERNEL", variant)
     case = _cuda_case(head_dim)
     run_setup, planned = check_case(case), plan_setup(case)
     assert run_setup.kernel.name == planned.kernel.name == variant and planned.decided
@@ -149,6 +152,7 @@ def test_plan_counts_the_kernel_run_records(hopper, head_dim, variant, scratch):
     qkvo = shard * heads * head_dim * 2 * 4
     extra = shard * (heads // 2) * head_dim * 4 if scratch else 0
     assert base == qkvo + shard * heads * 4 + extra
+    monkeypatch.delenv("HILBERT_HPC_HALF_KERNEL", raising=False)
     hopper(80)
     assert plan_setup(case).kernel.name == "mma16"
     assert estimate(case).memory_bytes == qkvo + shard * heads * 4
@@ -161,10 +165,10 @@ def test_plan_without_a_gpu_counts_the_largest_choice(monkeypatch):
     from hilbert_hpc.study.setup import plan_setup
 
     monkeypatch.setattr(base, "gpu_unusable", lambda: "CUDA sees no device")
-    for head_dim, scratch in ((64, True), (96, False)):
+    for head_dim in (32, 64, 96, 128):             # tma16 has every head dim
         case = _cuda_case(head_dim)
         assert not plan_setup(case).decided
-        extra = case.tokens * 4 * head_dim * 4 if scratch else 0
+        extra = case.tokens * 4 * head_dim * 4
         assert estimate(case).memory_bytes == case.tokens * 8 * head_dim * 2 * 4 + case.tokens * 8 * 4 + extra
 
 

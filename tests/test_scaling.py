@@ -100,6 +100,33 @@ def test_run_refuses_a_case_that_cannot_fit_before_any_work(tmp_path, monkeypatc
     assert not (tmp_path / "r.h5").exists()
 
 
+def test_run_leaves_out_the_optional_peers_cases_that_cannot_fit(tmp_path, monkeypatch, capsys):
+    """A peer listed in job.optional_backends whose case needs more memory than a rank has is left out with a
+    note (the other cases run); a case of any other backend that cannot fit is still refused."""
+    from hilbert_hpc.study import plan
+    from hilbert_hpc.study.runner import check_case, run_job
+
+    peer = {"name": "peer", "grid": [64, 64], "ranks": 1, "backend": "torch", "patterns": [[64, 1], [1024, 4]]}
+    text = SCALING.but(optional_backends=["torch"], cases=[
+        {"name": "ours", "grid": [16, 16], "ranks": 1, "patterns": [[64, 1], [256, 4]]}, peer]).text()
+    job = _job(tmp_path, text, 1)
+    need = {c.backend: plan.estimate(c, setup=check_case(c), accuracy_rows=job.accuracy_rows).memory_bytes
+            for c in job.cases}
+    assert need["torch"] > need["numpy"]               # the peer's case is the larger one
+    monkeypatch.setattr(plan, "available_bytes", lambda on_gpu, per_node=1: need["numpy"])
+    path = run_job(job, output=str(tmp_path / "r.h5"), stream=io.StringIO())
+    with h5py.File(path) as f:
+        assert [g.attrs["backend"] for g in f["cases"].values()] == ["numpy"]
+    err = capsys.readouterr().err
+    assert "note: case 0001-peer of optional backend 'torch' is left out: it needs about" in err
+    assert main(["plan", str(tmp_path / "study.toml"), "-n", "1", "--host-memory", str(need["numpy"])]) == 0
+    assert "NO, left out" in capsys.readouterr().out              # plan says so, and does not fail for it
+    strict = _job(tmp_path, SCALING.but(cases=[peer]).text(), 1)
+    with pytest.raises(ConfigError, match="GiB of host memory per rank"):
+        run_job(strict, output=str(tmp_path / "s.h5"), stream=io.StringIO())
+    assert not (tmp_path / "s.h5").exists()
+
+
 def test_progress_lines_weigh_cases_by_work():
     from hilbert_hpc.study.progress import Progress
 

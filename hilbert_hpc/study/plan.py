@@ -13,6 +13,7 @@ Q/K/V/O bytes; tma16's float32 running output). The kernel counted is the one
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -161,13 +162,14 @@ def check_fits(est: Estimate, available: int | None, where: str) -> None:
 def print_plan(job: Job, world_size: int, stream: TextIO, device_memory: int | None = None,
                host_memory: int | None = None,
                setups: dict[str, CaseSetup] | None = None) -> list[tuple[Estimate, bool | None]]:
-    """The plan table of ``job`` on ``world_size`` ranks; returns (estimate, fits or None if unknown) rows.
+    """The plan table of ``job`` on ``world_size`` ranks; returns (estimate, fits) rows, fits None where unknown
+    or where the case is on an optional backend and does not fit (``run`` leaves it out).
 
     With ``device_memory`` the plan is for GPU nodes: the PyTorch peer's cases count as GPU cases.
     ``setups``: each case's setup by case id (:func:`~hilbert_hpc.study.setup.plan_setup`; made here if absent).
     """
     setups = setups or {}
-    rows = []
+    rows, any_left_out = [], False
     print(f"plan: job {job.name!r} on {world_size} rank(s), {len(job.cases)} case(s)", file=stream)
     limits = [f"{kind} {limit / GIB:.2f} GiB" for kind, limit in (("GPU", device_memory), ("host", host_memory))
               if limit is not None]
@@ -182,12 +184,17 @@ def print_plan(job: Job, world_size: int, stream: TextIO, device_memory: int | N
                        job.accuracy_rows)
         limit = device_memory if est.on_gpu else host_memory
         fits = None if limit is None else est.memory_bytes <= limit
+        left_out = fits is False and case.backend in job.optional_backends
         print(f"{case.case_id[:28]:<28} {est.ranks:>5} {est.tokens_per_rank:>12,} {est.memory_bytes / GIB:>12.3f} "
               f"{est.floor_bytes / GIB:>11.3f} {est.sent_bytes / 1e6:>12.1f} {est.flops_per_rank / 1e9:>11.1f}  "
-              f"{'?' if fits is None else 'yes' if fits else 'NO'}", file=stream)
-        rows.append((est, fits))
+              f"{'?' if fits is None else 'yes' if fits else 'NO, left out' if left_out else 'NO'}", file=stream)
+        rows.append((est, None if left_out else fits))
+        any_left_out = any_left_out or left_out
     if any(f is False for _, f in rows):
         print("cases marked NO do not fit: use more ranks or fewer tokens", file=stream)
+    if any_left_out:
+        print("cases marked 'NO, left out' are on optional backends (job.optional_backends): run leaves them out "
+              "with a note", file=stream)
     return rows
 
 
@@ -245,8 +252,10 @@ def gpu_model(model: str) -> GpuModel:
                       "--gpu")
 
 
-def check_job_fits(job: Job, comm: Any, setups: dict[str, CaseSetup]) -> None:
-    """Collective: refuse (on every rank) the first case that does not fit the memory of its ranks.
+def check_job_fits(job: Job, comm: Any, setups: dict[str, CaseSetup]) -> tuple[Job, list[str]]:
+    """Collective: ``job`` without the cases of its optional backends (``job.optional_backends``: peers) that
+    do not fit the memory of their ranks, and one note per such case; refuses (on every rank) the first other
+    case that does not fit.
 
     ``setups``: every case's setup by case id (``setup.check_case``)."""
     from hilbert_hpc.distributed.mpi import ranks_per_node
@@ -259,5 +268,14 @@ def check_job_fits(job: Job, comm: Any, setups: dict[str, CaseSetup]) -> None:
         everyone = comm.allgather(mine)
         known = [x for x in everyone if x is not None]
         limits[on_gpu] = min(known) if known else None
+    kept, notes = [], []
     for case, est in zip(job.cases, ests):
-        check_fits(est, limits[est.on_gpu], f"case {case.case_id}")
+        try:
+            check_fits(est, limits[est.on_gpu], f"case {case.case_id}")
+        except ConfigError as exc:
+            if case.backend not in job.optional_backends:
+                raise
+            notes.append(f"case {case.case_id} of optional backend {case.backend!r} is left out: it {exc.message}")
+            continue
+        kept.append(case)
+    return (job if len(kept) == len(job.cases) else dataclasses.replace(job, cases=tuple(kept))), notes

@@ -275,9 +275,13 @@ def run_job(job: Job, output: str | None = None, stream: TextIO | None = None, c
             raise ConfigError(f"needs {case.ranks} ranks, this run has {comm.Get_size()}", f"{case.case_id}.ranks")
     if any(s.backend.on_gpu for s in setups.values()):
         bind_gpu(comm)
-    check_job_fits(job, comm, setups)
+    job, unfit = check_job_fits(job, comm, setups)
     path = Path(output or job.output)
     rank0 = comm.Get_rank() == 0
+    for note in unfit if rank0 else ():
+        print(f"note: {note}", file=sys.stderr)
+    if not job.cases:
+        raise ConfigError("no case of the job fits the memory here", "job.optional_backends")
     prov = provenance(comm)
     results, error = None, None
     if rank0:
