@@ -41,7 +41,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return {case.case_id: check_case(case) for case in job.cases}
 
     setups = collectively(comm, check_all)
-    run_job(job, output=args.output, comm=comm, resume=args.resume, overwrite=args.overwrite, setups=setups)
+    run_job(job, output=args.output, comm=comm, resume=args.resume, overwrite=args.overwrite, setups=setups,
+            left_out=left_out)
     return 0
 
 
@@ -83,7 +84,7 @@ def _cmd_bandwidth(args: argparse.Namespace) -> int:
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     from hilbert_hpc.study.jobfile import load_job
-    from hilbert_hpc.study.plan import gpu_model, parse_size, print_plan
+    from hilbert_hpc.study.plan import LEFT_OUT, gpu_model, parse_size, print_plan
     from hilbert_hpc.study.setup import plan_setup
 
     model = gpu_model(args.gpu) if args.gpu else None
@@ -103,7 +104,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if not all(s.decided for s in setups.values()):
         print("hilbert-hpc: note: no usable GPU here: GPU cases were checked for their distribution over the "
               "ranks only; 'run' checks their kernels and transport on the GPU nodes", file=sys.stderr)
-    return 3 if any(fits is False for _, fits in rows) else 0
+    verdicts = [v for _, v in rows]
+    return 3 if "NO" in verdicts or (verdicts and all(v == LEFT_OUT for v in verdicts)) else 0
 
 
 def _project(args: argparse.Namespace, device: int | None, cc: int | None) -> int:
@@ -194,7 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
     bw.add_argument("--overwrite", action="store_true", help="replace an existing bandwidth results file")
     bw.set_defaults(func=_cmd_bandwidth)
     plan = sub.add_parser("plan", help="preflight a job for P ranks: memory per rank, bytes moved, FLOPs; "
-                                       "exit 3 if a case does not fit")
+                                       "exit 3 if a case does not fit (or only optional backends' cases, "
+                                       "which run leaves out)")
     plan.add_argument("job", help="job file (TOML)")
     size = plan.add_mutually_exclusive_group(required=True)
     size.add_argument("-n", "--ranks", type=int, help="ranks of the planned run (at least 1)")

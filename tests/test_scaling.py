@@ -117,10 +117,26 @@ def test_run_leaves_out_the_optional_peers_cases_that_cannot_fit(tmp_path, monke
     path = run_job(job, output=str(tmp_path / "r.h5"), stream=io.StringIO())
     with h5py.File(path) as f:
         assert [g.attrs["backend"] for g in f["cases"].values()] == ["numpy"]
+        left = json.loads(f.attrs["left_out"])
     err = capsys.readouterr().err
     assert "note: case 0001-peer of optional backend 'torch' is left out: it needs about" in err
+    assert len(left) == 1 and left[0].startswith("case 0001-peer of optional backend 'torch' is left out")
     assert main(["plan", str(tmp_path / "study.toml"), "-n", "1", "--host-memory", str(need["numpy"])]) == 0
     assert "NO, left out" in capsys.readouterr().out              # plan says so, and does not fail for it
+
+    # a file that holds the peer's result (written where it fitted) resumes where it does not fit: kept
+    monkeypatch.setattr(plan, "available_bytes", lambda on_gpu, per_node=1: None)
+    both = run_job(job, output=str(tmp_path / "both.h5"), stream=io.StringIO())
+    monkeypatch.setattr(plan, "available_bytes", lambda on_gpu, per_node=1: need["numpy"])
+    run_job(job, output=str(both), stream=io.StringIO(), resume=True)
+    with h5py.File(both) as f:
+        assert sorted(g.attrs["backend"] for g in f["cases"].values()) == ["numpy", "torch"]
+        assert len(json.loads(f.attrs["resumes"])[-1]["left_out"]) == 1
+    assert "the file's result is kept" in capsys.readouterr().err
+    only = SCALING.but(optional_backends=["torch"], cases=[peer]).text()
+    with pytest.raises(ConfigError, match="no case of the job fits the memory here"):
+        run_job(_job(tmp_path, only, 1), output=str(tmp_path / "o.h5"), stream=io.StringIO())
+    assert main(["plan", str(tmp_path / "study.toml"), "-n", "1", "--host-memory", str(need["numpy"])]) == 3
     strict = _job(tmp_path, SCALING.but(cases=[peer]).text(), 1)
     with pytest.raises(ConfigError, match="GiB of host memory per rank"):
         run_job(strict, output=str(tmp_path / "s.h5"), stream=io.StringIO())

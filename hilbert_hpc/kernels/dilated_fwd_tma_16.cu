@@ -29,7 +29,7 @@
 //
 // Per tile and consumer warpgroup: S = Q K^T (D/16 wgmma m64n{BK}k16, both K-major from shared memory);
 // online softmax in FP32 on the accumulators; P packed to T pairs in registers; O += P V (BK/16 wgmma
-// m64n{D}k16, A = P from registers, B = V MN-major, imm-trans-b = 1). PIPE = 1 overlaps tile it's Q K^T with
+// m64n{DP}k16, A = P from registers, B = V MN-major, imm-trans-b = 1). PIPE = 1 overlaps tile it's Q K^T with
 // tile it - 1's P V: S(it) and P(it-1) V(it-1) are issued together, the softmax of S(it) runs while P V is in
 // flight, and the running output is rescaled once that completes (FlashAttention-3's intra-warpgroup
 // pipelining). PIPE = 0: one product at a time. LAZY = 1: the running max moves only by more than
@@ -43,7 +43,7 @@
 //   K-major, 128B swizzle: ((8,m),(T,2k)):((8T,SBO),(1,T)): SBO = 1024 (next 8 rows); LBO unused (1);
 //     k-step ks (16 columns) starts at region ks / 4, + 32 (ks % 4) bytes;
 //   MN-major, 128B swizzle: ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO)): SBO = 1024 (next 8 K-rows = keys),
-//     LBO = bytes between 64-column regions (BK * 128; only D = 128 has two); k-step kk (16 keys): + 2048 kk.
+//     LBO = bytes between 64-column regions (BK * 128; D = 96 and 128 have two); k-step kk (16 keys): + 2048 kk.
 
 #include "common.cuh"
 #include "convert.cuh"

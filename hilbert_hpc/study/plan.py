@@ -161,15 +161,16 @@ def check_fits(est: Estimate, available: int | None, where: str) -> None:
 
 def print_plan(job: Job, world_size: int, stream: TextIO, device_memory: int | None = None,
                host_memory: int | None = None,
-               setups: dict[str, CaseSetup] | None = None) -> list[tuple[Estimate, bool | None]]:
-    """The plan table of ``job`` on ``world_size`` ranks; returns (estimate, fits) rows, fits None where unknown
-    or where the case is on an optional backend and does not fit (``run`` leaves it out).
+               setups: dict[str, CaseSetup] | None = None) -> list[tuple[Estimate, str]]:
+    """The plan table of ``job`` on ``world_size`` ranks; returns (estimate, verdict) rows, the verdict 'yes',
+    'NO', '?' (no memory limit given) or :data:`LEFT_OUT` (an optional backend's case that does not fit:
+    ``run`` leaves it out).
 
     With ``device_memory`` the plan is for GPU nodes: the PyTorch peer's cases count as GPU cases.
     ``setups``: each case's setup by case id (:func:`~hilbert_hpc.study.setup.plan_setup`; made here if absent).
     """
     setups = setups or {}
-    rows, any_left_out = [], False
+    rows = []
     print(f"plan: job {job.name!r} on {world_size} rank(s), {len(job.cases)} case(s)", file=stream)
     limits = [f"{kind} {limit / GIB:.2f} GiB" for kind, limit in (("GPU", device_memory), ("host", host_memory))
               if limit is not None]
@@ -183,19 +184,23 @@ def print_plan(job: Job, world_size: int, stream: TextIO, device_memory: int | N
         est = estimate(case, True if device_memory is not None else None, setups.get(case.case_id),
                        job.accuracy_rows)
         limit = device_memory if est.on_gpu else host_memory
-        fits = None if limit is None else est.memory_bytes <= limit
-        left_out = fits is False and case.backend in job.optional_backends
+        verdict = "?" if limit is None else "yes" if est.memory_bytes <= limit else \
+            LEFT_OUT if case.backend in job.optional_backends else "NO"
         print(f"{case.case_id[:28]:<28} {est.ranks:>5} {est.tokens_per_rank:>12,} {est.memory_bytes / GIB:>12.3f} "
               f"{est.floor_bytes / GIB:>11.3f} {est.sent_bytes / 1e6:>12.1f} {est.flops_per_rank / 1e9:>11.1f}  "
-              f"{'?' if fits is None else 'yes' if fits else 'NO, left out' if left_out else 'NO'}", file=stream)
-        rows.append((est, None if left_out else fits))
-        any_left_out = any_left_out or left_out
-    if any(f is False for _, f in rows):
+              f"{verdict}", file=stream)
+        rows.append((est, verdict))
+    verdicts = {v for _, v in rows}
+    if "NO" in verdicts:
         print("cases marked NO do not fit: use more ranks or fewer tokens", file=stream)
-    if any_left_out:
-        print("cases marked 'NO, left out' are on optional backends (job.optional_backends): run leaves them out "
+    if LEFT_OUT in verdicts:
+        print(f"cases marked '{LEFT_OUT}' are on optional backends (job.optional_backends): run leaves them out "
               "with a note", file=stream)
     return rows
+
+
+#: plan's verdict on a case of an optional backend that does not fit: run leaves it out
+LEFT_OUT = "NO, left out"
 
 
 #: size units (case-insensitive): K/M/G/T alone or with "iB" are powers of 1024 (as SLURM's --mem and

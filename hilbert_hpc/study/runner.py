@@ -9,10 +9,11 @@ the results file. Every rank agrees at each case boundary on stops and errors.
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Any, Callable, Sequence, TextIO
 
 import numpy as np
 
@@ -245,7 +246,7 @@ def run_interleaved(job: Job, setups: dict[str, CaseSetup], loop: CaseLoop, subs
 
 def run_job(job: Job, output: str | None = None, stream: TextIO | None = None, comm: Any = None,
             resume: bool = False, progress: TextIO | None = None, overwrite: bool = False,
-            setups: dict[str, CaseSetup] | None = None) -> Path:
+            setups: dict[str, CaseSetup] | None = None, left_out: Sequence[str] = ()) -> Path:
     """Run every case of ``job`` on the ranks of ``comm`` it asks for; rank 0 writes the file and prints the table.
 
     A case on ``p`` ranks runs on the first ``p`` ranks (a sub-communicator), so
@@ -257,6 +258,9 @@ def run_job(job: Job, output: str | None = None, stream: TextIO | None = None, c
     agree) with the file flushed: ``StoppedForRequeue``. An I/O error on any rank
     is agreed at the boundary too, so every rank ends with the same one line.
     ``setups``: the cases' setups by case id where the caller made them (``check_case``), else made here.
+    Cases of the job's optional backends that do not fit the memory of their ranks are left out with a note;
+    those notes and ``left_out`` (the caller's, e.g. ``setup.runnable_here``'s) are recorded in the root
+    attribute ``left_out``.
     """
     from hilbert_hpc.study.jobfile import accuracy_rows_notes
     from hilbert_hpc.distributed.mpi import agree
@@ -283,6 +287,7 @@ def run_job(job: Job, output: str | None = None, stream: TextIO | None = None, c
     if not job.cases:
         raise ConfigError("no case of the job fits the memory here", "job.optional_backends")
     prov = provenance(comm)
+    prov["left_out"] = json.dumps([*left_out, *unfit])      # the optional backends' cases this run leaves out
     results, error = None, None
     if rank0:
         try:
