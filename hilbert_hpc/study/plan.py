@@ -149,14 +149,16 @@ def available_bytes(on_gpu: bool, ranks_per_node: int = 1) -> int | None:
         return None
 
 
-def check_fits(est: Estimate, available: int | None, where: str) -> None:
-    """Refuse a case whose estimate exceeds the memory available to a rank (with the numbers)."""
-    if available is not None and est.memory_bytes > available:
-        kind = "GPU" if est.on_gpu else "host"
-        raise ConfigError(f"needs about {est.memory_bytes / GIB:.2f} GiB of {kind} memory per rank "
-                          f"({est.tokens_per_rank:,} tokens per rank on {est.ranks} rank(s); Q/K/V/O alone "
-                          f"{est.floor_bytes / GIB:.2f} GiB), {available / GIB:.2f} GiB are available: use more ranks "
-                          f"or fewer tokens", where)
+def memory_shortfall(est: Estimate, available: int | None) -> str | None:
+    """Why a case whose estimate exceeds the memory available to a rank cannot fit (with the numbers); None
+    where it fits or the memory is unknown."""
+    if available is None or est.memory_bytes <= available:
+        return None
+    kind = "GPU" if est.on_gpu else "host"
+    return (f"needs about {est.memory_bytes / GIB:.2f} GiB of {kind} memory per rank "
+            f"({est.tokens_per_rank:,} tokens per rank on {est.ranks} rank(s); Q/K/V/O alone "
+            f"{est.floor_bytes / GIB:.2f} GiB), {available / GIB:.2f} GiB are available: use more ranks "
+            f"or fewer tokens")
 
 
 def print_plan(job: Job, world_size: int, stream: TextIO, device_memory: int | None = None,
@@ -184,7 +186,7 @@ def print_plan(job: Job, world_size: int, stream: TextIO, device_memory: int | N
         est = estimate(case, True if device_memory is not None else None, setups.get(case.case_id),
                        job.accuracy_rows)
         limit = device_memory if est.on_gpu else host_memory
-        verdict = "?" if limit is None else "yes" if est.memory_bytes <= limit else \
+        verdict = "?" if limit is None else "yes" if memory_shortfall(est, limit) is None else \
             LEFT_OUT if case.backend in job.optional_backends else "NO"
         print(f"{case.case_id[:28]:<28} {est.ranks:>5} {est.tokens_per_rank:>12,} {est.memory_bytes / GIB:>12.3f} "
               f"{est.floor_bytes / GIB:>11.3f} {est.sent_bytes / 1e6:>12.1f} {est.flops_per_rank / 1e9:>11.1f}  "
@@ -275,12 +277,11 @@ def check_job_fits(job: Job, comm: Any, setups: dict[str, CaseSetup]) -> tuple[J
         limits[on_gpu] = min(known) if known else None
     kept, notes = [], []
     for case, est in zip(job.cases, ests):
-        try:
-            check_fits(est, limits[est.on_gpu], f"case {case.case_id}")
-        except ConfigError as exc:
-            if case.backend not in job.optional_backends:
-                raise
-            notes.append(f"case {case.case_id} of optional backend {case.backend!r} is left out: it {exc.message}")
-            continue
-        kept.append(case)
+        shortfall = memory_shortfall(est, limits[est.on_gpu])
+        if shortfall is None:
+            kept.append(case)
+        elif case.backend in job.optional_backends:
+            notes.append(f"case {case.case_id} of optional backend {case.backend!r} is left out: it {shortfall}")
+        else:
+            raise ConfigError(shortfall, f"case {case.case_id}")
     return (job if len(kept) == len(job.cases) else dataclasses.replace(job, cases=tuple(kept))), notes

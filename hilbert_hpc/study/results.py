@@ -193,7 +193,7 @@ class ResultsFile:
                 resumes.append({"started_utc": provenance.get("started_utc"),
                                 "command_line": provenance.get("command_line"),
                                 "ranks": provenance.get("ranks"), "hosts": provenance.get("hosts"),
-                                "left_out": json.loads(provenance.get("left_out", "[]"))})
+                                "left_out": provenance.get("left_out", [])})
                 h5.attrs["resumes"] = json.dumps(resumes)
                 cases = h5.create_group("cases")
                 for cid in keep:

@@ -9,7 +9,6 @@ the results file. Every rank agrees at each case boundary on stops and errors.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -287,7 +286,7 @@ def run_job(job: Job, output: str | None = None, stream: TextIO | None = None, c
     if not job.cases:
         raise ConfigError("no case of the job fits the memory here", "job.optional_backends")
     prov = provenance(comm)
-    prov["left_out"] = json.dumps([*left_out, *unfit])      # the optional backends' cases this run leaves out
+    prov["left_out"] = [*left_out, *unfit]                  # the optional backends' cases this run leaves out
     results, error = None, None
     if rank0:
         try:
