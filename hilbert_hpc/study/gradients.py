@@ -23,6 +23,7 @@ import numpy as np
 from hilbert_hpc.core.arrays import RowReader
 from hilbert_hpc.core.reference import sample_selected_rows
 from hilbert_hpc.core.reference_backward import reference_gradient_rows
+from hilbert_hpc.study.error_sums import combined, error_sums, relative_errors
 from hilbert_hpc.study.reference_inputs import row_source
 from hilbert_hpc.study.jobfile import Case
 from hilbert_hpc.study.setup import CaseSetup
@@ -34,14 +35,6 @@ GRADIENTS = ("q", "k", "v")
 def backward_pass(case: Case) -> bool:
     """True when the case also computes (and times) the backward."""
     return case.pass_ == "forward+backward"
-
-
-def _error_sums(got: np.ndarray, ref: np.ndarray) -> dict:
-    """The error sums of one gradient's sampled rows (as ``measure.local_accuracy`` makes them)."""
-    diff = got - ref
-    return {"rows": int(got.shape[0]), "max_abs": float(np.abs(diff).max(initial=0.0)),
-            "max_ref": float(np.abs(ref).max(initial=0.0)), "sq_err": float((diff ** 2).sum()),
-            "sq_ref": float((ref ** 2).sum())}
 
 
 def gradient_accuracy(setup: CaseSetup, seed: int, rows: int, grads: list[Any],
@@ -65,13 +58,13 @@ def gradient_accuracy(setup: CaseSetup, seed: int, rows: int, grads: list[Any],
     mine = serial[layout.owner(serial) == comm.Get_rank()]
     sums = collectively(comm, _local_sums, setup, seed, mine, grads)
     parts = comm.gather(sums, root=0)
-    return {name: _combined([p[name] for p in parts]) for name in GRADIENTS} if comm.Get_rank() == 0 else None
+    return {name: combined([p[name] for p in parts]) for name in GRADIENTS} if comm.Get_rank() == 0 else None
 
 
 def _local_sums(setup: CaseSetup, seed: int, serial: np.ndarray, grads: list[Any]) -> dict[str, dict]:
     """Error sums of the gradients of ``serial`` (sorted serialized positions this rank owns; none: empty sums)."""
     if not serial.size:
-        return dict.fromkeys(GRADIENTS, _error_sums(np.empty(0), np.empty(0)))
+        return dict.fromkeys(GRADIENTS, error_sums(np.empty(0), np.empty(0)))
     case, layout = setup.case, setup.layout
     xp = _reference_module(setup.backend.on_gpu)
     natural = row_source(case, seed, xp)
@@ -80,14 +73,7 @@ def _local_sums(setup: CaseSetup, seed: int, serial: np.ndarray, grads: list[Any
                                   scale=case.softmax_scale, xp=xp)
     local = layout.local_rows(serial)
     got = [np.asarray(RowReader(g)[local], dtype=np.float64) for g in grads]
-    return {name: _error_sums(g, _host(r)) for name, g, r in zip(GRADIENTS, got, ref)}
-
-
-def _combined(parts: list[dict]) -> dict:
-    """The error sums of several ranks' rows as one."""
-    return {"rows": sum(p["rows"] for p in parts), "max_abs": max(p["max_abs"] for p in parts),
-            "max_ref": max(p["max_ref"] for p in parts), "sq_err": sum(p["sq_err"] for p in parts),
-            "sq_ref": sum(p["sq_ref"] for p in parts)}
+    return {name: error_sums(g, _host(r)) for name, g, r in zip(GRADIENTS, got, ref)}
 
 
 def _reference_module(on_gpu: bool) -> Any:
@@ -110,13 +96,9 @@ def _host(x: Any) -> np.ndarray:
 def gradient_fields(sums: dict[str, dict] | None) -> dict[str, float]:
     """The record's gradient accuracy (``grad_<t>_max_rel_err``, ``grad_<t>_rel_l2_err``; NaN without a
     backward) from :func:`gradient_accuracy`'s sums."""
-    tiny = np.finfo(np.float64).tiny
     fields = {}
     for name in GRADIENTS:
         s = (sums or {}).get(name)
-        if not s or not s["rows"]:
-            fields.update({f"grad_{name}_max_rel_err": math.nan, f"grad_{name}_rel_l2_err": math.nan})
-            continue
-        fields[f"grad_{name}_max_rel_err"] = s["max_abs"] / max(s["max_ref"], tiny)
-        fields[f"grad_{name}_rel_l2_err"] = float(np.sqrt(s["sq_err"]) / max(np.sqrt(s["sq_ref"]), tiny))
+        max_rel, rel_l2 = relative_errors(s) if s and s["rows"] else (math.nan, math.nan)
+        fields.update({f"grad_{name}_max_rel_err": max_rel, f"grad_{name}_rel_l2_err": rel_l2})
     return fields

@@ -30,6 +30,7 @@ from hilbert_hpc.distributed.ring import RingStats, ring_dilated_forward, ring_t
 from hilbert_hpc.distributed.ring_backward import ring_dilated_backward
 from hilbert_hpc.distributed.sharding import IndexView, Layout
 from hilbert_hpc.study.gradients import backward_pass, gradient_accuracy, gradient_fields
+from hilbert_hpc.study.error_sums import combined, error_sums, relative_errors
 from hilbert_hpc.study.reference_inputs import row_source
 from hilbert_hpc.study.setup import CaseSetup
 
@@ -116,8 +117,8 @@ def local_accuracy(case: Case, seed: int, rows: int, output: Any, layout: Layout
     serial = sample_selected_rows(case.tokens, case.heads, case.patterns, rows, seed)
     mine = layout.owner(serial) == rank
     serial = serial[mine]
-    result = {"rows": int(serial.size), "selected_pairs": int(selected_heads(serial, case.heads, case.patterns).sum()),
-              "max_abs": 0.0, "max_ref": 0.0, "sq_err": 0.0, "sq_ref": 0.0}
+    result = {"selected_pairs": int(selected_heads(serial, case.heads, case.patterns).sum()),
+              **error_sums(np.empty(0), np.empty(0))}
     if not serial.size:
         return result
     picked = layout.natural_of(serial)
@@ -126,9 +127,7 @@ def local_accuracy(case: Case, seed: int, rows: int, output: Any, layout: Layout
                          inverse=IndexView(layout.serialized_of), heads=case.heads, patterns=case.patterns,
                          causal=case.causal, scale=case.softmax_scale)
     got = np.asarray(output[layout.local_rows(serial)], dtype=np.float64)
-    diff = got - ref
-    result.update(max_abs=float(np.abs(diff).max()), max_ref=float(np.abs(ref).max()),
-                  sq_err=float((diff ** 2).sum()), sq_ref=float((ref ** 2).sum()))
+    result.update(error_sums(got, ref))
     return result
 
 
@@ -138,19 +137,15 @@ def combine_accuracy(parts: list[dict]) -> dict[str, float]:
     ``rows`` and ``selected_pairs`` say what the error figures rest on: the
     sampled rows, and their (row, head) pairs that some pattern selects.
     """
-    rows = sum(p["rows"] for p in parts)
+    sums = combined(parts)
     pairs = sum(p.get("selected_pairs", 0) for p in parts)
     nonfinite = sum(p.get("nonfinite", 0) for p in parts)
-    if rows == 0:
+    if sums["rows"] == 0:
         return {"rows": 0, "selected_pairs": 0, "nonfinite": nonfinite, "max_abs_err": np.nan,
                 "max_rel_err": np.nan, "rel_l2_err": np.nan}
-    tiny = np.finfo(np.float64).tiny
-    max_abs = max(p["max_abs"] for p in parts)
-    max_ref = max(p["max_ref"] for p in parts)
-    l2_ref = np.sqrt(sum(p["sq_ref"] for p in parts))
-    return {"rows": rows, "selected_pairs": pairs, "nonfinite": nonfinite, "max_abs_err": max_abs,
-            "max_rel_err": max_abs / max(max_ref, tiny),
-            "rel_l2_err": float(np.sqrt(sum(p["sq_err"] for p in parts)) / max(l2_ref, tiny))}
+    max_rel, rel_l2 = relative_errors(sums)
+    return {"rows": sums["rows"], "selected_pairs": pairs, "nonfinite": nonfinite, "max_abs_err": sums["max_abs"],
+            "max_rel_err": max_rel, "rel_l2_err": rel_l2}
 
 def judge_accuracy(case: Case, parts: list[dict]) -> dict:
     """The case's accuracy from every rank's error sums (:func:`combine_accuracy`; the gradients' from the sums
