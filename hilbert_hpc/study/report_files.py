@@ -68,7 +68,8 @@ def scaling_figure(rows: Sequence[dict[str, Any]], title: str, efficiency_title:
     from matplotlib.lines import Line2D
 
     groups = _series(rows)
-    kinds = [c for c in CURVES if any(f"{c[0]}_s" in r for r in rows)] if any("backward_s" in r for r in rows) else []
+    any_backward = any("backward_s" in r for r in rows)
+    kinds = [c for c in CURVES if any(f"{c[0]}_s" in r for r in rows)] if any_backward else []
     entries = len(groups) + len(kinds)
     columns = 1 if max((len(label) for label in groups), default=0) > 60 else 2   # long labels: one column
     fig = Figure(figsize=(11, 4.5 + 0.22 * math.ceil(entries / columns)), layout="constrained")
@@ -76,7 +77,6 @@ def scaling_figure(rows: Sequence[dict[str, Any]], title: str, efficiency_title:
     ax_t, ax_e = fig.subplots(1, 2)
     all_ranks: set[int] = set()
     efficiencies: list[float] = []
-    any_backward = any("backward_s" in r for r in rows)
     handles = []
     for i, (label, series) in enumerate(groups.items()):
         color = f"C{i % 10}"

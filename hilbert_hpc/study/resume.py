@@ -119,10 +119,10 @@ def plan_resume(src: h5py.File, path: Path, job: Job, inputs: dict[str, str]) ->
             notes.append(f"case {cid} was unfinished; it runs again")
             continue
         case = by_id.get(cid)
-        if case is None and _backend_of(group) in job.optional_backends:
+        if case is None and (backend := str(group.attrs.get("backend", ""))) in job.optional_backends:
             keep.append(cid)                # a peer this run leaves out (cannot run or fit here): its result stays
-            notes.append(f"case {cid} of optional backend {_backend_of(group)!r} is left out of this run; the "
-                         f"file's result is kept")
+            notes.append(f"case {cid} of optional backend {backend!r} is left out of this run; the file's result "
+                         f"is kept")
             continue
         if case is None:
             raise OutputError(f"{where}: it holds case {cid}, which this run of job {job.name!r} does not have "
@@ -145,12 +145,6 @@ def plan_resume(src: h5py.File, path: Path, job: Job, inputs: dict[str, str]) ->
             continue
         keep.append(cid)
     return keep, notes
-
-
-def _backend_of(group: h5py.Group) -> str:
-    """The backend a stored case ran on ('' where the attribute is missing)."""
-    value = group.attrs.get("backend", "")
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _refuse_changed_input(group: h5py.Group, case: Case, inputs: dict[str, str], where: str) -> None:
