@@ -115,9 +115,9 @@ def test_choose_on_hopper(monkeypatch):
             v = select_16(d, dt)
             assert v.variant == HOPPER_DEFAULT[d]
             if v.variant == "tma16":
-                keys, nc, stages, pipe, lazy = TMA16.defaults[d]
-                assert v.name == f"dilated_fwd_tma_16<{t},{d},{keys},{nc},{stages},{pipe},{lazy},{t}>"
-                assert (v.threads, v.block_queries, v.config) == (128 * (nc + 1), 64 * nc, (keys, nc, stages, pipe, lazy))
+                keys, nc = TMA16.defaults[d][:2]
+                assert v.name == f"dilated_fwd_tma_16<{t},{d},{','.join(map(str, TMA16.defaults[d]))},{t}>"
+                assert (v.threads, v.block_queries, v.config) == (128 * (nc + 1), 64 * nc, TMA16.defaults[d])
             else:
                 keys, wgs, vmode = WGMMA16.defaults[d]
                 assert v.name == f"dilated_fwd_wgmma_16<{t},{d},{keys},{wgs},{vmode}>"
@@ -125,15 +125,16 @@ def test_choose_on_hopper(monkeypatch):
             assert (v.align, v.arch) == (8, "sm_90a")
             assert v.runs_on(90) and not v.runs_on(86) and not v.runs_on(100)
     assert {HOPPER_DEFAULT[d] for d in TMA16.head_dims} == {"tma16"}
-    monkeypatch.setenv(SIXTEEN_BIT_ENV, "tma16:128,2,3,0,1")
-    assert select_16(128, "bf16").name == "dilated_fwd_tma_16<bf16_t,128,128,2,3,0,1,bf16_t>"
+    monkeypatch.setenv(SIXTEEN_BIT_ENV, "tma16:128,2,3,0,1,1,1")
+    assert select_16(128, "bf16").name == "dilated_fwd_tma_16<bf16_t,128,128,2,3,0,1,1,1,bf16_t>"
     monkeypatch.setenv(SIXTEEN_BIT_ENV, "tma16")
     assert select_16(64, "float16").name == TMA16.variant(64, "float16").name
-    for bad in ("tma16:64,2,3,1", "tma16:64,5,3,1,1", "tma16:60,2,3,1,1", "tma16:64,2,1,1,1", "tma16:64,2,3,1,2"):
+    for bad in ("tma16:64,2,3,1,1,0", "tma16:64,5,3,1,1,0,0", "tma16:60,2,3,1,1,0,0", "tma16:64,2,1,1,1,0,0",
+                "tma16:64,2,3,1,2,0,0", "tma16:64,2,3,1,1,2,0", "tma16:64,2,3,1,1,0,2"):
         monkeypatch.setenv(SIXTEEN_BIT_ENV, bad)
         with pytest.raises((RuntimeError, ValueError), match="HILBERT_HPC_HALF_KERNEL|tma16 configuration"):
             select_16(64, "bfloat16")
-    monkeypatch.setenv(SIXTEEN_BIT_ENV, "tma16:128,2,4,0,1")          # 262 KiB: over Hopper's 227 KiB
+    monkeypatch.setenv(SIXTEEN_BIT_ENV, "tma16:128,2,4,0,1,0,0")      # 262 KiB: over Hopper's 227 KiB
     with pytest.raises(RuntimeError, match="bytes of shared memory"):
         select_16(128, "bfloat16")
     monkeypatch.delenv(SIXTEEN_BIT_ENV)

@@ -60,7 +60,8 @@ def test_override_is_read_from_the_environment_once_per_choice(monkeypatch):
 
 def test_accumulating_instantiation_is_tma16s_float32_output():
     c = choose("float16", 128, cc=90, override="")
-    assert c.accumulating().name == "dilated_fwd_tma_16<f16_t,128,128,2,2,0,1,float>"
+    config = ",".join(map(str, registry.TMA16.defaults[128]))
+    assert c.accumulating().name == f"dilated_fwd_tma_16<f16_t,128,{config},float>"
     with pytest.raises(ValueError, match="needs tma16"):
         choose("float16", 32, cc=90, override="wgmma16").accumulating()
 
@@ -94,7 +95,7 @@ def test_every_instantiation_the_check_compiles_comes_from_the_registry(monkeypa
 
 def test_instantiations_are_each_familys_configurations():
     seen = registry.instantiations()
-    forward, fma_bwd, mma16_bwd, tf32x3_bwd, wgmma16_bwd = 118, 24, 16, 8, 22
+    forward, fma_bwd, mma16_bwd, tf32x3_bwd, wgmma16_bwd = 130, 24, 16, 8, 22
     assert len(seen) == len(set(seen)) == forward + fma_bwd + mma16_bwd + tf32x3_bwd + wgmma16_bwd
     for f in FAMILIES.values():
         mine = [v for v in seen if v.variant == f.name]
@@ -122,10 +123,11 @@ def test_defaults_and_alternatives_fit_the_familys_shared_memory(name):
 
 
 def test_a_forced_configuration_is_checked_against_the_family():
-    with pytest.raises(RuntimeError, match="HILBERT_HPC_HALF_KERNEL=tma16:64,2,3: tma16 takes BK,NC,STAGES,PIPE,LAZY"):
+    with pytest.raises(RuntimeError,
+                       match="HILBERT_HPC_HALF_KERNEL=tma16:64,2,3: tma16 takes BK,NC,STAGES,PIPE,LAZY,PINGPONG,PERSISTENT"):
         choose("bfloat16", 64, cc=90, override="tma16:64,2,3")
-    with pytest.raises(ValueError, match=r"tma16 configuration \(BK, NC, STAGES, PIPE, LAZY\)"):
-        choose("bfloat16", 64, cc=90, override="tma16:60,2,3,1,1")
+    with pytest.raises(ValueError, match=r"tma16 configuration \(BK, NC, STAGES, PIPE, LAZY, PINGPONG, PERSISTENT\)"):
+        choose("bfloat16", 64, cc=90, override="tma16:60,2,3,1,1,0,0")
     with pytest.raises(RuntimeError, match="unknown FP32 kernel variant 'mma16'"):
         choose("float32", 64, cc=90, override="mma16")
 

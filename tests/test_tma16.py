@@ -65,10 +65,10 @@ def test_conversion_kernels_compile_with_the_kernels_rounding(arch):
 
 
 def test_shared_bytes_and_threads_follow_the_configuration():
-    v = TMA16.variant(64, "bfloat16", (64, 4, 3, 1, 1))
-    assert (v.threads, v.block_queries, v.config) == (640, 256, (64, 4, 3, 1, 1))
-    assert v.shared_bytes == 2 * 256 * 64 + 3 * 2 * 64 * 64 * 2 + 8 * 10 + 1024
-    assert v.name == "dilated_fwd_tma_16<bf16_t,64,64,4,3,1,1,bf16_t>" and v.arch == "sm_90a" and v.runs_on(90)
+    v = TMA16.variant(64, "bfloat16", (64, 4, 3, 1, 1, 1, 1))
+    assert (v.threads, v.block_queries, v.config) == (640, 256, (64, 4, 3, 1, 1, 1, 1))
+    assert v.shared_bytes == 2 * 256 * 64 + 3 * 2 * 64 * 64 * 2 + 8 * 11 + 1024
+    assert v.name == "dilated_fwd_tma_16<bf16_t,64,64,4,3,1,1,1,1,bf16_t>" and v.arch == "sm_90a" and v.runs_on(90)
     with pytest.raises(ValueError, match="head_dim"):
         TMA16.variant(48, "bfloat16")
     d96 = TMA16.variant(96, "float16")          # computed as 128 columns: the shared memory of D = 128
@@ -89,14 +89,16 @@ def _launches(monkeypatch, n: int, heads: int, d: int, patterns, causal: bool) -
 def _check_maps(v, geo: dict, n: int, heads: int, d: int) -> None:
     """Every map coordinate addresses the element the launch geometry names, inside the (n, H, D) array."""
     pointers = (0x10000, 0x20000, 0x30000, 0x40000, 0x50000)
-    maps, grid, args = tma_launch_args(v, pointers, **{k: geo[k] for k in (
+    sms = 132
+    maps, grid, args = tma_launch_args(v, pointers, sms=sms, **{k: geo[k] for k in (
         "qg", "kg", "vg", "lg", "segments", "heads", "mq", "mk", "shift", "scale")})
-    keys, nc = v.config[0], v.config[1]
+    keys, nc, persistent = v.config[0], v.config[1], v.config[6]
     segments, nh, mq, mk = geo["segments"], geo["heads"], geo["mq"], geo["mk"]
-    assert grid == (segments * nh * -(-mq // (64 * nc)),)
+    items = segments * nh * -(-mq // (64 * nc))
+    assert grid == ((min(items, sms) if persistent and geo["shift"] is None else items),)
     assert [int(a) for a in args[:2]] == [0x40000, 0x50000]
     assert [int(a) for a in args[2:10]] == [*geo["qg"], *geo["lg"]]
-    assert [int(a) for a in args[10:16]] == [nh, -(-mq // (64 * nc)), mq, mk, geo["shift"] is not None,
+    assert [int(a) for a in args[10:17]] == [nh, -(-mq // (64 * nc)), items, mq, mk, geo["shift"] is not None,
                                              geo["shift"] or 0]
     for m, ptr, g, rows, box in ((maps[0], pointers[0], geo["qg"], mq, 64), (maps[1], pointers[1], geo["kg"], mk, keys),
                                  (maps[2], pointers[2], geo["vg"], mk, keys)):
@@ -130,7 +132,7 @@ def test_maps_address_a_packed_ring_block():
     geo = dict(qg=(o * row + o * d, 0, r * d, r * row), kg=(0, 0, d, nh * d), vg=(mk * nh * d, 0, d, nh * d),
                lg=(o * heads + o, 0, r, r * heads), segments=1, heads=nh, mq=n // r, mk=mk, shift=0, scale=0.1)
     v = TMA16.variant(d, "float16")
-    maps, _, _ = tma_launch_args(v, (0, 0, 0, 0, 0), **geo)
+    maps, _, _ = tma_launch_args(v, (0, 0, 0, 0, 0), sms=132, **geo)
     assert maps[0].strides[2] == maps[0].strides[1] * (n // r)     # the segment stride of one segment: packed
     _check_maps(v, geo, n, heads, d)
 

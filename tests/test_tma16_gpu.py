@@ -87,7 +87,7 @@ def test_scores_growing_along_the_keys_rescale_the_running_output(monkeypatch, d
     from hilbert_hpc.kernels.selection import SIXTEEN_BIT_ENV, choose
     from hilbert_hpc.kernels.sixteen_bit import launch_local_patterns
 
-    config = (*TMA16.defaults[d][:4], lazy)
+    config = (*TMA16.defaults[d][:4], lazy, *TMA16.defaults[d][5:])
     monkeypatch.setenv(SIXTEEN_BIT_ENV, "tma16:" + ",".join(map(str, config)))
     assert choose(dtype, d).variant.config == config
     n, heads, causal, keys_per_tile = 2048, 2, False, config[0]
@@ -117,3 +117,42 @@ def test_scores_growing_along_the_keys_rescale_the_running_output(monkeypatch, d
     peer_err = np.abs(peer - want).max() / top
     floor = 2.0 ** -9 if dtype == "bfloat16" else 2.0 ** -12
     assert np.isfinite(got).all() and ours_err <= 2 * max(peer_err, floor), (ours_err, peer_err)
+
+
+@pytest.mark.skipif(not _hopper(), reason="tma16 needs compute capability 9.0")
+@pytest.mark.parametrize("pingpong", [0, 1])
+@pytest.mark.parametrize("dtype,d", [("bfloat16", 32), ("float16", 64), ("bfloat16", 96), ("bfloat16", 128)])
+def test_persistent_blocks_walk_many_query_blocks(monkeypatch, dtype, d, pingpong):
+    """PERSISTENT = 1 on a GPU made to look like 3 SMs: each block walks dozens of query blocks of several
+    problems (the stage ring and the Q buffer carried from one to the next), with and without ping-pong turns,
+    ragged segments (the last query block of a problem partly past its rows) and a later pattern merging
+    into the first's output; the result must match float64 as closely as the PyTorch peer does."""
+    import torch
+
+    from hilbert_hpc.backends.torch_peer import TorchPeer
+    from hilbert_hpc.core.patterns import Pattern
+    from hilbert_hpc.kernels import sixteen_bit
+    from hilbert_hpc.kernels.registry import TMA16
+    from hilbert_hpc.kernels.selection import SIXTEEN_BIT_ENV, choose
+
+    config = (*TMA16.defaults[d][:5], pingpong, 1)
+    monkeypatch.setenv(SIXTEEN_BIT_ENV, "tma16:" + ",".join(map(str, config)))
+    assert choose(dtype, d).variant.config == config
+    monkeypatch.setattr(sixteen_bit, "multiprocessors", lambda device_id: 3)
+    n, heads = 6000, 3
+    patterns = [Pattern(1000, 1), Pattern(3000, 2)]
+    g = torch.Generator(device="cuda").manual_seed(d + 10 * pingpong)
+    q, k, v = (torch.randn((n, heads, d), generator=g, device="cuda").to(getattr(torch, dtype)) for _ in range(3))
+    scale = 1.0 / math.sqrt(d)
+    out, lse = torch.zeros_like(q), torch.full((n, heads), -math.inf, device="cuda")
+    sixteen_bit.launch_local_patterns(q, k, v, patterns, False, scale, out, lse)
+    torch.cuda.synchronize()
+
+    host = [x.float().cpu().numpy().astype(np.float64) for x in (q, k, v)]
+    want = dense_dilated_attention(*host, [(p.segment, p.dilation) for p in patterns], False, scale=scale)
+    peer = TorchPeer().serialized_attention(q, k, v, patterns, False, scale).double().cpu().numpy()
+    got = out.double().cpu().numpy()
+    top = np.abs(want).max()
+    ours_err = np.abs(got - want).max() / top
+    peer_err = np.abs(peer - want).max() / top
+    assert np.isfinite(got).all() and ours_err <= 2 * peer_err, (ours_err, peer_err)

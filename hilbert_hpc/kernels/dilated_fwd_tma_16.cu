@@ -34,7 +34,8 @@
 // flight, and the running output is rescaled once that completes (FlashAttention-3's intra-warpgroup
 // pipelining). PIPE = 0: one product at a time. LAZY = 1: the running max moves only by more than
 // RESCALE_SLACK (attention.cuh), so most tiles skip the rescale of the running output (FlashAttention-4's
-// conditional rescaling); 0: every tile rescales.
+// conditional rescaling); 0: every tile rescales. PINGPONG = 1: the consumer warpgroups take turns issuing
+// their products (IssueTurns, tma.cuh; FlashAttention-3's ping-pong), one turn per tile of the block each.
 //
 // Shared memory, 128-byte swizzle (the copy engine's CU_TENSOR_MAP_SWIZZLE_128B: 16-byte chunk c of row r of
 // a 1024-byte-aligned region lands at chunk c ^ (r % 8)): every tile is stored per 64-column region as
@@ -59,7 +60,7 @@ struct SmemTma {
     static constexpr int TILE = BK * D * 2;
     static constexpr int REGION = BK * 128;             // one 64-column region of a K or V tile
     static constexpr int BARS = NC * Q_WG + 2 * STAGES * TILE;
-    static constexpr int bytes = BARS + 8 * (1 + 3 * STAGES) + 1024;
+    static constexpr int bytes = BARS + 8 * (2 + 3 * STAGES) + 1024;
 };
 
 // Registers: the launch bound gives (65536 / threads) per thread, rounded down to 8; the producer gives
@@ -88,19 +89,46 @@ __device__ __forceinline__ void merge_out(float* __restrict__ out, float* __rest
     merge_rows32<D, DP>(out, lse, qoff, q_row, loff, l_row, row0, mq, t, m, l, o);
 }
 
+// One work item of the grid: a block of BQ = 64 NC queries of one problem (segment, head-in-group). Items of one
+// problem are adjacent (item / qblocks: problem, item % qblocks: query block, in reverse when causal: longest
+// first), so the items resident at one time share their problems' K and V in L2. kend: keys seen by the item
+// (those of its last warpgroup with queries: the causal end grows with the row); ntiles: its key tiles, 0 when
+// it sees no key (nothing to do).
+struct TmaItem {
+    int seg, head, qblock, kend, ntiles;
+};
+
+template <int NC, int BK>
+__device__ __forceinline__ TmaItem tma_item(int item, int heads, int qblocks, int mq, int mk, int causal,
+                                            int causal_shift) {
+    TmaItem w;
+    const int problem = item / qblocks;
+    const int qindex = item % qblocks;
+    w.qblock = (causal ? qblocks - 1 - qindex : qindex) * (WG_QUERIES * NC);
+    w.seg = problem / heads;
+    w.head = problem % heads;
+    const int last_wg = min(NC - 1, (mq - 1 - w.qblock) / WG_QUERIES);
+    w.kend = visible_key_end(mk, causal, w.qblock + WG_QUERIES * (last_wg + 1), causal_shift);
+    w.ntiles = w.kend > 0 ? (w.kend + BK - 1) / BK : 0;
+    return w;
+}
+
 // O: the running output's element type, T or float (the output geometry is its own: o_base .. o_row).
-template <typename T, int D, int BK, int NC, int STAGES, int PIPE, int LAZY, typename O>
+// PERSISTENT = 0: a grid of `items` blocks, one item each (blockIdx.x); 1: a grid of one block per SM, each
+// walking items blockIdx.x, blockIdx.x + gridDim.x, ... < items, its producer loading an item's Q and first
+// tiles during the consumers' merge of the previous one. Every warp walks the same items, so the stage ring
+// and the Q buffer count alike.
+template <typename T, int D, int BK, int NC, int STAGES, int PIPE, int LAZY, int PINGPONG, int PERSISTENT, typename O>
 __global__ void __launch_bounds__(WG_THREADS * (NC + 1), 1)
 dilated_fwd_tma_16(const TensorMap* __restrict__ maps, O* __restrict__ out, float* __restrict__ lse,
                    long long o_base, long long o_seg, long long o_head, long long o_row,
                    long long l_base, long long l_seg, long long l_head, long long l_row,
-                   int heads, int qblocks, int mq, int mk, int causal, int causal_shift, float scale)
+                   int heads, int qblocks, int items, int mq, int mk, int causal, int causal_shift, float scale)
 {
     using H = Half16<T>;
     constexpr int DP = (D + 63) / 64 * 64;   // columns computed: whole 64-column regions (zero-filled past D)
     using L = SmemTma<DP, BK, NC, STAGES>;
     using R = RegsTma<NC>;
-    constexpr int BQ = WG_QUERIES * NC;
     constexpr int NR = DP / 64;              // 64-column regions of a row
     constexpr int NS = BK / 2;               // score registers per thread
     constexpr int NO = DP / 2;               // output registers per thread
@@ -108,33 +136,24 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, O* __restrict__ out, floa
     constexpr int KP = BK / 16;              // k-steps of P V
     static_assert(D == 32 || D == 64 || D == 96 || D == 128, "head dims 32, 64, 96 and 128");
     static_assert(BK % 16 == 0 && BK <= 256 && NC >= 1 && NC <= 4 && STAGES >= 2, "configuration");
+    static_assert(!PINGPONG || NC >= 2, "turns need two consumer warpgroups");
 
     extern __shared__ __align__(128) unsigned char smem_tma[];
     const unsigned base = ((unsigned)__cvta_generic_to_shared(smem_tma) + 1023u) & ~1023u;
     const unsigned sQ = base;
     const unsigned sK = sQ + NC * L::Q_WG;              // stage s: K at sK + 2 s TILE, V at sK + (2 s + 1) TILE
-    const unsigned bars = base + L::BARS;               // q_full, k_full[S], v_full[S], empty[S]
-    const unsigned q_full = bars;
-#define K_FULL(s) (bars + 8 * (1 + (s)))
-#define V_FULL(s) (bars + 8 * (1 + STAGES + (s)))
-#define EMPTY(s) (bars + 8 * (1 + 2 * STAGES + (s)))
+    const unsigned bars = base + L::BARS;               // q_full, q_empty, k_full[S], v_full[S], empty[S]
+    const unsigned q_full = bars, q_empty = bars + 8;
+#define K_FULL(s) (bars + 8 * (2 + (s)))
+#define V_FULL(s) (bars + 8 * (2 + STAGES + (s)))
+#define EMPTY(s) (bars + 8 * (2 + 2 * STAGES + (s)))
 
     const int tid = threadIdx.x, wg = tid >> 7;
-    const long long problem = (long long)blockIdx.x / qblocks;
-    // causal: the last query blocks see the most keys; they start first so that the short ones fill the tail
-    const int qindex = (int)((long long)blockIdx.x % qblocks);
-    const int qblock = (causal ? qblocks - 1 - qindex : qindex) * BQ;
-    const long long problem_seg = problem / heads;
-    const int problem_head = (int)(problem % heads);
-
-    // keys seen by the block: those of its last warpgroup with queries (the causal end grows with the row)
-    const int last_wg = min(NC - 1, (mq - 1 - qblock) / WG_QUERIES);
-    const int kend = visible_key_end(mk, causal, qblock + WG_QUERIES * (last_wg + 1), causal_shift);
-    if (kend <= 0) return;                   // uniform: no key visible to this block
-    const int ntiles = (kend + BK - 1) / BK;
-
+    const TmaItem first = tma_item<NC, BK>(blockIdx.x, heads, qblocks, mq, mk, causal, causal_shift);
+    if (!PERSISTENT && first.ntiles == 0) return;   // uniform: no key visible to this block
     if (tid == 0) {
         mbar_init(q_full, 1);
+        mbar_init(q_empty, WG_THREADS * NC);
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(K_FULL(s), 1);
             mbar_init(V_FULL(s), 1);
@@ -147,149 +166,183 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, O* __restrict__ out, floa
     if (wg == 0) {                           // producer: one thread issues every copy
         setmaxnreg_dec<R::PREG>();
         if (tid == 0) {
-            const int seg = (int)problem_seg;
-            mbar_expect_tx(q_full, NC * L::Q_WG);
-            for (int w = 0; w < NC; ++w)
-                for (int r = 0; r < NR; ++r)
-                    tma_load_4d(sQ + (w * NR + r) * (WG_QUERIES * 128), maps, 64 * r, problem_head,
-                                qblock + WG_QUERIES * w, seg, q_full);
-            for (int it = 0; it < ntiles; ++it) {
-                const int s = stage_of<STAGES>(it);
-                if (it >= STAGES) mbar_wait(EMPTY(s), ((it / STAGES) + 1) & 1);
-                const unsigned st = sK + 2 * s * L::TILE;
-                mbar_expect_tx(K_FULL(s), L::TILE);
-                for (int r = 0; r < NR; ++r)
-                    tma_load_4d(st + r * L::REGION, maps + 1, 64 * r, problem_head, it * BK, seg, K_FULL(s));
-                mbar_expect_tx(V_FULL(s), L::TILE);
-                for (int r = 0; r < NR; ++r)
-                    tma_load_4d(st + L::TILE + r * L::REGION, maps + 2, 64 * r, problem_head, it * BK, seg, V_FULL(s));
+            int g = 0, k = 0;                // tiles and items of this block before the current one
+            for (int item = blockIdx.x; item < items; item += gridDim.x) {
+                const TmaItem wi = item == blockIdx.x ? first
+                                                      : tma_item<NC, BK>(item, heads, qblocks, mq, mk, causal, causal_shift);
+                if (wi.ntiles == 0) continue;
+                const int seg = wi.seg;
+                if (k > 0) mbar_wait(q_empty, (k - 1) & 1);   // every consumer is done with the last item's Q
+                mbar_expect_tx(q_full, NC * L::Q_WG);
+                for (int w = 0; w < NC; ++w)
+                    for (int r = 0; r < NR; ++r)
+                        tma_load_4d(sQ + (w * NR + r) * (WG_QUERIES * 128), maps, 64 * r, wi.head,
+                                    wi.qblock + WG_QUERIES * w, seg, q_full);
+                for (int it = 0; it < wi.ntiles; ++it) {
+                    const int gi = g + it;
+                    const int s = stage_of<STAGES>(gi);
+                    if (gi >= STAGES) mbar_wait(EMPTY(s), ((gi / STAGES) + 1) & 1);
+                    const unsigned st = sK + 2 * s * L::TILE;
+                    mbar_expect_tx(K_FULL(s), L::TILE);
+                    for (int r = 0; r < NR; ++r)
+                        tma_load_4d(st + r * L::REGION, maps + 1, 64 * r, wi.head, it * BK, seg, K_FULL(s));
+                    mbar_expect_tx(V_FULL(s), L::TILE);
+                    for (int r = 0; r < NR; ++r)
+                        tma_load_4d(st + L::TILE + r * L::REGION, maps + 2, 64 * r, wi.head, it * BK, seg, V_FULL(s));
+                }
+                g += wi.ntiles;
+                ++k;
+                if (!PERSISTENT) break;      // one item per block: nothing carried over
             }
         }
     } else {                                 // consumers
         setmaxnreg_inc<R::CREG>();
         const int w = wg - 1, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
-        const int qwg = qblock + WG_QUERIES * w;
-        // visible_key_end / unmasked_key_end of attention.cuh, spelled out: through the helpers the cubin differs
-        int kend_wg = (qwg < mq) ? kend : 0;
-        if (causal) kend_wg = min(kend_wg, max(0, qwg + WG_QUERIES + causal_shift));
-        const int open_end = causal ? min(kend, max(0, qwg + causal_shift + 1)) : kend;
-        const int nt = min(ntiles, (kend_wg + BK - 1) / BK);   // tiles this warpgroup computes (a prefix)
-
         const unsigned sQw = sQ + w * NR * (WG_QUERIES * 128);
-        const int row0 = qwg + 16 * warp + g;    // this thread's rows: row0, row0 + 8
         const float mul = scale * LOG2E;
-        float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f}, alpha[2];
-        float o[NO];
-    #pragma unroll
-        for (int i = 0; i < NO; ++i) o[i] = 0.0f;
-        float s[NS];
-        unsigned p[KP][4];
+        const IssueTurns<NC, PINGPONG != 0> turns{w};
+        int g0 = 0, k = 0;                   // tiles and items of this block before the current one
+        for (int item = blockIdx.x; item < items; item += gridDim.x) {
+            const TmaItem wi = item == blockIdx.x ? first
+                                                  : tma_item<NC, BK>(item, heads, qblocks, mq, mk, causal, causal_shift);
+            const int kend = wi.kend, ntiles = wi.ntiles;
+            if (ntiles == 0) continue;
+            const int qwg = wi.qblock + WG_QUERIES * w;
+            // visible_key_end / unmasked_key_end of attention.cuh, spelled out: through the helpers the cubin differs
+            int kend_wg = (qwg < mq) ? kend : 0;
+            if (causal) kend_wg = min(kend_wg, max(0, qwg + WG_QUERIES + causal_shift));
+            const int open_end = causal ? min(kend, max(0, qwg + causal_shift + 1)) : kend;
+            const int nt = min(ntiles, (kend_wg + BK - 1) / BK);   // tiles this warpgroup computes (a prefix)
 
-        mbar_wait(q_full, 0);
+            const int row0 = qwg + 16 * warp + g;    // this thread's rows: row0, row0 + 8
+            float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f}, alpha[2];
+            float o[NO];
+        #pragma unroll
+            for (int i = 0; i < NO; ++i) o[i] = 0.0f;
+            float s[NS];
+            unsigned p[KP][4];
 
-        // S = Q K^T of tile it into s (issued and committed, not waited for)
-        auto issue_qk = [&](int it) {
-            const unsigned st = sK + 2 * stage_of<STAGES>(it) * L::TILE;
-            pin(s);
-            wgmma_fence();
-    #pragma unroll
-            for (int ks = 0; ks < KQ; ++ks) {
-                const desc_t dq = smem_desc_sw128(sQw + (ks / 4) * (WG_QUERIES * 128) + 32 * (ks % 4), 16);
-                const desc_t dk = smem_desc_sw128(st + (ks / 4) * L::REGION + 32 * (ks % 4), 16);
-                if (ks == 0)
-                    Wgmma16<T, BK>::template ss<0>(s, dq, dk);
-                else
-                    Wgmma16<T, BK>::template ss<1>(s, dq, dk);
-            }
-            wgmma_commit();
-        };
-        // O += P V of tile it (issued and committed)
-        auto issue_pv = [&](int it) {
-            const unsigned sv = sK + 2 * stage_of<STAGES>(it) * L::TILE + L::TILE;
-            pin(o);
-            pin_u(p);
-            wgmma_fence();
-    #pragma unroll
-            for (int kk = 0; kk < KP; ++kk)
-                Wgmma16<T, DP>::template rs<1, 1>(o, p[kk], smem_desc_sw128(sv + 2048 * kk, L::REGION));
-            wgmma_commit();
-        };
-        auto pack_p = [&]() {
-    #pragma unroll
-            for (int kk = 0; kk < KP; ++kk)
-    #pragma unroll
-                for (int j = 0; j < 4; ++j) p[kk][j] = H::pack(s[8 * kk + 2 * j], s[8 * kk + 2 * j + 1]);
-        };
-        auto softmax = [&](int it) {
-            const int kt = it * BK;
-            softmax_tile<BK / 8, NO, false, LAZY != 0>(s, o, m, l, alpha, kt + BK > open_end, kt, kend, causal, causal_shift,
-                                             row0, t, mul);
-        };
-        auto rescale = [&]() {
-            if (LAZY)
-                rescale_rows_lazy<NO>(o, alpha);
-            else
-                rescale_rows<NO>(o, alpha);
-        };
+            turns.start();
+            mbar_wait(q_full, k & 1);
 
-        if (PIPE) {
-            if (nt > 0) {
-                mbar_wait(K_FULL(0), 0);
-                issue_qk(0);
-                wgmma_wait<0>();
+            // S = Q K^T of tile it into s (issued and committed, not waited for)
+            auto issue_qk = [&](int it) {
+                const unsigned st = sK + 2 * stage_of<STAGES>(g0 + it) * L::TILE;
                 pin(s);
-                softmax(0);                      // o is zero: nothing to rescale
-                pack_p();
-                for (int it = 1; it < nt; ++it) {
-                    mbar_wait(K_FULL(stage_of<STAGES>(it)), phase_of<STAGES>(it));
-                    issue_qk(it);
-                    mbar_wait(V_FULL(stage_of<STAGES>(it - 1)), phase_of<STAGES>(it - 1));
-                    issue_pv(it - 1);
-                    wgmma_wait<1>();             // S(it) landed; P(it-1) V(it-1) may still run
+                wgmma_fence();
+        #pragma unroll
+                for (int ks = 0; ks < KQ; ++ks) {
+                    const desc_t dq = smem_desc_sw128(sQw + (ks / 4) * (WG_QUERIES * 128) + 32 * (ks % 4), 16);
+                    const desc_t dk = smem_desc_sw128(st + (ks / 4) * L::REGION + 32 * (ks % 4), 16);
+                    if (ks == 0)
+                        Wgmma16<T, BK>::template ss<0>(s, dq, dk);
+                    else
+                        Wgmma16<T, BK>::template ss<1>(s, dq, dk);
+                }
+                wgmma_commit();
+            };
+            // O += P V of tile it (issued and committed)
+            auto issue_pv = [&](int it) {
+                const unsigned sv = sK + 2 * stage_of<STAGES>(g0 + it) * L::TILE + L::TILE;
+                pin(o);
+                pin_u(p);
+                wgmma_fence();
+        #pragma unroll
+                for (int kk = 0; kk < KP; ++kk)
+                    Wgmma16<T, DP>::template rs<1, 1>(o, p[kk], smem_desc_sw128(sv + 2048 * kk, L::REGION));
+                wgmma_commit();
+            };
+            auto pack_p = [&]() {
+        #pragma unroll
+                for (int kk = 0; kk < KP; ++kk)
+        #pragma unroll
+                    for (int j = 0; j < 4; ++j) p[kk][j] = H::pack(s[8 * kk + 2 * j], s[8 * kk + 2 * j + 1]);
+            };
+            auto softmax = [&](int it) {
+                const int kt = it * BK;
+                softmax_tile<BK / 8, NO, false, LAZY != 0>(s, o, m, l, alpha, kt + BK > open_end, kt, kend, causal, causal_shift,
+                                                 row0, t, mul);
+            };
+            auto rescale = [&]() {
+                if (LAZY)
+                    rescale_rows_lazy<NO>(o, alpha);
+                else
+                    rescale_rows<NO>(o, alpha);
+            };
+
+            // every warpgroup takes one turn per tile of the block (ntiles), those past its own nt without products
+            if (PIPE) {
+                if (nt > 0) {
+                    mbar_wait(K_FULL(stage_of<STAGES>(g0)), phase_of<STAGES>(g0));
+                    turns.wait();
+                    issue_qk(0);
+                    turns.pass(0, ntiles);
+                    wgmma_wait<0>();
                     pin(s);
-                    softmax(it);
+                    softmax(0);                      // o is zero: nothing to rescale
+                    pack_p();
+                    for (int it = 1; it < nt; ++it) {
+                        mbar_wait(K_FULL(stage_of<STAGES>(g0 + it)), phase_of<STAGES>(g0 + it));
+                        turns.wait();
+                        issue_qk(it);
+                        mbar_wait(V_FULL(stage_of<STAGES>(g0 + it - 1)), phase_of<STAGES>(g0 + it - 1));
+                        issue_pv(it - 1);
+                        turns.pass(it, ntiles);
+                        wgmma_wait<1>();             // S(it) landed; P(it-1) V(it-1) may still run
+                        pin(s);
+                        softmax(it);
+                        wgmma_wait<0>();
+                        pin(o);
+                        mbar_arrive(EMPTY(stage_of<STAGES>(g0 + it - 1)));
+                        rescale();
+                        pack_p();
+                    }
+                    mbar_wait(V_FULL(stage_of<STAGES>(g0 + nt - 1)), phase_of<STAGES>(g0 + nt - 1));
+                    issue_pv(nt - 1);
                     wgmma_wait<0>();
                     pin(o);
-                    mbar_arrive(EMPTY(stage_of<STAGES>(it - 1)));
+                    mbar_arrive(EMPTY(stage_of<STAGES>(g0 + nt - 1)));
+                }
+            } else {
+                for (int it = 0; it < nt; ++it) {
+                    const int st = stage_of<STAGES>(g0 + it);
+                    const unsigned ph = phase_of<STAGES>(g0 + it);
+                    mbar_wait(K_FULL(st), ph);
+                    turns.wait();
+                    issue_qk(it);
+                    turns.pass(it, ntiles);
+                    wgmma_wait<0>();
+                    pin(s);
+                    softmax(it);
                     rescale();
                     pack_p();
+                    mbar_wait(V_FULL(st), ph);
+                    issue_pv(it);
+                    wgmma_wait<0>();
+                    pin(o);
+                    mbar_arrive(EMPTY(st));
                 }
-                mbar_wait(V_FULL(stage_of<STAGES>(nt - 1)), phase_of<STAGES>(nt - 1));
-                issue_pv(nt - 1);
-                wgmma_wait<0>();
-                pin(o);
-                mbar_arrive(EMPTY(stage_of<STAGES>(nt - 1)));
             }
-        } else {
-            for (int it = 0; it < nt; ++it) {
-                const int st = stage_of<STAGES>(it);
-                const unsigned ph = phase_of<STAGES>(it);
+            mbar_arrive(q_empty);                // this warpgroup's products are complete: Q may be reloaded
+            // tiles only later warpgroups see: let the producer reuse their stages, and pass the turns
+            for (int it = nt; it < ntiles; ++it) {
+                const int st = stage_of<STAGES>(g0 + it);
+                const unsigned ph = phase_of<STAGES>(g0 + it);
                 mbar_wait(K_FULL(st), ph);
-                issue_qk(it);
-                wgmma_wait<0>();
-                pin(s);
-                softmax(it);
-                rescale();
-                pack_p();
                 mbar_wait(V_FULL(st), ph);
-                issue_pv(it);
-                wgmma_wait<0>();
-                pin(o);
                 mbar_arrive(EMPTY(st));
+                turns.wait();
+                turns.pass(it, ntiles);
             }
-        }
-        // tiles only later warpgroups see: let the producer reuse their stages
-        for (int it = nt; it < ntiles; ++it) {
-            const int st = stage_of<STAGES>(it);
-            const unsigned ph = phase_of<STAGES>(it);
-            mbar_wait(K_FULL(st), ph);
-            mbar_wait(V_FULL(st), ph);
-            mbar_arrive(EMPTY(st));
-        }
 
-        const long long ooff = o_base + problem_seg * o_seg + problem_head * o_head;
-        const long long loff = l_base + problem_seg * l_seg + problem_head * l_head;
-        merge_out<T, D, DP>(out, lse, ooff, o_row, loff, l_row, row0, mq, t, m, l, o);
+            const int problem = item / qblocks, seg = problem / heads, head = problem % heads;
+            const long long ooff = o_base + seg * o_seg + head * o_head;
+            const long long loff = l_base + seg * l_seg + head * l_head;
+            merge_out<T, D, DP>(out, lse, ooff, o_row, loff, l_row, row0, mq, t, m, l, o);
+            g0 += ntiles;
+            ++k;
+            if (!PERSISTENT) break;
+        }
     }
 #undef K_FULL
 #undef V_FULL

@@ -222,7 +222,7 @@ def tma16_shared_bytes(head_dim: int, keys: int, consumers: int, stages: int) ->
     warpgroups, the K/V stages (rows of the head dim rounded up to whole 64-column regions), the mbarriers
     and 1024 bytes that align the base for the 128-byte swizzle."""
     padded = -(-head_dim // 64) * 64
-    return 2 * 64 * consumers * padded + 2 * stages * 2 * keys * padded + 8 * (1 + 3 * stages) + 1024
+    return 2 * 64 * consumers * padded + 2 * stages * 2 * keys * padded + 8 * (2 + 3 * stages) + 1024
 
 
 def mma16_shared_bytes(head_dim: int, keys: int) -> int:
@@ -254,9 +254,11 @@ WGMMA16 = KernelFamily(
 TMA16_KEY_TILES = (32, 64, 96, 128, 192)
 #: per head dim (rows of one or two 128-byte swizzle spans; 32 and 96 computed as 64 and 128 columns of which
 #: the copy engine zero-fills the last 32): (key tile BK, consumer warpgroups NC,
-#: stages, PIPE, LAZY), template arguments of dilated_fwd_tma_16<T, D, BK, NC, STAGES, PIPE, LAZY, OUT>; PIPE = 1
-#: overlaps the next tile's Q K^T with the softmax, LAZY = 1 rescales the running output only when a row's max
-#: grows by more than 2^8 (attention.cuh). Measured before LAZY existed (every tile rescaled), on an H200
+#: stages, PIPE, LAZY, PINGPONG, PERSISTENT), template arguments of dilated_fwd_tma_16<T, D, BK, NC, STAGES, PIPE,
+#: LAZY, PINGPONG, PERSISTENT, OUT>; PIPE = 1 overlaps the next tile's Q K^T with the softmax, LAZY = 1 rescales the
+#: running output only when a row's max grows by more than 2^8 (attention.cuh), PINGPONG = 1 has the consumer
+#: warpgroups take turns issuing their products, PERSISTENT = 1 launches one block per SM that walks the query
+#: blocks (non-causal launches; causal ones keep a block per query block, kernels/sixteen_bit.py). Measured before LAZY existed (every tile rescaled), on an H200
 #: (N = 262,144, patterns (2048,1) (4096,2) (8192,4), bf16, ms non-causal / causal,
 #: tests/scripts/wgmma16_probe.py --sweep, docs/performance.md), (BK, NC, STAGES, PIPE): D = 64 (H = 12):
 #: (64, 4, 3, 1) 8.34 / 5.68, (96, 3, 3, 1) 8.44 / 5.72, (64, 3, 4, 1) 9.07 / 5.96, (64, 3, 3, 1) 9.03-9.24 /
@@ -269,24 +271,38 @@ TMA16_KEY_TILES = (32, 64, 96, 128, 192)
 #: 9.51 / 6.51, (192, 2, 2, 0, 1) 10.63 / 7.24; D = 128: (128, 2, 2, 0, 1) 8.64-8.66 / 6.26-6.42, (128, 2, 2, 0, 0)
 #: 9.08-9.62 / 6.41-6.76, (128, 2, 3, 0, 1) 9.06 / 6.55, (64, 3, 3, 1, 1) 9.31 / 6.29; D = 96: (64, 3, 3, 1, 1)
 #: 8.39-8.63, (128, 2, 2, 0, 1) 8.68-9.07, (64, 2, 3, 1, 1) 9.84; D = 32: (64, 4, 3, 1, 1) 10.87-11.59, (128, 3, 2, 0, 1)
-#: 11.76, (64, 3, 3, 1, 1) 13.13. Three consumers with BK = 128 and PIPE = 1 spill (ptxas allocates for the
-#: launch bound's 128 registers). Four consumers (640 threads) fit their code in 96 registers without spills.
+#: 11.76, (64, 3, 3, 1, 1) 13.13. With PINGPONG and PERSISTENT (H200, 2026-11-27, tests/scripts/forward_probe.py
+#: through nn, one process per head dim, ms of d64 / d64-causal / LongNet 1M / LongNet 4M, or of the case named;
+#: two machines, whose times differ by up to 3 %; (BK, NC, STAGES, PIPE, LAZY, PINGPONG, PERSISTENT)):
+#: D = 64: (64, 4, 3, 1, 1, 0, 0) 9.46-9.72 / 6.78-6.94 / 19.1-19.3 / 73.3, (64, 4, 3, 1, 1, 1, 0) 9.29-9.55 /
+#: 6.71-6.98 / 18.5-18.7 / 74.2, (128, 3, 2, 0, 1, 0, 1) 9.43 / 6.86 / 18.5 / 73.6, (64, 4, 3, 1, 1, 0, 1) 9.04-9.42
+#: / 6.83 / 18.0-18.4 / 70.7 (spills: not listed), (128, 3, 2, 0, 1, 1, 1) 9.45 / 7.34 / 19.2, (96, 3, 3, 1, 1, 0, 1)
+#: 10.46, (64, 3, 3, 1, 1, 0, 1) 10.60; D = 32: (128, 3, 2, 0, 1, 0, 1) 10.65, (64, 4, 3, 1, 1, 0, 0) 11.1-11.4,
+#: (64, 4, 3, 1, 1, 1, 0) 10.6-11.3, (64, 3, 3, 1, 1, 0, 1) 13.05; D = 96: (64, 3, 3, 1, 1, 0, 1) 8.36,
+#: (64, 3, 3, 1, 1, 0, 0) 8.53-8.83, (64, 3, 3, 1, 1, 1, 0) 8.44-8.74; D = 128 (d128 / d128-causal):
+#: (128, 2, 2, 0, 1, 1, 1) 8.88 / 6.65, (128, 2, 2, 0, 1, 0, 1) 8.99 / 6.71, (128, 2, 2, 0, 1, 1, 0) 9.14-9.34 /
+#: 6.54-6.56, (128, 2, 2, 0, 1, 0, 0) 9.21-9.65 / 6.74-6.91. Three consumers with BK = 128 and PIPE = 1 spill
+#: (ptxas allocates within what setmaxnreg gives the consumers: 160 registers). Four consumers (640 threads) get
+#: 112, and fit their code without spills only with PINGPONG and one query block each (PERSISTENT = 0).
 #: NC >= 2: with one consumer the launch bound already gives it more registers than setmaxnreg may raise it to.
 TMA16 = KernelFamily(
     "tma16", "dilated_fwd_tma_16.cu", SIXTEEN_BIT,
-    lambda t, d, c, o: f"dilated_fwd_tma_16<{t},{d},{c[0]},{c[1]},{c[2]},{c[3]},{c[4]},{o}>",
-    ("BK", "NC", "STAGES", "PIPE", "LAZY"),
+    lambda t, d, c, o: f"dilated_fwd_tma_16<{t},{d},{c[0]},{c[1]},{c[2]},{c[3]},{c[4]},{c[5]},{c[6]},{o}>",
+    ("BK", "NC", "STAGES", "PIPE", "LAZY", "PINGPONG", "PERSISTENT"),
     lambda d, c: tma16_shared_bytes(d, c[0], c[1], c[2]), lambda c: 128 * (c[1] + 1), lambda d, c: 64 * c[1],
-    SIXTEEN_BIT_ALIGN, defaults={32: (64, 4, 3, 1, 1), 64: (64, 4, 3, 1, 1), 96: (64, 3, 3, 1, 1),
-                                 128: (128, 2, 2, 0, 1)},
-    alternatives={64: ((64, 4, 3, 1, 0), (128, 3, 2, 0, 1), (128, 3, 3, 0, 1), (192, 2, 2, 0, 1), (96, 3, 3, 1, 1),
-                       (64, 3, 3, 1, 1), (128, 2, 2, 0, 1), (128, 2, 2, 1, 1)),
-                  32: ((64, 3, 3, 1, 1), (128, 3, 2, 0, 1)),
-                  96: ((64, 3, 3, 1, 0), (128, 2, 2, 0, 1), (64, 2, 3, 1, 1)),
-                  128: ((128, 2, 2, 0, 0), (64, 3, 3, 1, 1), (128, 2, 3, 0, 1), (64, 2, 3, 1, 1), (128, 2, 2, 1, 1))},
+    SIXTEEN_BIT_ALIGN, defaults={32: (128, 3, 2, 0, 1, 0, 1), 64: (128, 3, 2, 0, 1, 0, 1), 96: (64, 3, 3, 1, 1, 0, 1),
+                                 128: (128, 2, 2, 0, 1, 1, 1)},
+    alternatives={64: ((64, 4, 3, 1, 1, 1, 0), (128, 3, 2, 0, 1, 1, 1), (128, 3, 2, 0, 1, 0, 0),
+                       (96, 3, 3, 1, 1, 0, 1), (64, 3, 3, 1, 1, 0, 1), (128, 3, 3, 0, 1, 0, 0),
+                       (192, 2, 2, 0, 1, 0, 0), (128, 2, 2, 0, 1, 0, 0), (128, 2, 2, 1, 1, 1, 0)),
+                  32: ((64, 4, 3, 1, 1, 1, 0), (64, 3, 3, 1, 1, 0, 1)),
+                  96: ((64, 3, 3, 1, 1, 0, 0), (64, 3, 3, 1, 1, 1, 0), (64, 3, 3, 1, 0, 0, 0), (128, 2, 2, 0, 1, 0, 0),
+                       (64, 2, 3, 1, 1, 0, 0)),
+                  128: ((128, 2, 2, 0, 1, 0, 0), (128, 2, 2, 0, 1, 1, 0), (128, 2, 2, 0, 1, 0, 1), (128, 2, 2, 0, 0, 0, 0),
+                        (64, 3, 3, 1, 1, 0, 0), (128, 2, 3, 0, 1, 0, 0), (64, 2, 3, 1, 1, 0, 0), (128, 2, 2, 1, 1, 0, 0))},
     min_cc=90, max_cc=90, arch=HOPPER_ARCH, max_shared=HOPPER_SHARED, float32_output=True,
     valid=lambda c: c[0] in TMA16_KEY_TILES and c[1] in (2, 3, 4) and 2 <= c[2] <= 8 and c[3] in (0, 1)
-    and c[4] in (0, 1))
+    and c[4] in (0, 1) and c[5] in (0, 1) and c[6] in (0, 1))
 #: mma16 key tile per head dim (4 warps x 16 queries per block); shared memory 2 (D + 8) (64 + 4 BK) bytes:
 #: D = 128 with BK = 32 keeps two blocks per SM on compute capability 8.0 and fits 8.6/8.9's 99 KiB. The
 #: alternatives are compiled in CI (the mma16 kernel has not been timed on a GPU of compute capability 8.x).

@@ -11,7 +11,7 @@ the GPU's compute capability.
 
 An override forces a family, optionally with a configuration (its template arguments, as the registry names
 them): ``HILBERT_HPC_FP32_KERNEL`` for float32 (e.g. ``tf32x3``, ``wgmma:64,2,1``), ``HILBERT_HPC_HALF_KERNEL``
-for the 16-bit kernels (``wgmma16``, ``wgmma16:BK,WG,VMODE``, ``tma16``, ``tma16:BK,NC,STAGES,PIPE,LAZY``, ``mma16``
+for the 16-bit kernels (``wgmma16``, ``wgmma16:BK,WG,VMODE``, ``tma16``, ``tma16:BK,NC,STAGES,PIPE,LAZY,PINGPONG,PERSISTENT``, ``mma16``
 or ``mma16:BK``); a forced family the GPU cannot run is one clear error.
 
 The backward (:func:`choose_backward`, the registry's ``direction`` BACKWARD families, which the forward never
@@ -112,7 +112,7 @@ def _env(dtype: str, direction: str = FORWARD) -> str:
 
 
 def forced_family(dtype: str, forced: str, direction: str = FORWARD) -> tuple[KernelFamily, tuple | None]:
-    """(family, configuration or None for its default) of an override value such as 'tma16:64,4,3,1,1', among
+    """(family, configuration or None for its default) of an override value such as 'tma16:64,4,3,1,1,1,1', among
     the ``direction`` families of ``dtype``."""
     env = _env(dtype, direction)
     families = registry.families_for(dtype, direction)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import sys
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any, Sequence
 
 import numpy as np
@@ -75,31 +75,47 @@ MAX_GRID_X = 2**31 - 1
 
 def tma_launch_args(chosen: Variant, pointers: tuple, *, qg: tuple, kg: tuple, vg: tuple, lg: tuple,
                     segments: int, heads: int, mq: int, mk: int, shift: int | None, scale: float,
-                    og: tuple | None = None) -> tuple[tuple, tuple, tuple]:
+                    og: tuple | None = None, sms: int = 0) -> tuple[tuple, tuple, tuple]:
     """(map geometries of Q, K, V; grid; the kernel arguments after the maps pointer) of one tma16 launch
-    (pointers: q, k, v, out, lse as ints; the output geometry ``og`` defaults to Q's). Query blocks of one
-    problem are adjacent in the 1-D grid."""
+    (pointers: q, k, v, out, lse as ints; the output geometry ``og`` defaults to Q's). The work items (query
+    blocks, those of one problem adjacent) are walked by a grid of one block each, or, where the configuration
+    is persistent and the launch not causal, of one block per SM (``sms``, the GPU's multiprocessors). Causal
+    items differ in length, and the hardware's block scheduler balances them better than a static round robin
+    (H200, D = 64: 6.78 ms one block per item, 7.70 ms persistent)."""
     keys = chosen.config[0]
     qptr, kptr, vptr, optr, lptr = (int(x) for x in pointers)
     maps = (tma.map_geometry(qptr, qg, mq, heads, segments, chosen.head_dim, 64),
             tma.map_geometry(kptr, kg, mk, heads, segments, chosen.head_dim, keys),
             tma.map_geometry(vptr, vg, mk, heads, segments, chosen.head_dim, keys))
     qblocks = -(-mq // chosen.block_queries)
-    blocks = segments * heads * qblocks
-    if blocks > MAX_GRID_X:
-        raise ValueError(f"{chosen.variant}: {blocks} blocks exceed a one-dimensional grid")
+    items = segments * heads * qblocks
+    persistent = chosen.config[6] == 1 and shift is None
+    if persistent and sms < 1:
+        raise ValueError(f"{chosen.variant}: a persistent launch needs the GPU's multiprocessor count, got {sms}")
+    if items > MAX_GRID_X:
+        raise ValueError(f"{chosen.variant}: {items} query blocks exceed a one-dimensional grid")
+    blocks = min(items, sms) if persistent else items
     args = (np.uint64(optr), np.uint64(lptr), *(np.int64(x) for x in (*(qg if og is None else og), *lg)),
-            np.int32(heads), np.int32(qblocks), np.int32(mq), np.int32(mk), np.int32(shift is not None),
-            np.int32(shift or 0), np.float32(scale))
+            np.int32(heads), np.int32(qblocks), np.int32(items), np.int32(mq), np.int32(mk),
+            np.int32(shift is not None), np.int32(shift or 0), np.float32(scale))
     return maps, (blocks,), args
+
+
+@lru_cache(maxsize=None)
+def multiprocessors(device_id: int) -> int:
+    """The multiprocessor (SM) count of a GPU."""
+    import cupy
+
+    return int(cupy.cuda.Device(device_id).attributes["MultiProcessorCount"])
 
 
 def _launch_tma(fn: Any, chosen: Variant, q: Any, k: Any, v: Any, out: Any, lse: Any, **geometry: Any) -> None:
     import cupy
 
     pointers = tuple(device_pointer(x) for x in (q, k, v, out, lse))
-    maps, grid, args = tma_launch_args(chosen, pointers, **geometry)
-    buffer = tma.device_maps(cupy.cuda.Device().id, maps)
+    device = cupy.cuda.Device()
+    maps, grid, args = tma_launch_args(chosen, pointers, sms=multiprocessors(device.id), **geometry)
+    buffer = tma.device_maps(device.id, maps)
     fn(grid, (chosen.threads,), (np.uint64(buffer.data.ptr), *args), shared_mem=chosen.shared_bytes)
 
 

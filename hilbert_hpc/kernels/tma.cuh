@@ -49,3 +49,27 @@ template <int STAGES>
 __device__ __forceinline__ int stage_of(int it) { return it % STAGES; }
 template <int STAGES>
 __device__ __forceinline__ unsigned phase_of(int it) { return (it / STAGES) & 1; }
+
+// Turns of NC consumer warpgroups at the tensor cores (FlashAttention-3's ping-pong scheduling): warpgroup w
+// issues its matrix products only in its turn, then hands the turn to warpgroup (w + 1) % NC, so one
+// warpgroup's softmax runs under the others' products instead of every warpgroup issuing at once and then
+// waiting at once. Turn k of warpgroup w waits on hardware barrier FIRST + w (bar.sync by its 128 threads and
+// bar.arrive by the 128 of the warpgroup before it: 256). Warpgroup NC - 1 opens the first turn of warpgroup
+// 0 (start); each warpgroup takes the same number of turns, `turns`, and the last turn of warpgroup NC - 1 is
+// handed to nobody, so every barrier phase started is completed. ON = false: no turns (every call is empty).
+template <int NC, bool ON>
+struct IssueTurns {
+    static constexpr int FIRST = 1;          // barrier 0 is __syncthreads'
+    int w;
+    __device__ __forceinline__ void start() const {
+        if (ON && w == NC - 1) asm volatile("bar.arrive %0, %1;\n" ::"r"(FIRST), "n"(2 * WG_THREADS) : "memory");
+    }
+    __device__ __forceinline__ void wait() const {
+        if (ON) asm volatile("bar.sync %0, %1;\n" ::"r"(FIRST + w), "n"(2 * WG_THREADS) : "memory");
+    }
+    // after the products of turn k of `turns`
+    __device__ __forceinline__ void pass(int k, int turns) const {
+        if (ON && !(w == NC - 1 && k == turns - 1))
+            asm volatile("bar.arrive %0, %1;\n" ::"r"(FIRST + (w + 1) % NC), "n"(2 * WG_THREADS) : "memory");
+    }
+};

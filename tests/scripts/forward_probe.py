@@ -8,12 +8,17 @@ CUDA-event medians of ``--repeat`` after ``--warmup``; useful FLOPs 4 m^2 D per 
 
     python tests/scripts/forward_probe.py                          # every case (about a minute on an H200)
     python tests/scripts/forward_probe.py --case d64 --case d64-causal --json fwd.json
-    HILBERT_HPC_HALF_KERNEL=tma16:64,4,3,1,0 python tests/scripts/forward_probe.py --case d64 --only ours
+    HILBERT_HPC_HALF_KERNEL=tma16:64,4,3,1,0,0,0 python tests/scripts/forward_probe.py --case d64 --only ours
+    python tests/scripts/forward_probe.py --case d64 --kernel tma16:64,4,3,1,1,1,1   # also a forced kernel, same run
+
+``--kernel VALUE`` (repeatable) also times ours with ``HILBERT_HPC_HALF_KERNEL=VALUE`` (or the FP32 variable for
+the fp32 cases), in the same process as the peer: row keys ``ours[VALUE]_ms``, ``ours[VALUE]_over_flash``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -26,6 +31,7 @@ from backward_probe import print_row, timed, useful_flops, write_rows  # noqa: E
 
 from hilbert_hpc import nn as hnn  # noqa: E402
 from hilbert_hpc.core.patterns import Pattern  # noqa: E402
+from hilbert_hpc.kernels.selection import FP32_ENV, SIXTEEN_BIT_ENV  # noqa: E402
 
 ANCHOR = ((2048, 1), (4096, 2), (8192, 4))
 
@@ -93,6 +99,8 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--json", help="also write the rows to this file")
+    parser.add_argument("--kernel", action="append", default=[],
+                        help="also time ours with this forced kernel (HILBERT_HPC_HALF_KERNEL / _FP32_KERNEL value)")
     args = parser.parse_args()
     why_not = flash_available()
     if why_not:
@@ -114,8 +122,23 @@ def main() -> int:
                 continue
             row[f"{who}_ms"], row[f"{who}_tflops"] = ms, flops / ms / 1e9
             torch.cuda.empty_cache()
-        if "ours_ms" in row and "flash-dense_ms" in row:
-            row["ours_over_flash"] = row["flash-dense_ms"] / row["ours_ms"]
+        env = FP32_ENV if dtype == torch.float32 else SIXTEEN_BIT_ENV
+        for forced in args.kernel:
+            before = os.environ.get(env)
+            os.environ[env] = forced
+            try:
+                row[f"ours[{forced}]_ms"] = time_ours(case, args.warmup, args.repeat)
+            except Exception as exc:
+                print(f"# {name} ours[{forced}]: failed: {type(exc).__name__}: {exc}", flush=True)
+            finally:
+                if before is None:
+                    os.environ.pop(env)
+                else:
+                    os.environ[env] = before
+            torch.cuda.empty_cache()
+        if "flash-dense_ms" in row:
+            for who in [k.removesuffix("_ms") for k in row if k.startswith("ours") and k.endswith("_ms")]:
+                row[f"{who}_over_flash"] = row["flash-dense_ms"] / row[f"{who}_ms"]
         rows.append(row)
         print_row(row)
     write_rows(args.json, rows)

@@ -170,7 +170,7 @@ def diagnostics(variant: str) -> bool:
     n, h, pats = PROBLEMS[1]
     print(f"{variant} configurations on the ragged problem: max |err| / max |ref|, causal 0 and 1 "
           "(wgmma16 (BK, WG, VMODE), VMODE 0: V MN-major via imm-trans-b; 1: V transposed into K-major shared "
-          "memory; tma16 (BK, NC, STAGES, PIPE, LAZY))")
+          "memory; tma16 (BK, NC, STAGES, PIPE, LAZY, PINGPONG, PERSISTENT))")
     for dname, dt in DTYPES.items():
         for d in variant_dims(variant):
             cells = []
