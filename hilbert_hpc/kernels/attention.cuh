@@ -27,11 +27,11 @@ constexpr float RESCALE_SLACK = 8.0f;
 // need it): keys at or past kend, and past i + causal_shift when causal. On return s holds the FP32
 // probabilities exp2(mul s - m), m the running max, l this lane's partial row sum, alpha[h] the factor of the
 // running output of row h, and, when RESCALE, o is rescaled by it. LAZY: m moves by more than RESCALE_SLACK
-// or not at all (above).
-template <int NB, int NO, bool RESCALE, bool LAZY = false>
-__device__ __forceinline__ void softmax_tile(float (&s)[4 * NB], float (&o)[NO], float (&m)[2], float (&l)[2],
-                                             float (&alpha)[2], bool masked, int kt, int kend, int causal,
-                                             int causal_shift, int row0, int t, float mul) {
+// or not at all (above). MASK: whether the tile is masked, known at compile time (softmax_tile decides it).
+template <int NB, int NO, bool RESCALE, bool LAZY, bool MASK>
+__device__ __forceinline__ void softmax_tile_body(float (&s)[4 * NB], float (&o)[NO], float (&m)[2], float (&l)[2],
+                                                  float (&alpha)[2], int kt, int kend, int causal, int causal_shift,
+                                                  int row0, int t, float mul) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int i = row0 + 8 * h;
@@ -41,7 +41,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[4 * NB], float (&o)[NO],
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 float& x = s[4 * b + 2 * h + e];
-                if (masked) {
+                if (MASK) {
                     const int j = kt + 8 * b + 2 * t + e;
                     x = (j < kend && (!causal || j <= i + causal_shift)) ? x : NEG_INF;
                 }
@@ -70,6 +70,19 @@ __device__ __forceinline__ void softmax_tile(float (&s)[4 * NB], float (&o)[NO],
                 o[4 * n + 2 * h + 1] *= a;
             }
     }
+}
+
+// The softmax of a tile, masked or not (`masked`, once per tile): a masked and an unmasked copy of the body. With
+// one copy and a run-time flag the compiler computes and selects every score's mask, masked tile or not (two ALU
+// instructions a score: 18 % of tma16's instructions at D = 64, H200 ncu).
+template <int NB, int NO, bool RESCALE, bool LAZY = false>
+__device__ __forceinline__ void softmax_tile(float (&s)[4 * NB], float (&o)[NO], float (&m)[2], float (&l)[2],
+                                             float (&alpha)[2], bool masked, int kt, int kend, int causal,
+                                             int causal_shift, int row0, int t, float mul) {
+    if (masked)
+        softmax_tile_body<NB, NO, RESCALE, LAZY, true>(s, o, m, l, alpha, kt, kend, causal, causal_shift, row0, t, mul);
+    else
+        softmax_tile_body<NB, NO, RESCALE, LAZY, false>(s, o, m, l, alpha, kt, kend, causal, causal_shift, row0, t, mul);
 }
 
 // softmax_tile with the running output o rescaled in place.

@@ -148,7 +148,9 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, O* __restrict__ out, floa
 #define V_FULL(s) (bars + 8 * (2 + STAGES + (s)))
 #define EMPTY(s) (bars + 8 * (2 + 2 * STAGES + (s)))
 
-    const int tid = threadIdx.x, wg = tid >> 7;
+    // the warpgroup index through a shuffle from lane 0: the compiler then knows it is warp-uniform and keeps what
+    // derives from it (the Q descriptors) in uniform registers
+    const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
     const TmaItem first = tma_item<NC, BK>(blockIdx.x, heads, qblocks, mq, mk, causal, causal_shift);
     if (!PERSISTENT && first.ntiles == 0) return;   // uniform: no key visible to this block
     if (tid == 0) {
@@ -260,8 +262,8 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, O* __restrict__ out, floa
             };
             auto softmax = [&](int it) {
                 const int kt = it * BK;
-                softmax_tile<BK / 8, NO, false, LAZY != 0>(s, o, m, l, alpha, kt + BK > open_end, kt, kend, causal, causal_shift,
-                                                 row0, t, mul);
+                softmax_tile<BK / 8, NO, false, LAZY != 0>(s, o, m, l, alpha, kt + BK > open_end, kt, kend, causal,
+                                                           causal_shift, row0, t, mul);
             };
             auto rescale = [&]() {
                 if (LAZY)
