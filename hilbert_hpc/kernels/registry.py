@@ -281,7 +281,12 @@ TMA16_KEY_TILES = (32, 64, 96, 128, 192)
 #: (64, 4, 3, 1, 1, 1, 0) 10.6-11.3, (64, 3, 3, 1, 1, 0, 1) 13.05; D = 96: (64, 3, 3, 1, 1, 0, 1) 8.36,
 #: (64, 3, 3, 1, 1, 0, 0) 8.53-8.83, (64, 3, 3, 1, 1, 1, 0) 8.44-8.74; D = 128 (d128 / d128-causal):
 #: (128, 2, 2, 0, 1, 1, 1) 8.88 / 6.65, (128, 2, 2, 0, 1, 0, 1) 8.99 / 6.71, (128, 2, 2, 0, 1, 1, 0) 9.14-9.34 /
-#: 6.54-6.56, (128, 2, 2, 0, 1, 0, 0) 9.21-9.65 / 6.74-6.91. Three consumers with BK = 128 and PIPE = 1 spill
+#: 6.54-6.56, (128, 2, 2, 0, 1, 0, 0) 9.21-9.65 / 6.74-6.91. After the per-tile mask split (attention.cuh's
+#: softmax_tile; same script, two runs, code c14d8ea and its parent): D = 128: (64, 3, 3, 1, 1, 0, 1) 7.27-7.36 /
+#: 5.06-5.11, (128, 2, 2, 0, 1, 1, 1) 8.08-8.23 / 5.77-5.79, (128, 2, 2, 0, 1, 0, 1) 7.96 / 5.80; D = 64:
+#: (128, 3, 2, 0, 1, 0, 1) 7.20-7.46 / 5.27-5.43 / 14.9-15.1 / 58.6, (64, 4, 3, 1, 1, 1, 0) 7.39-7.46 / 5.17-5.23 /
+#: 15.1-15.6 / 59.6; D = 96: (64, 3, 3, 1, 1, 0, 1) 6.67-6.81; D = 32: (128, 3, 2, 0, 1, 0, 1) 8.41-8.43,
+#: (64, 4, 3, 1, 1, 1, 0) 8.37-8.45. Three consumers with BK = 128 and PIPE = 1 spill
 #: (ptxas allocates within what setmaxnreg gives the consumers: 160 registers). Four consumers (640 threads) get
 #: 112, and fit their code without spills only with PINGPONG and one query block each (PERSISTENT = 0).
 #: NC >= 2: with one consumer the launch bound already gives it more registers than setmaxnreg may raise it to.
