@@ -21,11 +21,14 @@
 // columns.
 //
 // Block: warpgroup 0 is the producer (one thread issues every copy; setmaxnreg.dec to PREG registers),
-// warpgroups 1..NC consume (setmaxnreg.inc to CREG). Barriers: q_full (Q of the block), and per stage s of
-// STAGES: k_full[s], v_full[s] (transaction-counted by the copy engine), empty[s] (one arrival per consumer
-// thread once its wgmma reading the stage completed). Tile it uses stage it % STAGES with phase
-// (it / STAGES) & 1. Every consumer passes every tile of the block in order (waiting full, arriving empty,
-// computing only the tiles its own queries see), so a stage is refilled only after all consumers are done.
+// warpgroups 1..NC consume (setmaxnreg.inc to CREG). Barriers: q_full (Q of the query block: phase k & 1 for
+// the block's k-th query block), q_empty (one arrival per consumer thread once its products of the query
+// block completed; the producer waits on it before loading the next Q), and per stage s of STAGES: k_full[s],
+// v_full[s] (transaction-counted by the copy engine), empty[s] (one arrival per consumer thread once its wgmma
+// reading the stage completed). The block's g-th tile (counted over its query blocks) uses stage g % STAGES
+// with phase (g / STAGES) & 1. Every consumer passes every tile of the query block in order (waiting full,
+// arriving empty, computing only the tiles its own queries see), so a stage is refilled only after all
+// consumers are done.
 //
 // Per tile and consumer warpgroup: S = Q K^T (D/16 wgmma m64n{BK}k16, both K-major from shared memory);
 // online softmax in FP32 on the accumulators; P packed to T pairs in registers; O += P V (BK/16 wgmma
