@@ -149,3 +149,17 @@ def test_map_geometry_refuses_what_the_copy_engine_cannot_read():
     g = tma.map_geometry(0x100, (8, 1 << 20, 64, 128), 8, 2, 3, 64, 64)
     assert (g.address, g.strides, g.dims) == (0x110, (128, 256, 2 << 20), (64, 2, 8, 3))
     assert isinstance(np.uint64(g.address), np.uint64)
+
+
+def test_launch_refuses_more_query_blocks_than_the_item_index_walks():
+    """The kernel walks items with an int index that reaches items + the grid: beyond 2^31 - 1 it refuses."""
+    v = TMA16.variant(64, "bfloat16")
+    nc = v.config[1]
+    segments, heads, mq = 2**28, 4, 64 * nc          # 2^30 query blocks
+    geo = dict(qg=(0, mq * heads * 64, 64, heads * 64), kg=(0, mq * heads * 64, 64, heads * 64),
+               vg=(0, mq * heads * 64, 64, heads * 64), lg=(0, mq * heads, 1, heads), segments=segments,
+               heads=heads, mq=mq, mk=mq, scale=0.125)
+    _, grid, _ = tma_launch_args(v, (0, 0, 0, 0, 0), shift=None, sms=132, **geo)     # persistent: 132 blocks
+    assert grid == ((132,) if v.config[6] else (2**30,))
+    with pytest.raises(ValueError, match="exceed a one-dimensional grid"):
+        tma_launch_args(v, (0, 0, 0, 0, 0), shift=0, sms=132, **geo)                # causal: a block each

@@ -21,7 +21,7 @@
 // columns.
 //
 // Block: warpgroup 0 is the producer (one thread issues every copy; setmaxnreg.dec to PREG registers),
-// warpgroups 1..NC consume (setmaxnreg.inc to CREG). Barriers: q_full (Q of the query block: phase k & 1 for
+// warpgroups 1..NC consume (setmaxnreg.inc to CREG). Barriers: q_full (Q of the query block: phase k % 2 for
 // the block's k-th query block), q_empty (one arrival per consumer thread once its products of the query
 // block completed; the producer waits on it before loading the next Q), and per stage s of STAGES: k_full[s],
 // v_full[s] (transaction-counted by the copy engine), empty[s] (one arrival per consumer thread once its wgmma
@@ -171,13 +171,18 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, O* __restrict__ out, floa
     if (wg == 0) {                           // producer: one thread issues every copy
         setmaxnreg_dec<R::PREG>();
         if (tid == 0) {
-            int g = 0, k = 0;                // tiles and items of this block before the current one
+            // the block's tiles before the current item, modulo 2 STAGES (a stage and its phase repeat with that
+            // period; the count itself could pass 2^31), and whether STAGES of them were loaded (the stages' first
+            // fills wait for nothing); k: the block's items before the current one, modulo 2 (the Q phase)
+            int g = 0, k = 0;
+            bool filled = false, q_loaded = false;
             for (int item = blockIdx.x; item < items; item += gridDim.x) {
                 const TmaItem wi = item == blockIdx.x ? first
                                                       : tma_item<NC, BK>(item, heads, qblocks, mq, mk, causal, causal_shift);
                 if (wi.ntiles == 0) continue;
                 const int seg = wi.seg;
-                if (k > 0) mbar_wait(q_empty, (k - 1) & 1);   // every consumer is done with the last item's Q
+                if (q_loaded) mbar_wait(q_empty, k ^ 1);   // every consumer is done with the last item's Q
+                q_loaded = true;
                 mbar_expect_tx(q_full, NC * L::Q_WG);
                 for (int w = 0; w < NC; ++w)
                     for (int r = 0; r < NR; ++r)
@@ -186,7 +191,7 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, O* __restrict__ out, floa
                 for (int it = 0; it < wi.ntiles; ++it) {
                     const int gi = g + it;
                     const int s = stage_of<STAGES>(gi);
-                    if (gi >= STAGES) mbar_wait(EMPTY(s), ((gi / STAGES) + 1) & 1);
+                    if (filled || gi >= STAGES) mbar_wait(EMPTY(s), phase_of<STAGES>(gi) ^ 1);
                     const unsigned st = sK + 2 * s * L::TILE;
                     mbar_expect_tx(K_FULL(s), L::TILE);
                     for (int r = 0; r < NR; ++r)
@@ -195,8 +200,9 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, O* __restrict__ out, floa
                     for (int r = 0; r < NR; ++r)
                         tma_load_4d(st + L::TILE + r * L::REGION, maps + 2, 64 * r, wi.head, it * BK, seg, V_FULL(s));
                 }
-                g += wi.ntiles;
-                ++k;
+                filled = filled || g + wi.ntiles >= STAGES;
+                g = (g + wi.ntiles) % (2 * STAGES);
+                k ^= 1;
                 if (!PERSISTENT) break;      // one item per block: nothing carried over
             }
         }
@@ -206,7 +212,7 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, O* __restrict__ out, floa
         const unsigned sQw = sQ + w * NR * (WG_QUERIES * 128);
         const float mul = scale * LOG2E;
         const IssueTurns<NC, PINGPONG != 0> turns{w};
-        int g0 = 0, k = 0;                   // tiles and items of this block before the current one
+        int g0 = 0, k = 0;                   // the producer's g and k
         for (int item = blockIdx.x; item < items; item += gridDim.x) {
             const TmaItem wi = item == blockIdx.x ? first
                                                   : tma_item<NC, BK>(item, heads, qblocks, mq, mk, causal, causal_shift);
@@ -228,7 +234,7 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, O* __restrict__ out, floa
             unsigned p[KP][4];
 
             turns.start();
-            mbar_wait(q_full, k & 1);
+            mbar_wait(q_full, k);
 
             // S = Q K^T of tile it into s (issued and committed, not waited for)
             auto issue_qk = [&](int it) {
@@ -344,8 +350,8 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, O* __restrict__ out, floa
             const long long ooff = o_base + seg * o_seg + head * o_head;
             const long long loff = l_base + seg * l_seg + head * l_head;
             merge_out<T, D, DP>(out, lse, ooff, o_row, loff, l_row, row0, mq, t, m, l, o);
-            g0 += ntiles;
-            ++k;
+            g0 = (g0 + ntiles) % (2 * STAGES);
+            k ^= 1;
             if (!PERSISTENT) break;
         }
     }

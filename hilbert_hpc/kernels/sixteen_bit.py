@@ -92,9 +92,9 @@ def tma_launch_args(chosen: Variant, pointers: tuple, *, qg: tuple, kg: tuple, v
     persistent = chosen.config[6] == 1 and shift is None
     if persistent and sms < 1:
         raise ValueError(f"{chosen.variant}: a persistent launch needs the GPU's multiprocessor count, got {sms}")
-    if items > MAX_GRID_X:
-        raise ValueError(f"{chosen.variant}: {items} query blocks exceed a one-dimensional grid")
     blocks = min(items, sms) if persistent else items
+    if items + blocks > MAX_GRID_X:              # the kernel's int item index reaches items + the grid
+        raise ValueError(f"{chosen.variant}: {items} query blocks exceed a one-dimensional grid")
     args = (np.uint64(optr), np.uint64(lptr), *(np.int64(x) for x in (*(qg if og is None else og), *lg)),
             np.int32(heads), np.int32(qblocks), np.int32(items), np.int32(mq), np.int32(mk),
             np.int32(shift is not None), np.int32(shift or 0), np.float32(scale))
