@@ -112,6 +112,26 @@ __device__ __forceinline__ void rescale_rows_lazy(float (&o)[NO], const float (&
     if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) rescale_rows<NO>(o, alpha);
 }
 
+// Prefetch into L2 the running output that this thread's merge will read: its rows (row0, row0 + 8) that hold an
+// earlier result (`old`: their log-sum-exp before the merge, -inf for none), a row's 128-byte lines spread over
+// its 4 lanes (t), the row's last byte included (rows need not start on a line). A hint: the merge's reads then
+// find the lines in L2 instead of waiting on DRAM.
+template <int D, typename O>
+__device__ __forceinline__ void prefetch_merge_rows(const O* __restrict__ out, long long qoff, long long q_row, int row0,
+                                                    int t, const float (&old)[2]) {
+    constexpr int BYTES = D * (int)sizeof(O), LINES = (BYTES + 127) / 128 + 1;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        if (old[h] == NEG_INF) continue;
+        const char* row = reinterpret_cast<const char*>(out + qoff + (row0 + 8 * h) * q_row);
+#pragma unroll
+        for (int c = t; c < LINES; c += 4) {
+            const char* at = c < LINES - 1 ? row + 128 * c : row + BYTES - 1;
+            asm volatile("prefetch.global.L2 [%0];\n" ::"l"(at));
+        }
+    }
+}
+
 // Merging a new partial result (log-sum-exp `mine`) into a running one (`old`, -inf for none):
 // out = (old_out * wa + new_out * wb) / den and lse = mx + log(den).
 struct MergeWeights {

@@ -233,6 +233,19 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, O* __restrict__ out, floa
             float s[NS];
             unsigned p[KP][4];
 
+            // the rows' log-sum-exp before the merge, read now (its first use is PF tiles before the end): rows
+            // that hold an earlier result get their running output prefetched into L2 for the merge
+            const long long ooff = o_base + (long long)wi.seg * o_seg + (long long)wi.head * o_head;
+            const long long loff = l_base + (long long)wi.seg * l_seg + (long long)wi.head * l_head;
+            float old[2];
+        #pragma unroll
+            for (int h = 0; h < 2; ++h) old[h] = row0 + 8 * h < mq ? lse[loff + (row0 + 8 * h) * l_row] : NEG_INF;
+            constexpr int PF = 2;                // tiles before the last that the prefetch is issued
+            const int pf_tile = max(0, nt - 1 - PF);
+            auto prefetch = [&](int it) {
+                if (it == pf_tile) prefetch_merge_rows<D>(out, ooff, o_row, row0, t, old);
+            };
+
             turns.start();
             mbar_wait(q_full, k);
 
@@ -292,7 +305,9 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, O* __restrict__ out, floa
                     pin(s);
                     softmax(0);                      // o is zero: nothing to rescale
                     pack_p();
+                    prefetch(0);
                     for (int it = 1; it < nt; ++it) {
+                        prefetch(it);
                         mbar_wait(K_FULL(stage_of<STAGES>(g0 + it)), phase_of<STAGES>(g0 + it));
                         turns.wait();
                         issue_qk(it);
@@ -316,6 +331,7 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, O* __restrict__ out, floa
                 }
             } else {
                 for (int it = 0; it < nt; ++it) {
+                    prefetch(it);
                     const int st = stage_of<STAGES>(g0 + it);
                     const unsigned ph = phase_of<STAGES>(g0 + it);
                     mbar_wait(K_FULL(st), ph);
@@ -346,9 +362,6 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, O* __restrict__ out, floa
                 turns.pass(it, ntiles);
             }
 
-            const int problem = item / qblocks, seg = problem / heads, head = problem % heads;
-            const long long ooff = o_base + seg * o_seg + head * o_head;
-            const long long loff = l_base + seg * l_seg + head * l_head;
             merge_out<T, D, DP>(out, lse, ooff, o_row, loff, l_row, row0, mq, t, m, l, o);
             g0 = (g0 + ntiles) % (2 * STAGES);
             k ^= 1;
