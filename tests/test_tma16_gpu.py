@@ -27,6 +27,30 @@ def _hopper() -> bool:
     return int(cupy.cuda.Device().compute_capability) == 90
 
 
+def _errors_against_float64(q, k, v, out, patterns, causal: bool, scale: float, selected=None) -> tuple:
+    """(max |ours - float64| / max |float64|, the same of the PyTorch peer in the same 16-bit dtype, whether ours is
+    finite everywhere) of ``out`` against dense_reference computed from the same 16-bit inputs; the errors over
+    the (row, head) pairs ``selected`` (a boolean (n, H) tensor; all by default)."""
+    from hilbert_hpc.backends.torch_peer import TorchPeer
+
+    host = [x.float().cpu().numpy().astype(np.float64) for x in (q, k, v)]
+    want = dense_dilated_attention(*host, [(p.segment, p.dilation) for p in patterns], causal, scale=scale)
+    peer = TorchPeer().serialized_attention(q, k, v, patterns, causal, scale).double().cpu().numpy()
+    got = out.double().cpu().numpy()
+    sel = np.ones(want.shape[:2], dtype=bool) if selected is None else selected.cpu().numpy()
+    top = np.abs(want[sel]).max()
+    return (np.abs(got[sel] - want[sel]).max() / top, np.abs(peer[sel] - want[sel]).max() / top,
+            bool(np.isfinite(got).all()))
+
+
+def _force_tma16(monkeypatch, dtype: str, d: int, config: tuple) -> None:
+    """HILBERT_HPC_HALF_KERNEL set to tma16 ``config``, and the choice for (dtype, d) checked to be it."""
+    from hilbert_hpc.kernels.selection import SIXTEEN_BIT_ENV, choose
+
+    monkeypatch.setenv(SIXTEEN_BIT_ENV, "tma16:" + ",".join(map(str, config)))
+    assert choose(dtype, d).variant.config == config
+
+
 @pytest.mark.skipif(not _hopper(), reason="tma16 needs compute capability 9.0")
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype,d", [("bfloat16", 64), ("float16", 128), ("bfloat16", 128), ("bfloat16", 96),
@@ -34,7 +58,6 @@ def _hopper() -> bool:
 def test_split_calls_merge_in_float32_and_leave_unselected_rows_alone(monkeypatch, dtype, d, causal):
     import torch
 
-    from hilbert_hpc.backends.torch_peer import TorchPeer
     from hilbert_hpc.kernels.selection import SIXTEEN_BIT_ENV, choose
     from hilbert_hpc.kernels.sixteen_bit import launch_local_patterns
     from hilbert_hpc.core.patterns import Pattern
@@ -58,15 +81,8 @@ def test_split_calls_merge_in_float32_and_leave_unselected_rows_alone(monkeypatc
     assert torch.equal(out[~selected], sentinel[~selected])              # bits untouched where nothing merged
     assert torch.isneginf(lse[~selected]).all() and torch.isfinite(lse[selected]).all()
 
-    host = [x.float().cpu().numpy().astype(np.float64) for x in (q, k, v)]
-    want = dense_dilated_attention(*host, [(p.segment, p.dilation) for p in patterns], causal, scale=scale)
-    peer = TorchPeer().serialized_attention(q, k, v, patterns, causal, scale).double().cpu().numpy()
-    got = out.double().cpu().numpy()
-    sel = selected.cpu().numpy()
-    top = np.abs(want[sel]).max()
-    ours_err = np.abs(got[sel] - want[sel]).max() / top
-    peer_err = np.abs(peer[sel] - want[sel]).max() / top
-    assert np.isfinite(got).all() and ours_err <= 2 * peer_err, (ours_err, peer_err)
+    ours_err, peer_err, finite = _errors_against_float64(q, k, v, out, patterns, causal, scale, selected)
+    assert finite and ours_err <= 2 * peer_err, (ours_err, peer_err)
 
 
 @pytest.mark.skipif(not _hopper(), reason="tma16 needs compute capability 9.0")
@@ -81,15 +97,12 @@ def test_scores_growing_along_the_keys_rescale_the_running_output(monkeypatch, d
     tile's rescale (LAZY = 0) the result must match float64 as closely as the peer does."""
     import torch
 
-    from hilbert_hpc.backends.torch_peer import TorchPeer
     from hilbert_hpc.core.patterns import Pattern
     from hilbert_hpc.kernels.registry import TMA16
-    from hilbert_hpc.kernels.selection import SIXTEEN_BIT_ENV, choose
     from hilbert_hpc.kernels.sixteen_bit import launch_local_patterns
 
     config = (*TMA16.defaults[d][:4], lazy, *TMA16.defaults[d][5:])
-    monkeypatch.setenv(SIXTEEN_BIT_ENV, "tma16:" + ",".join(map(str, config)))
-    assert choose(dtype, d).variant.config == config
+    _force_tma16(monkeypatch, dtype, d, config)
     n, heads, causal, keys_per_tile = 2048, 2, False, config[0]
     patterns = [Pattern(2048, 1)]
     g = torch.Generator(device="cuda").manual_seed(d + lazy)
@@ -108,15 +121,9 @@ def test_scores_growing_along_the_keys_rescale_the_running_output(monkeypatch, d
     launch_local_patterns(q, k, v, patterns, causal, scale, out, lse)
     torch.cuda.synchronize()
 
-    host = [x.float().cpu().numpy().astype(np.float64) for x in (q, k, v)]
-    want = dense_dilated_attention(*host, [(p.segment, p.dilation) for p in patterns], causal, scale=scale)
-    peer = TorchPeer().serialized_attention(q, k, v, patterns, causal, scale).double().cpu().numpy()
-    got = out.double().cpu().numpy()
-    top = np.abs(want).max()
-    ours_err = np.abs(got - want).max() / top
-    peer_err = np.abs(peer - want).max() / top
+    ours_err, peer_err, finite = _errors_against_float64(q, k, v, out, patterns, causal, scale)
     floor = 2.0 ** -9 if dtype == "bfloat16" else 2.0 ** -12
-    assert np.isfinite(got).all() and ours_err <= 2 * max(peer_err, floor), (ours_err, peer_err)
+    assert finite and ours_err <= 2 * max(peer_err, floor), (ours_err, peer_err)
 
 
 @pytest.mark.skipif(not _hopper(), reason="tma16 needs compute capability 9.0")
@@ -129,15 +136,11 @@ def test_persistent_blocks_walk_many_query_blocks(monkeypatch, dtype, d, pingpon
     into the first's output; the result must match float64 as closely as the PyTorch peer does."""
     import torch
 
-    from hilbert_hpc.backends.torch_peer import TorchPeer
     from hilbert_hpc.core.patterns import Pattern
     from hilbert_hpc.kernels import sixteen_bit
     from hilbert_hpc.kernels.registry import TMA16
-    from hilbert_hpc.kernels.selection import SIXTEEN_BIT_ENV, choose
 
-    config = (*TMA16.defaults[d][:5], pingpong, 1)
-    monkeypatch.setenv(SIXTEEN_BIT_ENV, "tma16:" + ",".join(map(str, config)))
-    assert choose(dtype, d).variant.config == config
+    _force_tma16(monkeypatch, dtype, d, (*TMA16.defaults[d][:5], pingpong, 1))
     monkeypatch.setattr(sixteen_bit, "multiprocessors", lambda device_id: 3)
     n, heads = 6000, 3
     patterns = [Pattern(1000, 1), Pattern(3000, 2)]
@@ -148,11 +151,5 @@ def test_persistent_blocks_walk_many_query_blocks(monkeypatch, dtype, d, pingpon
     sixteen_bit.launch_local_patterns(q, k, v, patterns, False, scale, out, lse)
     torch.cuda.synchronize()
 
-    host = [x.float().cpu().numpy().astype(np.float64) for x in (q, k, v)]
-    want = dense_dilated_attention(*host, [(p.segment, p.dilation) for p in patterns], False, scale=scale)
-    peer = TorchPeer().serialized_attention(q, k, v, patterns, False, scale).double().cpu().numpy()
-    got = out.double().cpu().numpy()
-    top = np.abs(want).max()
-    ours_err = np.abs(got - want).max() / top
-    peer_err = np.abs(peer - want).max() / top
-    assert np.isfinite(got).all() and ours_err <= 2 * peer_err, (ours_err, peer_err)
+    ours_err, peer_err, finite = _errors_against_float64(q, k, v, out, patterns, False, scale)
+    assert finite and ours_err <= 2 * peer_err, (ours_err, peer_err)

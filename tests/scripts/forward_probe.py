@@ -12,7 +12,8 @@ CUDA-event medians of ``--repeat`` after ``--warmup``; useful FLOPs 4 m^2 D per 
     python tests/scripts/forward_probe.py --case d64 --kernel tma16:64,4,3,1,1,1,1   # also a forced kernel, same run
 
 ``--kernel VALUE`` (repeatable) also times ours with ``HILBERT_HPC_HALF_KERNEL=VALUE`` (or the FP32 variable for
-the fp32 cases), in the same process as the peer: row keys ``ours[VALUE]_ms``, ``ours[VALUE]_over_flash``.
+the fp32 cases), in the same process as the peer: row keys ``ours[VALUE]_ms``, ``_tflops``, ``_over_flash``
+(run with ``--only ours``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from functools import partial
+from unittest import mock
 from pathlib import Path
 
 import torch
@@ -68,6 +71,12 @@ def time_ours(case: tuple, warmup: int, repeat: int) -> float:
         return timed(lambda: hnn.dilated_attention(q, k, v, patterns=list(patterns), causal=causal), warmup, repeat)
 
 
+def time_forced(env: str, value: str, case: tuple, warmup: int, repeat: int) -> float:
+    """time_ours with the kernel forced: ``env`` (HILBERT_HPC_HALF_KERNEL or _FP32_KERNEL) set to ``value``."""
+    with mock.patch.dict(os.environ, {env: value}):
+        return time_ours(case, warmup, repeat)
+
+
 def time_flash_dense(case: tuple, warmup: int, repeat: int) -> float:
     """FlashAttention-4's forward on the pre-gathered rows of every pattern and head offset."""
     from hilbert_hpc.backends.flash_peer import FA4
@@ -112,8 +121,11 @@ def main() -> int:
         dtype, n, heads, d, causal, patterns = case
         flops = useful_flops(n, heads, d, patterns, causal)
         row = dict(case=name, dtype=str(dtype).removeprefix("torch."), n=n, heads=heads, d=d, causal=causal)
-        for who, run in (("ours", time_ours), ("flash-dense", time_flash_dense)):
-            if (args.only and who not in args.only) or (who == "flash-dense" and (why_not or dtype == torch.float32)):
+        env = FP32_ENV if dtype == torch.float32 else SIXTEEN_BIT_ENV
+        forced = [(f"ours[{value}]", partial(time_forced, env, value)) for value in args.kernel]
+        for who, run in (("ours", time_ours), ("flash-dense", time_flash_dense), *forced):
+            if (args.only and who.split("[")[0] not in args.only) or \
+                    (who == "flash-dense" and (why_not or dtype == torch.float32)):
                 continue
             try:
                 ms = run(case, args.warmup, args.repeat)
@@ -121,20 +133,6 @@ def main() -> int:
                 print(f"# {name} {who}: failed: {type(exc).__name__}: {exc}", flush=True)
                 continue
             row[f"{who}_ms"], row[f"{who}_tflops"] = ms, flops / ms / 1e9
-            torch.cuda.empty_cache()
-        env = FP32_ENV if dtype == torch.float32 else SIXTEEN_BIT_ENV
-        for forced in args.kernel:
-            before = os.environ.get(env)
-            os.environ[env] = forced
-            try:
-                row[f"ours[{forced}]_ms"] = time_ours(case, args.warmup, args.repeat)
-            except Exception as exc:
-                print(f"# {name} ours[{forced}]: failed: {type(exc).__name__}: {exc}", flush=True)
-            finally:
-                if before is None:
-                    os.environ.pop(env)
-                else:
-                    os.environ[env] = before
             torch.cuda.empty_cache()
         if "flash-dense_ms" in row:
             for who in [k.removesuffix("_ms") for k in row if k.startswith("ours") and k.endswith("_ms")]:
