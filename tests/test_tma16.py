@@ -67,7 +67,7 @@ def test_conversion_kernels_compile_with_the_kernels_rounding(arch):
 def test_shared_bytes_and_threads_follow_the_configuration():
     v = TMA16.variant(64, "bfloat16", (64, 4, 3, 1, 1, 1, 1))
     assert (v.threads, v.block_queries, v.config) == (640, 256, (64, 4, 3, 1, 1, 1, 1))
-    assert v.shared_bytes == 2 * 256 * 64 + 3 * 2 * 64 * 64 * 2 + 8 * 11 + 1024
+    assert v.shared_bytes == 2 * 256 * 64 + 3 * 2 * 64 * 64 * 2 + 8 * 12 + 1024     # 11 mbarriers, the item slot
     assert v.name == "dilated_fwd_tma_16<bf16_t,64,64,4,3,1,1,1,1,bf16_t>" and v.arch == "sm_90a" and v.runs_on(90)
     with pytest.raises(ValueError, match="head_dim"):
         TMA16.variant(48, "bfloat16")
@@ -95,7 +95,7 @@ def _check_maps(v, geo: dict, n: int, heads: int, d: int) -> None:
     keys, nc, persistent = v.config[0], v.config[1], v.config[6]
     segments, nh, mq, mk = geo["segments"], geo["heads"], geo["mq"], geo["mk"]
     items = segments * nh * -(-mq // (64 * nc))
-    assert grid == ((min(items, sms) if persistent and geo["shift"] is None else items),)
+    assert grid == ((min(items, sms) if persistent else items),)
     assert [int(a) for a in args[:2]] == [0x40000, 0x50000]
     assert [int(a) for a in args[2:10]] == [*geo["qg"], *geo["lg"]]
     assert [int(a) for a in args[10:17]] == [nh, -(-mq // (64 * nc)), items, mq, mk, geo["shift"] is not None,
@@ -153,13 +153,15 @@ def test_map_geometry_refuses_what_the_copy_engine_cannot_read():
 
 def test_launch_refuses_more_query_blocks_than_the_item_index_walks():
     """The kernel walks items with an int index that reaches items + the grid: beyond 2^31 - 1 it refuses."""
-    v = TMA16.variant(64, "bfloat16")
-    nc = v.config[1]
+    persistent = TMA16.variant(64, "bfloat16", (*TMA16.defaults[64][:6], 1))
+    one_each = TMA16.variant(64, "bfloat16", (*TMA16.defaults[64][:6], 0))
+    nc = persistent.config[1]
     segments, heads, mq = 2**28, 4, 64 * nc          # 2^30 query blocks
     geo = dict(qg=(0, mq * heads * 64, 64, heads * 64), kg=(0, mq * heads * 64, 64, heads * 64),
                vg=(0, mq * heads * 64, 64, heads * 64), lg=(0, mq * heads, 1, heads), segments=segments,
                heads=heads, mq=mq, mk=mq, scale=0.125)
-    _, grid, _ = tma_launch_args(v, (0, 0, 0, 0, 0), shift=None, sms=132, **geo)     # persistent: 132 blocks
-    assert grid == ((132,) if v.config[6] else (2**30,))
+    for shift in (None, 0):                          # causal or not: one block per SM
+        _, grid, _ = tma_launch_args(persistent, (0, 0, 0, 0, 0), shift=shift, sms=132, **geo)
+        assert grid == (132,)
     with pytest.raises(ValueError, match="exceed a one-dimensional grid"):
-        tma_launch_args(v, (0, 0, 0, 0, 0), shift=0, sms=132, **geo)                # causal: a block each
+        tma_launch_args(one_each, (0, 0, 0, 0, 0), shift=0, sms=132, **geo)         # a block each

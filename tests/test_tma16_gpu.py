@@ -127,13 +127,15 @@ def test_scores_growing_along_the_keys_rescale_the_running_output(monkeypatch, d
 
 
 @pytest.mark.skipif(not _hopper(), reason="tma16 needs compute capability 9.0")
+@pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("pingpong", [0, 1])
 @pytest.mark.parametrize("dtype,d", [("bfloat16", 32), ("float16", 64), ("bfloat16", 96), ("bfloat16", 128)])
-def test_persistent_blocks_walk_many_query_blocks(monkeypatch, dtype, d, pingpong):
-    """PERSISTENT = 1 on a GPU made to look like 3 SMs: each block walks dozens of query blocks of several
-    problems (the stage ring and the Q buffer carried from one to the next), with and without ping-pong turns,
-    ragged segments (the last query block of a problem partly past its rows) and a later pattern merging
-    into the first's output; the result must match float64 as closely as the PyTorch peer does."""
+def test_persistent_blocks_walk_many_query_blocks(monkeypatch, dtype, d, pingpong, causal):
+    """PERSISTENT = 1 on a GPU made to look like 3 SMs: each block takes dozens of query blocks of several
+    problems from the launch's counter (the stage ring and the Q buffer carried from one to the next; causal
+    ones of unequal length), with and without ping-pong turns, ragged segments (the last query block of a
+    problem partly past its rows) and a later pattern merging into the first's output; the result must match
+    float64 as closely as the PyTorch peer does."""
     import torch
 
     from hilbert_hpc.core.patterns import Pattern
@@ -144,12 +146,12 @@ def test_persistent_blocks_walk_many_query_blocks(monkeypatch, dtype, d, pingpon
     monkeypatch.setattr(sixteen_bit, "multiprocessors", lambda device_id: 3)
     n, heads = 6000, 3
     patterns = [Pattern(1000, 1), Pattern(3000, 2)]
-    g = torch.Generator(device="cuda").manual_seed(d + 10 * pingpong)
+    g = torch.Generator(device="cuda").manual_seed(d + 10 * pingpong + 100 * causal)
     q, k, v = (torch.randn((n, heads, d), generator=g, device="cuda").to(getattr(torch, dtype)) for _ in range(3))
     scale = 1.0 / math.sqrt(d)
     out, lse = torch.zeros_like(q), torch.full((n, heads), -math.inf, device="cuda")
-    sixteen_bit.launch_local_patterns(q, k, v, patterns, False, scale, out, lse)
+    sixteen_bit.launch_local_patterns(q, k, v, patterns, causal, scale, out, lse)
     torch.cuda.synchronize()
 
-    ours_err, peer_err, finite = _errors_against_float64(q, k, v, out, patterns, False, scale)
+    ours_err, peer_err, finite = _errors_against_float64(q, k, v, out, patterns, causal, scale)
     assert finite and ours_err <= 2 * peer_err, (ours_err, peer_err)

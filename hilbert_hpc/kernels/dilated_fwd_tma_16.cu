@@ -21,9 +21,10 @@
 // columns.
 //
 // Block: warpgroup 0 is the producer (one thread issues every copy; setmaxnreg.dec to PREG registers),
-// warpgroups 1..NC consume (setmaxnreg.inc to CREG). Barriers: q_full (Q of the query block: phase k % 2 for
-// the block's k-th query block), q_empty (one arrival per consumer thread once its products of the query
-// block completed; the producer waits on it before loading the next Q), and per stage s of STAGES: k_full[s],
+// warpgroups 1..NC consume (setmaxnreg.inc to CREG). Barriers: q_full (Q of the query block, and its item
+// number in a shared slot that the producer stores before the phase's arrival: phase k % 2 for the block's
+// k-th query block), q_empty (one arrival per consumer thread once its products of the query block completed
+// and it read the item number; the producer waits on it before loading the next Q), and per stage s of STAGES: k_full[s],
 // v_full[s] (transaction-counted by the copy engine), empty[s] (one arrival per consumer thread once its wgmma
 // reading the stage completed). The block's g-th tile (counted over its query blocks) uses stage g % STAGES
 // with phase (g / STAGES) & 1. Every consumer passes every tile of the query block in order (waiting full,
@@ -63,7 +64,7 @@ struct SmemTma {
     static constexpr int TILE = BK * D * 2;
     static constexpr int REGION = BK * 128;             // one 64-column region of a K or V tile
     static constexpr int BARS = NC * Q_WG + 2 * STAGES * TILE;
-    static constexpr int bytes = BARS + 8 * (2 + 3 * STAGES) + 1024;
+    static constexpr int bytes = BARS + 8 * (3 + 3 * STAGES) + 1024;
 };
 
 // Registers: the launch bound gives (65536 / threads) per thread, rounded down to 8; the producer gives
@@ -116,14 +117,20 @@ __device__ __forceinline__ TmaItem tma_item(int item, int heads, int qblocks, in
     return w;
 }
 
+// A persistent block's next item: the grid's first items are the blocks' own (blockIdx.x), the later ones go in
+// order to whichever block asks first (`work`: a counter that is zero at launch), so a block whose items were
+// short takes more of them (causal query blocks differ in length; a static round robin was 14 % slower).
+__device__ __forceinline__ int next_item(int* work) { return gridDim.x + atomicAdd(work, 1); }
+
 // O: the running output's element type, T or float (the output geometry is its own: o_base .. o_row).
 // PERSISTENT = 0: a grid of `items` blocks, one item each (blockIdx.x); 1: a grid of one block per SM, each
-// walking items blockIdx.x, blockIdx.x + gridDim.x, ... < items, its producer loading an item's Q and first
-// tiles during the consumers' merge of the previous one. Every warp walks the same items, so the stage ring
-// and the Q buffer count alike.
+// taking item blockIdx.x, then the next of the launch's counter (`work`, next_item) until none is left, its
+// producer loading an item's Q and first tiles during the consumers' merge of the previous one. The producer
+// takes the items and hands each to the consumers with its Q (the slot; -1 ends the walk), so every warp walks
+// the same items and the stage ring and the Q buffer count alike.
 template <typename T, int D, int BK, int NC, int STAGES, int PIPE, int LAZY, int PINGPONG, int PERSISTENT, typename O>
 __global__ void __launch_bounds__(WG_THREADS * (NC + 1), 1)
-dilated_fwd_tma_16(const TensorMap* __restrict__ maps, O* __restrict__ out, float* __restrict__ lse,
+dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O* __restrict__ out, float* __restrict__ lse,
                    long long o_base, long long o_seg, long long o_head, long long o_row,
                    long long l_base, long long l_seg, long long l_head, long long l_row,
                    int heads, int qblocks, int items, int mq, int mk, int causal, int causal_shift, float scale)
@@ -147,6 +154,7 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, O* __restrict__ out, floa
     const unsigned sK = sQ + NC * L::Q_WG;              // stage s: K at sK + 2 s TILE, V at sK + (2 s + 1) TILE
     const unsigned bars = base + L::BARS;               // q_full, q_empty, k_full[S], v_full[S], empty[S]
     const unsigned q_full = bars, q_empty = bars + 8;
+    const unsigned item_slot = bars + 8 * (2 + 3 * STAGES);   // the item whose Q is loading (-1: none left)
 #define K_FULL(s) (bars + 8 * (2 + (s)))
 #define V_FULL(s) (bars + 8 * (2 + STAGES + (s)))
 #define EMPTY(s) (bars + 8 * (2 + 2 * STAGES + (s)))
@@ -171,18 +179,18 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, O* __restrict__ out, floa
     if (wg == 0) {                           // producer: one thread issues every copy
         setmaxnreg_dec<R::PREG>();
         if (tid == 0) {
-            // the block's tiles before the current item, modulo 2 STAGES (a stage and its phase repeat with that
-            // period; the count itself could pass 2^31), and whether STAGES of them were loaded (the stages' first
-            // fills wait for nothing); k: the block's items before the current one, modulo 2 (the Q phase)
+            // g: the block's tiles before the current item, modulo 2 STAGES (a stage and its phase repeat with that
+            // period; the count itself could pass 2^31); k: the block's items before the current one, modulo 2 (the
+            // Q phase). A barrier's first wait, on the phase before its first (parity 1), returns at once, so the
+            // first fill of a stage and the first Q wait for nothing.
             int g = 0, k = 0;
-            bool filled = false, q_loaded = false;
-            for (int item = blockIdx.x; item < items; item += gridDim.x) {
+            for (int item = blockIdx.x; item < items; item = next_item(work)) {
                 const TmaItem wi = item == blockIdx.x ? first
                                                       : tma_item<NC, BK>(item, heads, qblocks, mq, mk, causal, causal_shift);
                 if (wi.ntiles == 0) continue;
                 const int seg = wi.seg;
-                if (q_loaded) mbar_wait(q_empty, k ^ 1);   // every consumer is done with the last item's Q
-                q_loaded = true;
+                mbar_wait(q_empty, k ^ 1);       // every consumer is done with the last item's Q and its number
+                st_shared_int(item_slot, item);  // published by q_full's phase (the arrival releases it)
                 mbar_expect_tx(q_full, NC * L::Q_WG);
                 for (int w = 0; w < NC; ++w)
                     for (int r = 0; r < NR; ++r)
@@ -191,7 +199,7 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, O* __restrict__ out, floa
                 for (int it = 0; it < wi.ntiles; ++it) {
                     const int gi = g + it;
                     const int s = stage_of<STAGES>(gi);
-                    if (filled || gi >= STAGES) mbar_wait(EMPTY(s), phase_of<STAGES>(gi) ^ 1);
+                    mbar_wait(EMPTY(s), phase_of<STAGES>(gi) ^ 1);
                     const unsigned st = sK + 2 * s * L::TILE;
                     mbar_expect_tx(K_FULL(s), L::TILE);
                     for (int r = 0; r < NR; ++r)
@@ -200,10 +208,14 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, O* __restrict__ out, floa
                     for (int r = 0; r < NR; ++r)
                         tma_load_4d(st + L::TILE + r * L::REGION, maps + 2, 64 * r, wi.head, it * BK, seg, V_FULL(s));
                 }
-                filled = filled || g + wi.ntiles >= STAGES;
                 g = (g + wi.ntiles) % (2 * STAGES);
                 k ^= 1;
                 if (!PERSISTENT) break;      // one item per block: nothing carried over
+            }
+            if (PERSISTENT) {                // no item left: the consumers' last Q phase carries the end mark
+                mbar_wait(q_empty, k ^ 1);
+                st_shared_int(item_slot, -1);
+                mbar_arrive(q_full);
             }
         }
     } else {                                 // consumers
@@ -213,11 +225,14 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, O* __restrict__ out, floa
         const float mul = scale * LOG2E;
         const IssueTurns<NC, PINGPONG != 0> turns{w};
         int g0 = 0, k = 0;                   // the producer's g and k
-        for (int item = blockIdx.x; item < items; item += gridDim.x) {
+        while (true) {
+            // the item the producer loads Q for next (-1: none is left)
+            mbar_wait(q_full, k);
+            const int item = ld_shared_int(item_slot);
+            if (item < 0) break;
             const TmaItem wi = item == blockIdx.x ? first
                                                   : tma_item<NC, BK>(item, heads, qblocks, mq, mk, causal, causal_shift);
             const int kend = wi.kend, ntiles = wi.ntiles;
-            if (ntiles == 0) continue;
             const int qwg = wi.qblock + WG_QUERIES * w;
             // visible_key_end / unmasked_key_end of attention.cuh, spelled out: through the helpers the cubin differs
             int kend_wg = (qwg < mq) ? kend : 0;
@@ -247,7 +262,6 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, O* __restrict__ out, floa
             };
 
             turns.start();
-            mbar_wait(q_full, k);
 
             // S = Q K^T of tile it into s (issued and committed, not waited for)
             auto issue_qk = [&](int it) {

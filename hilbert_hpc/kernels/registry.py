@@ -219,10 +219,10 @@ def wgmma16_shared_bytes(head_dim: int, keys: int, warpgroups: int, vmode: int =
 
 def tma16_shared_bytes(head_dim: int, keys: int, consumers: int, stages: int) -> int:
     """Dynamic shared memory of one tma16 block (SmemTma in dilated_fwd_tma_16.cu): Q of the consumer
-    warpgroups, the K/V stages (rows of the head dim rounded up to whole 64-column regions), the mbarriers
-    and 1024 bytes that align the base for the 128-byte swizzle."""
+    warpgroups, the K/V stages (rows of the head dim rounded up to whole 64-column regions), the mbarriers,
+    the slot of the next item's number and 1024 bytes that align the base for the 128-byte swizzle."""
     padded = -(-head_dim // 64) * 64
-    return 2 * 64 * consumers * padded + 2 * stages * 2 * keys * padded + 8 * (2 + 3 * stages) + 1024
+    return 2 * 64 * consumers * padded + 2 * stages * 2 * keys * padded + 8 * (3 + 3 * stages) + 1024
 
 
 def mma16_shared_bytes(head_dim: int, keys: int) -> int:

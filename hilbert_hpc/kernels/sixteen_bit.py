@@ -76,12 +76,11 @@ MAX_GRID_X = 2**31 - 1
 def tma_launch_args(chosen: Variant, pointers: tuple, *, qg: tuple, kg: tuple, vg: tuple, lg: tuple,
                     segments: int, heads: int, mq: int, mk: int, shift: int | None, scale: float,
                     og: tuple | None = None, sms: int = 0) -> tuple[tuple, tuple, tuple]:
-    """(map geometries of Q, K, V; grid; the kernel arguments after the maps pointer) of one tma16 launch
-    (pointers: q, k, v, out, lse as ints; the output geometry ``og`` defaults to Q's). The work items (query
-    blocks, those of one problem adjacent) are walked by a grid of one block each, or, where the configuration
-    is persistent and the launch not causal, of one block per SM (``sms``, the GPU's multiprocessors). Causal
-    items differ in length, and the hardware's block scheduler balances them better than a static round robin
-    (H200, D = 64: 6.78 ms one block per item, 7.70 ms persistent)."""
+    """(map geometries of Q, K, V; grid; the kernel arguments after the maps and work-counter pointers) of one
+    tma16 launch (pointers: q, k, v, out, lse as ints; the output geometry ``og`` defaults to Q's). The work
+    items (query blocks, those of one problem adjacent) are walked by a grid of one block each, or, where the
+    configuration is persistent, of one block per SM (``sms``, the GPU's multiprocessors) that take the items
+    after their first from a counter in launch order, so blocks with short (causal) items take more."""
     keys = chosen.config[0]
     qptr, kptr, vptr, optr, lptr = (int(x) for x in pointers)
     maps = (tma.map_geometry(qptr, qg, mq, heads, segments, chosen.head_dim, 64),
@@ -89,7 +88,7 @@ def tma_launch_args(chosen: Variant, pointers: tuple, *, qg: tuple, kg: tuple, v
             tma.map_geometry(vptr, vg, mk, heads, segments, chosen.head_dim, keys))
     qblocks = -(-mq // chosen.block_queries)
     items = segments * heads * qblocks
-    persistent = chosen.config[6] == 1 and shift is None
+    persistent = chosen.config[6] == 1
     if persistent and sms < 1:
         raise ValueError(f"{chosen.variant}: a persistent launch needs the GPU's multiprocessor count, got {sms}")
     blocks = min(items, sms) if persistent else items
@@ -116,7 +115,9 @@ def _launch_tma(fn: Any, chosen: Variant, q: Any, k: Any, v: Any, out: Any, lse:
     device = cupy.cuda.Device()
     maps, grid, args = tma_launch_args(chosen, pointers, sms=multiprocessors(device.id), **geometry)
     buffer = tma.device_maps(device.id, maps)
-    fn(grid, (chosen.threads,), (np.uint64(buffer.data.ptr), *args), shared_mem=chosen.shared_bytes)
+    work = cupy.zeros(1, dtype=cupy.int32)       # the persistent blocks' item counter (stream-ordered memory)
+    fn(grid, (chosen.threads,), (np.uint64(buffer.data.ptr), np.uint64(work.data.ptr), *args),
+       shared_mem=chosen.shared_bytes)
 
 
 def check_arrays(q: Any, k: Any, v: Any, out: Any, lse: Any) -> None:

@@ -29,6 +29,17 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
     } while (!done);
 }
 
+// a 32-bit word of shared memory, stored and loaded in program order (published to other warps through an
+// mbarrier phase: the arrival releases what the thread stored before it, the wait acquires it)
+__device__ __forceinline__ void st_shared_int(unsigned addr, int value) {
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(value) : "memory");
+}
+__device__ __forceinline__ int ld_shared_int(unsigned addr) {
+    int value;
+    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(value) : "r"(addr) : "memory");
+    return value;
+}
+
 // one box of a 4-D tensor map (coordinates innermost first) into shared memory; completes on `bar`
 __device__ __forceinline__ void tma_load_4d(unsigned dst, const TensorMap* map, int c0, int c1, int c2, int c3,
                                             unsigned bar) {
