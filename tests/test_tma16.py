@@ -102,7 +102,7 @@ def _check_maps(v, geo: dict, n: int, heads: int, d: int) -> None:
                                              geo["shift"] or 0]
     for m, ptr, g, rows, box in ((maps[0], pointers[0], geo["qg"], mq, 64), (maps[1], pointers[1], geo["kg"], mk, keys),
                                  (maps[2], pointers[2], geo["vg"], mk, keys)):
-        assert m.dims == (d, nh, rows, segments) and m.box == (64, 1, box, 1)
+        assert m.dims == (d, nh, rows, segments) and m.box == (tma.region_columns(d), 1, box, 1)
         assert m.address == ptr + 2 * g[0] and all(s % 16 == 0 for s in m.strides)
         base = (m.address - ptr) // 2
         for c, h, j, s in itertools.product({0, min(63, d - 1), d - 1}, {0, nh - 1}, {0, 1, rows - 1}, {0, segments - 1}):

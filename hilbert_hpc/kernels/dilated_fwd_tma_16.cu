@@ -7,18 +7,19 @@
 // (segment, head-in-group); query i sees key j when j < mk and, if causal, j <= i + causal_shift; rows with
 // no visible key are left untouched; float32 log-sum-exp), with three differences of form:
 //   * Q, K and V are read through three 4-D tensor maps (CUtensorMap, built on the host by
-//     cuTensorMapEncodeTiled, kernels/tma.py) over (column, head-in-group, row, segment), 128-byte swizzle;
+//     cuTensorMapEncodeTiled, kernels/tma.py) over (column, head-in-group, row, segment), 128-byte swizzle
+//     (64-byte at D = 32);
 //     the output has an element-offset geometry of its own (o_base, o_seg, o_head, o_row);
 //   * the running output is of type O: T (16-bit, rounded once per launch) or float (an FP32 running output,
 //     which the host keeps for a group of heads while every local pattern is merged, then rounds once);
 //   * the grid is one-dimensional, query blocks of one problem adjacent (block b: problem b / qblocks,
 //     query block b % qblocks, in reverse when causal: longest first), so the blocks resident at one time
 //     share their problems' K and V in L2.
-// Head dims 32, 64, 96 and 128 (rows of 128 bytes per 64-column region; D = 96 and 128 are two regions). D = 32
-// and 96 are computed as DP = 64 and 128 columns: the copy engine zero-fills the columns past D of every tile
-// (past the maps' first dimension), Q K^T runs D / 16 k-steps (the valid columns only), P V runs N = DP
-// (wgmma's MN-major 128-byte-swizzled B takes whole 64-column regions) and the merge writes the first D
-// columns.
+// Head dims 32, 64, 96 and 128. A tile is stored per region of RC = 64 columns (rows of 128 bytes, 128-byte
+// swizzle; D = 96 and 128 are two regions) or, at D = 32, of 32 columns (rows of 64 bytes, 64-byte swizzle, so
+// P V runs N = 32). D = 96 is computed as DP = 128 columns: the copy engine zero-fills the columns past D of
+// every tile (past the maps' first dimension), Q K^T runs D / 16 k-steps (the valid columns only), P V runs
+// N = DP (wgmma's MN-major swizzled B takes whole regions) and the merge writes the first D columns.
 //
 // Block: warpgroup 0 is the producer (one thread issues every copy; setmaxnreg.dec to PREG registers),
 // warpgroups 1..NC consume (setmaxnreg.inc to CREG). Barriers: q_full (Q of the query block, and its item
@@ -41,14 +42,15 @@
 // conditional rescaling); 0: every tile rescales. PINGPONG = 1: the consumer warpgroups take turns issuing
 // their products (IssueTurns, tma.cuh; FlashAttention-3's ping-pong), one turn per tile of the block each.
 //
-// Shared memory, 128-byte swizzle (the copy engine's CU_TENSOR_MAP_SWIZZLE_128B: 16-byte chunk c of row r of
-// a 1024-byte-aligned region lands at chunk c ^ (r % 8)): every tile is stored per 64-column region as
-// [row][128 bytes], 8-row atoms of 1024 bytes. Matrix descriptors (layout type 1 = 128-byte swizzle, bits
-// 62-63; PTX ISA "Shared Memory Matrix Layout", canonical layouts with T = 8 elements per 16 bytes):
-//   K-major, 128B swizzle: ((8,m),(T,2k)):((8T,SBO),(1,T)): SBO = 1024 (next 8 rows); LBO unused (1);
-//     k-step ks (16 columns) starts at region ks / 4, + 32 (ks % 4) bytes;
-//   MN-major, 128B swizzle: ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO)): SBO = 1024 (next 8 K-rows = keys),
-//     LBO = bytes between 64-column regions (BK * 128; D = 96 and 128 have two); k-step kk (16 keys): + 2048 kk.
+// Shared memory, rows of RB = 2 RC bytes swizzled as the copy engine's CU_TENSOR_MAP_SWIZZLE_128B (16-byte
+// chunk c of row r of a 1024-byte-aligned region lands at chunk c ^ (r % 8)) or _64B (chunk c of row r of a
+// 512-byte-aligned region at c ^ (r / 2 % 4)): every tile is stored per region as [row][RB bytes], 8-row atoms
+// of 8 RB bytes. Matrix descriptors (layout type 1 = 128-byte, 2 = 64-byte swizzle, bits 62-63; PTX ISA
+// "Shared Memory Matrix Layout", canonical layouts with T = 8 elements per 16 bytes, RB / 16 chunks a row):
+//   K-major: ((8,m),(T,2k)):((RB/2,SBO),(1,T)): SBO = 8 RB (next 8 rows); LBO unused (1);
+//     k-step ks (16 columns) starts at region ks / (RB / 32), + 32 (ks % (RB / 32)) bytes;
+//   MN-major: ((T,RB/16,m),(8,k)):((1,T,LBO),(RB/2,SBO)): SBO = 8 RB (next 8 K-rows = keys), LBO = bytes
+//     between regions (BK RB; D = 96 and 128 have two); k-step kk (16 keys): + 16 RB kk.
 
 #include "common.cuh"
 #include "convert.cuh"
@@ -57,12 +59,14 @@
 #include "attention.cuh"
 
 // Shared memory of one block in bytes (from a 1024-byte-aligned base): Q of NC warpgroups, STAGES x (K, V)
-// tiles, then the barriers; `bytes` adds the slack that aligns the dynamic shared window's base.
-template <int D, int BK, int NC, int STAGES>
+// tiles, then the barriers; `bytes` adds the slack that aligns the dynamic shared window's base. D: the
+// columns computed (DP), RB: bytes of a region's row.
+template <int D, int RB, int BK, int NC, int STAGES>
 struct SmemTma {
     static constexpr int Q_WG = WG_QUERIES * D * 2;
+    static constexpr int Q_REGION = WG_QUERIES * RB;    // one region of a warpgroup's Q
     static constexpr int TILE = BK * D * 2;
-    static constexpr int REGION = BK * 128;             // one 64-column region of a K or V tile
+    static constexpr int REGION = BK * RB;              // one region of a K or V tile
     static constexpr int BARS = NC * Q_WG + 2 * STAGES * TILE;
     static constexpr int bytes = BARS + 8 * (3 + 3 * STAGES) + 1024;
 };
@@ -136,10 +140,13 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
                    int heads, int qblocks, int items, int mq, int mk, int causal, int causal_shift, float scale)
 {
     using H = Half16<T>;
-    constexpr int DP = (D + 63) / 64 * 64;   // columns computed: whole 64-column regions (zero-filled past D)
-    using L = SmemTma<DP, BK, NC, STAGES>;
+    constexpr int RC = D == 32 ? 32 : 64;    // columns of a region (64-byte or 128-byte swizzled rows)
+    constexpr int RB = 2 * RC;               // bytes of a region's row
+    constexpr int DP = (D + RC - 1) / RC * RC;   // columns computed: whole regions (zero-filled past D)
+    constexpr int KR = RB / 32;              // k-steps of 16 columns in a region
+    using L = SmemTma<DP, RB, BK, NC, STAGES>;
     using R = RegsTma<NC>;
-    constexpr int NR = DP / 64;              // 64-column regions of a row
+    constexpr int NR = DP / RC;              // regions of a row
     constexpr int NS = BK / 2;               // score registers per thread
     constexpr int NO = DP / 2;               // output registers per thread
     constexpr int KQ = D / 16;               // k-steps of Q K^T (the valid columns only)
@@ -194,7 +201,7 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
                 mbar_expect_tx(q_full, NC * L::Q_WG);
                 for (int w = 0; w < NC; ++w)
                     for (int r = 0; r < NR; ++r)
-                        tma_load_4d(sQ + (w * NR + r) * (WG_QUERIES * 128), maps, 64 * r, wi.head,
+                        tma_load_4d(sQ + (w * NR + r) * L::Q_REGION, maps, RC * r, wi.head,
                                     wi.qblock + WG_QUERIES * w, seg, q_full);
                 for (int it = 0; it < wi.ntiles; ++it) {
                     const int gi = g + it;
@@ -203,10 +210,10 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
                     const unsigned st = sK + 2 * s * L::TILE;
                     mbar_expect_tx(K_FULL(s), L::TILE);
                     for (int r = 0; r < NR; ++r)
-                        tma_load_4d(st + r * L::REGION, maps + 1, 64 * r, wi.head, it * BK, seg, K_FULL(s));
+                        tma_load_4d(st + r * L::REGION, maps + 1, RC * r, wi.head, it * BK, seg, K_FULL(s));
                     mbar_expect_tx(V_FULL(s), L::TILE);
                     for (int r = 0; r < NR; ++r)
-                        tma_load_4d(st + L::TILE + r * L::REGION, maps + 2, 64 * r, wi.head, it * BK, seg, V_FULL(s));
+                        tma_load_4d(st + L::TILE + r * L::REGION, maps + 2, RC * r, wi.head, it * BK, seg, V_FULL(s));
                 }
                 g = (g + wi.ntiles) % (2 * STAGES);
                 k ^= 1;
@@ -221,7 +228,7 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
     } else {                                 // consumers
         setmaxnreg_inc<R::CREG>();
         const int w = wg - 1, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
-        const unsigned sQw = sQ + w * NR * (WG_QUERIES * 128);
+        const unsigned sQw = sQ + w * NR * L::Q_REGION;
         const float mul = scale * LOG2E;
         const IssueTurns<NC, PINGPONG != 0> turns{w};
         int g0 = 0, k = 0;                   // the producer's g and k
@@ -270,8 +277,8 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
                 wgmma_fence();
         #pragma unroll
                 for (int ks = 0; ks < KQ; ++ks) {
-                    const desc_t dq = smem_desc_sw128(sQw + (ks / 4) * (WG_QUERIES * 128) + 32 * (ks % 4), 16);
-                    const desc_t dk = smem_desc_sw128(st + (ks / 4) * L::REGION + 32 * (ks % 4), 16);
+                    const desc_t dq = smem_desc_swizzled<RB>(sQw + (ks / KR) * L::Q_REGION + 32 * (ks % KR), 16);
+                    const desc_t dk = smem_desc_swizzled<RB>(st + (ks / KR) * L::REGION + 32 * (ks % KR), 16);
                     if (ks == 0)
                         Wgmma16<T, BK>::template ss<0>(s, dq, dk);
                     else
@@ -287,7 +294,7 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
                 wgmma_fence();
         #pragma unroll
                 for (int kk = 0; kk < KP; ++kk)
-                    Wgmma16<T, DP>::template rs<1, 1>(o, p[kk], smem_desc_sw128(sv + 2048 * kk, L::REGION));
+                    Wgmma16<T, DP>::template rs<1, 1>(o, p[kk], smem_desc_swizzled<RB>(sv + 16 * RB * kk, L::REGION));
                 wgmma_commit();
             };
             auto pack_p = [&]() {

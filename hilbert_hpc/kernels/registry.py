@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .tma import region_columns
+
 FLOAT32 = "float32"
 #: 16-bit dtype name -> the kernels' 16-bit storage type (template argument T)
 SIXTEEN_BIT_TYPES = {"bfloat16": "bf16_t", "float16": "f16_t"}
@@ -219,9 +221,11 @@ def wgmma16_shared_bytes(head_dim: int, keys: int, warpgroups: int, vmode: int =
 
 def tma16_shared_bytes(head_dim: int, keys: int, consumers: int, stages: int) -> int:
     """Dynamic shared memory of one tma16 block (SmemTma in dilated_fwd_tma_16.cu): Q of the consumer
-    warpgroups, the K/V stages (rows of the head dim rounded up to whole 64-column regions), the mbarriers,
-    the slot of the next item's number and 1024 bytes that align the base for the 128-byte swizzle."""
-    padded = -(-head_dim // 64) * 64
+    warpgroups, the K/V stages (rows of the head dim rounded up to whole regions: 64 columns, or 32 at head
+    dim 32), the mbarriers, the slot of the next item's number and 1024 bytes that align the base for the
+    swizzle."""
+    region = region_columns(head_dim)
+    padded = -(-head_dim // region) * region
     return 2 * 64 * consumers * padded + 2 * stages * 2 * keys * padded + 8 * (3 + 3 * stages) + 1024
 
 
@@ -301,7 +305,8 @@ TMA16 = KernelFamily(
     alternatives={64: ((128, 3, 2, 0, 1, 1, 1), (128, 3, 2, 0, 1, 0, 0),
                        (96, 3, 3, 1, 1, 0, 1), (64, 3, 3, 1, 1, 0, 1), (128, 3, 3, 0, 1, 0, 0),
                        (192, 2, 2, 0, 1, 0, 0), (128, 2, 2, 0, 1, 0, 0), (128, 2, 2, 1, 1, 1, 0)),
-                  32: ((64, 3, 3, 1, 1, 0, 1),),
+                  32: ((64, 3, 3, 1, 1, 0, 1), (128, 3, 3, 0, 1, 0, 1),
+                       (64, 4, 3, 1, 1, 0, 1), (128, 3, 2, 0, 1, 0, 0)),
                   96: ((64, 3, 3, 1, 1, 0, 0), (64, 3, 3, 1, 1, 1, 0), (64, 3, 3, 1, 0, 0, 0), (128, 2, 2, 0, 1, 0, 0),
                        (64, 2, 3, 1, 1, 0, 0)),
                   128: ((128, 2, 2, 0, 1, 1, 1), (128, 2, 2, 0, 1, 0, 0), (128, 2, 2, 0, 1, 1, 0), (128, 2, 2, 0, 1, 0, 1),

@@ -4,8 +4,9 @@ The kernel reads Q, K and V through the bulk tensor copy engine (TMA), which nee
 tensor: a 128-byte descriptor that the CUDA driver builds on the host (``cuTensorMapEncodeTiled``; CuPy
 does not wrap it, so it is called through ``ctypes`` from ``libcuda``). Each map covers one launch's
 element-offset geometry ``(base, segment, head, row)`` as a 4-D tensor of 16-bit elements with the
-dimensions ordered by stride, innermost first: (column, head-in-group, row, segment). One box is 64 columns
-(128 bytes, the 128-byte swizzle span) of ``box_rows`` rows of one head of one segment.
+dimensions ordered by stride, innermost first: (column, head-in-group, row, segment). One box is one region
+of columns (:func:`region_columns`: 64 columns, 128 bytes, the 128-byte swizzle span; 32 columns with the
+64-byte swizzle for head dim 32) of ``box_rows`` rows of one head of one segment.
 
 :func:`map_geometry` is plain arithmetic (tested without a GPU against the kernels' pointer formula);
 :func:`encode` asks the driver; :func:`device_maps` keeps the three maps of a launch in device memory
@@ -23,10 +24,10 @@ import numpy as np
 
 #: CUtensorMapDataType CU_TENSOR_MAP_DATA_TYPE_UINT16 (the raw bits of bf16/fp16; zero fill is +0 in both)
 DATA_UINT16 = 1
-#: CUtensorMapInterleave NONE, CUtensorMapSwizzle 128B, CUtensorMapL2promotion 256B, CUtensorMapFloatOOBfill NONE
-INTERLEAVE_NONE, SWIZZLE_128B, L2_PROMOTION_256B, OOB_FILL_ZERO = 0, 3, 3, 0
-#: columns of one box: 128 bytes of 16-bit elements, the width of the 128-byte swizzle
-BOX_COLUMNS = 64
+#: CUtensorMapInterleave NONE, CUtensorMapL2promotion 256B, CUtensorMapFloatOOBfill NONE
+INTERLEAVE_NONE, L2_PROMOTION_256B, OOB_FILL_ZERO = 0, 3, 0
+#: CUtensorMapSwizzle of a box row of 128 and 64 bytes
+SWIZZLE_OF_ROW_BYTES = {128: 3, 64: 2}
 ELEMENT_BYTES = 2
 MAP_BYTES = 128
 
@@ -69,7 +70,13 @@ def map_geometry(pointer: int, geo: tuple, rows: int, heads: int, segments: int,
         raise ValueError(f"tensor map address {address:#x} is not aligned to 16 bytes")
     if not 1 <= box_rows <= 256:
         raise ValueError(f"tensor map box of {box_rows} rows (1..256)")
-    return MapGeometry(address, (head_dim, heads, rows, segments), strides, (BOX_COLUMNS, 1, box_rows, 1))
+    return MapGeometry(address, (head_dim, heads, rows, segments), strides, (region_columns(head_dim), 1, box_rows, 1))
+
+
+def region_columns(head_dim: int) -> int:
+    """Columns of one region of a tile (the kernel's RC): 64 (rows of 128 bytes, 128-byte swizzle), or 32 at
+    head dim 32 (64 bytes, 64-byte swizzle), so that its P V products are 32 columns wide, not 64."""
+    return 32 if head_dim <= 32 else 64
 
 
 @lru_cache(maxsize=1)
@@ -84,7 +91,7 @@ def _driver() -> Any:
 
 
 def encode(g: MapGeometry) -> bytes:
-    """The 128 bytes of the CUtensorMap of ``g`` (128-byte swizzle, zero fill out of bounds)."""
+    """The 128 bytes of the CUtensorMap of ``g`` (the swizzle of its box rows, zero fill out of bounds)."""
     host = np.zeros(MAP_BYTES + 64, dtype=np.uint8)
     start = (-host.ctypes.data) % 64                      # CUtensorMap is 64-byte aligned
     view = host[start:start + MAP_BYTES]
@@ -93,7 +100,7 @@ def encode(g: MapGeometry) -> bytes:
     box = (ctypes.c_uint32 * 4)(*g.box)
     ones = (ctypes.c_uint32 * 4)(1, 1, 1, 1)
     rc = _driver()(view.ctypes.data, DATA_UINT16, 4, g.address, dims, strides, box, ones,
-                   INTERLEAVE_NONE, SWIZZLE_128B, L2_PROMOTION_256B, OOB_FILL_ZERO)
+                   INTERLEAVE_NONE, SWIZZLE_OF_ROW_BYTES[g.box[0] * ELEMENT_BYTES], L2_PROMOTION_256B, OOB_FILL_ZERO)
     if rc != 0:
         raise RuntimeError(f"cuTensorMapEncodeTiled failed (CUresult {rc}) for {g}")
     return view.tobytes()

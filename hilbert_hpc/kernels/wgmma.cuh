@@ -44,6 +44,13 @@ __device__ __forceinline__ desc_t smem_desc_sw128(unsigned addr, unsigned lbo) {
     return smem_desc(addr, lbo, 1024) | (1ull << 62);
 }
 
+// the swizzle of rows of ROW = 128 or 64 bytes (layout type 1 or 2), SBO = 8 rows
+template <int ROW>
+__device__ __forceinline__ desc_t smem_desc_swizzled(unsigned addr, unsigned lbo) {
+    static_assert(ROW == 128 || ROW == 64, "128- or 64-byte swizzle");
+    return smem_desc(addr, lbo, 8 * ROW) | ((ROW == 128 ? 1ull : 2ull) << 62);
+}
+
 template <int R>
 __device__ __forceinline__ void pin_u(unsigned (&x)[R][4]) {
 #pragma unroll
