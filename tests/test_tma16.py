@@ -100,6 +100,8 @@ def _check_maps(v, geo: dict, n: int, heads: int, d: int) -> None:
     assert [int(a) for a in args[2:10]] == [*geo["qg"], *geo["lg"]]
     assert [int(a) for a in args[10:17]] == [nh, -(-mq // (64 * nc)), items, mq, mk, geo["shift"] is not None,
                                              geo["shift"] or 0]
+    group = int(args[18])
+    assert group == 1 if geo["shift"] is None else 1 <= group <= segments * nh
     for m, ptr, g, rows, box in ((maps[0], pointers[0], geo["qg"], mq, 64), (maps[1], pointers[1], geo["kg"], mk, keys),
                                  (maps[2], pointers[2], geo["vg"], mk, keys)):
         assert m.dims == (d, nh, rows, segments) and m.box == (tma.region_columns(d), 1, box, 1)
@@ -165,3 +167,13 @@ def test_launch_refuses_more_query_blocks_than_the_item_index_walks():
         assert grid == (132,)
     with pytest.raises(ValueError, match="exceed a one-dimensional grid"):
         tma_launch_args(one_each, (0, 0, 0, 0, 0), shift=0, sms=132, **geo)         # a block each
+
+
+def test_causal_item_groups_keep_their_keys_and_values_within_the_budget():
+    from hilbert_hpc.kernels.sixteen_bit import CAUSAL_GROUP_BYTES, item_group
+
+    per_problem = 2 * 2048 * 128 * 2                     # K and V of 2048 keys of head dim 128, 16 bits
+    assert item_group(5000, 2048, 128) == CAUSAL_GROUP_BYTES // per_problem
+    assert item_group(3, 2048, 128) == 3                 # no more than the launch's problems
+    assert item_group(10, 2**22, 128) == 1               # one problem over the budget: groups of one
+

@@ -133,9 +133,9 @@ def test_scores_growing_along_the_keys_rescale_the_running_output(monkeypatch, d
 def test_persistent_blocks_walk_many_query_blocks(monkeypatch, dtype, d, pingpong, causal):
     """PERSISTENT = 1 on a GPU made to look like 3 SMs: each block takes dozens of query blocks of several
     problems from the launch's counter (the stage ring and the Q buffer carried from one to the next; causal
-    ones of unequal length), with and without ping-pong turns, ragged segments (the last query block of a
-    problem partly past its rows) and a later pattern merging into the first's output; the result must match
-    float64 as closely as the PyTorch peer does."""
+    ones of unequal length, by groups of problems with a smaller last group), with and without ping-pong
+    turns, ragged segments (the last query block of a problem partly past its rows) and a later pattern
+    merging into the first's output; the result must match float64 as closely as the PyTorch peer does."""
     import torch
 
     from hilbert_hpc.core.patterns import Pattern
@@ -144,6 +144,8 @@ def test_persistent_blocks_walk_many_query_blocks(monkeypatch, dtype, d, pingpon
 
     _force_tma16(monkeypatch, dtype, d, (*TMA16.defaults[d][:5], pingpong, 1))
     monkeypatch.setattr(sixteen_bit, "multiprocessors", lambda device_id: 3)
+    # causal items by groups of 4 problems: 18 and 3 x 2 problems leave a smaller last group
+    monkeypatch.setattr(sixteen_bit, "item_group", lambda problems, keys, head_dim: min(problems, 4))
     n, heads = 6000, 3
     patterns = [Pattern(1000, 1), Pattern(3000, 2)]
     g = torch.Generator(device="cuda").manual_seed(d + 10 * pingpong + 100 * causal)

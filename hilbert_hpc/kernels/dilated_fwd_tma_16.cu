@@ -97,21 +97,27 @@ __device__ __forceinline__ void merge_out(float* __restrict__ out, float* __rest
     merge_rows32<D, DP>(out, lse, qoff, q_row, loff, l_row, row0, mq, t, m, l, o);
 }
 
-// One work item of the grid: a block of BQ = 64 NC queries of one problem (segment, head-in-group). Items of one
-// problem are adjacent (item / qblocks: problem, item % qblocks: query block, in reverse when causal: longest
-// first), so the items resident at one time share their problems' K and V in L2. kend: keys seen by the item
-// (those of its last warpgroup with queries: the causal end grows with the row); ntiles: its key tiles, 0 when
-// it sees no key (nothing to do).
+// One work item of the grid: a block of BQ = 64 NC queries of one problem (segment, head-in-group). The items
+// are ordered by groups of `group` problems (the host's choice: 1 for non-causal launches, as many as keep
+// their K and V in L2 for causal ones): a group's items are adjacent, so the items resident at one time share
+// their problems' K and V in L2, and inside a group they go query block by query block (in reverse when
+// causal: longest first), so a launch ends on its shortest items. kend: keys seen by the item (those of its
+// last warpgroup with queries: the causal end grows with the row); ntiles: its key tiles, 0 when it sees no
+// key (nothing to do).
 struct TmaItem {
     int seg, head, qblock, kend, ntiles;
 };
 
 template <int NC, int BK>
-__device__ __forceinline__ TmaItem tma_item(int item, int heads, int qblocks, int mq, int mk, int causal,
-                                            int causal_shift) {
+__device__ __forceinline__ TmaItem tma_item(int item, int heads, int qblocks, int problems, int group, int mq, int mk,
+                                            int causal, int causal_shift) {
     TmaItem w;
-    const int problem = item / qblocks;
-    const int qindex = item % qblocks;
+    const int span = group * qblocks;                   // items of a whole group
+    const int first = item / span * group;              // the group's first problem
+    const int in_group = min(group, problems - first);  // the last group may be smaller
+    const int r = item - first * qblocks;
+    const int problem = first + r % in_group;
+    const int qindex = r / in_group;
     w.qblock = (causal ? qblocks - 1 - qindex : qindex) * (WG_QUERIES * NC);
     w.seg = problem / heads;
     w.head = problem % heads;
@@ -137,7 +143,8 @@ __global__ void __launch_bounds__(WG_THREADS * (NC + 1), 1)
 dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O* __restrict__ out, float* __restrict__ lse,
                    long long o_base, long long o_seg, long long o_head, long long o_row,
                    long long l_base, long long l_seg, long long l_head, long long l_row,
-                   int heads, int qblocks, int items, int mq, int mk, int causal, int causal_shift, float scale)
+                   int heads, int qblocks, int items, int mq, int mk, int causal, int causal_shift, float scale,
+                   int group)
 {
     using H = Half16<T>;
     constexpr int RC = D == 32 ? 32 : 64;    // columns of a region (64-byte or 128-byte swizzled rows)
@@ -169,7 +176,11 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
     // the warpgroup index through a shuffle from lane 0: the compiler then knows it is warp-uniform and keeps what
     // derives from it (the Q descriptors) in uniform registers
     const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
-    const TmaItem first = tma_item<NC, BK>(blockIdx.x, heads, qblocks, mq, mk, causal, causal_shift);
+    const int problems = items / qblocks;
+    auto item_at = [&](int item) {
+        return tma_item<NC, BK>(item, heads, qblocks, problems, group, mq, mk, causal, causal_shift);
+    };
+    const TmaItem first = item_at(blockIdx.x);
     if (!PERSISTENT && first.ntiles == 0) return;   // uniform: no key visible to this block
     if (tid == 0) {
         mbar_init(q_full, 1);
@@ -192,8 +203,7 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
             // first fill of a stage and the first Q wait for nothing.
             int g = 0, k = 0;
             for (int item = blockIdx.x; item < items; item = next_item(work)) {
-                const TmaItem wi = item == blockIdx.x ? first
-                                                      : tma_item<NC, BK>(item, heads, qblocks, mq, mk, causal, causal_shift);
+                const TmaItem wi = item == blockIdx.x ? first : item_at(item);
                 if (wi.ntiles == 0) continue;
                 const int seg = wi.seg;
                 mbar_wait(q_empty, k ^ 1);       // every consumer is done with the last item's Q and its number
@@ -237,8 +247,7 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
             mbar_wait(q_full, k);
             const int item = ld_shared_int(item_slot);
             if (item < 0) break;
-            const TmaItem wi = item == blockIdx.x ? first
-                                                  : tma_item<NC, BK>(item, heads, qblocks, mq, mk, causal, causal_shift);
+            const TmaItem wi = item == blockIdx.x ? first : item_at(item);
             const int kend = wi.kend, ntiles = wi.ntiles;
             const int qwg = wi.qblock + WG_QUERIES * w;
             // visible_key_end / unmasked_key_end of attention.cuh, spelled out: through the helpers the cubin differs

@@ -71,6 +71,8 @@ def launch(choice: KernelChoice, q: Any, k: Any, v: Any, out: Any, lse: Any, *, 
 
 #: most blocks of a one-dimensional grid
 MAX_GRID_X = 2**31 - 1
+#: bytes of K and V that the problems of one group of a causal tma16 launch share (a third of an H100's L2)
+CAUSAL_GROUP_BYTES = 16 * 2**20
 
 
 def tma_launch_args(chosen: Variant, pointers: tuple, *, qg: tuple, kg: tuple, vg: tuple, lg: tuple,
@@ -80,7 +82,9 @@ def tma_launch_args(chosen: Variant, pointers: tuple, *, qg: tuple, kg: tuple, v
     tma16 launch (pointers: q, k, v, out, lse as ints; the output geometry ``og`` defaults to Q's). The work
     items (query blocks, those of one problem adjacent) are walked by a grid of one block each, or, where the
     configuration is persistent, of one block per SM (``sms``, the GPU's multiprocessors) that take the items
-    after their first from a counter in launch order, so blocks with short (causal) items take more."""
+    after their first from a counter in launch order, so blocks with short (causal) items take more. Causal
+    items go by groups of problems whose K and V fit in ``CAUSAL_GROUP_BYTES``, longest first inside a group
+    (:func:`item_group`)."""
     keys = chosen.config[0]
     qptr, kptr, vptr, optr, lptr = (int(x) for x in pointers)
     maps = (tma.map_geometry(qptr, qg, mq, heads, segments, chosen.head_dim, 64),
@@ -94,10 +98,20 @@ def tma_launch_args(chosen: Variant, pointers: tuple, *, qg: tuple, kg: tuple, v
     blocks = min(items, sms) if persistent else items
     if items + blocks > MAX_GRID_X:              # the kernel's int item index reaches items + the grid
         raise ValueError(f"{chosen.variant}: {items} query blocks exceed a one-dimensional grid")
+    group = item_group(segments * heads, mk, chosen.head_dim) if shift is not None else 1
     args = (np.uint64(optr), np.uint64(lptr), *(np.int64(x) for x in (*(qg if og is None else og), *lg)),
             np.int32(heads), np.int32(qblocks), np.int32(items), np.int32(mq), np.int32(mk),
-            np.int32(shift is not None), np.int32(shift or 0), np.float32(scale))
+            np.int32(shift is not None), np.int32(shift or 0), np.float32(scale), np.int32(group))
     return maps, (blocks,), args
+
+
+def item_group(problems: int, keys: int, head_dim: int) -> int:
+    """Problems per group of a causal tma16 launch: as many as keep their K and V (``keys`` rows each, in
+    16 bits) within ``CAUSAL_GROUP_BYTES`` of L2, at least one. The kernel runs a group's query blocks
+    longest first across the group's problems, so a launch ends on short items, not on one problem's long
+    ones, while the blocks resident at one time still share a few problems' K and V."""
+    per_problem = 2 * keys * head_dim * 2
+    return max(1, min(problems, CAUSAL_GROUP_BYTES // per_problem))
 
 
 @lru_cache(maxsize=None)
