@@ -3,10 +3,11 @@
 For each case, in one process: ``ours`` (``hilbert_hpc.nn.dilated_attention``, natural order, no autograd) and
 ``flash-dense``, FlashAttention-4's forward alone on the rows each pattern and head offset selects, gathered
 before the clock starts (no gather, no merge: the strongest form of the peer, its kernels only). Times are
-CUDA-event medians of ``--repeat`` after ``--warmup``; useful FLOPs 4 m^2 D per segment, pattern and head
+CUDA-event medians of ``--repeat`` rounds after ``--warmup``, the contenders of a case timed in turns in every
+round (a drift of the card's clock reaches them alike); useful FLOPs 4 m^2 D per segment, pattern and head
 (halved when causal). ``ours / flash`` > 1 means ours is faster. Without flash-attn-4 only ``ours`` runs.
 
-    python tests/scripts/forward_probe.py                          # every case (about a minute on an H200)
+    python tests/scripts/forward_probe.py                          # every case (about two minutes on an H200)
     python tests/scripts/forward_probe.py --case d64 --case d64-causal --json fwd.json
     HILBERT_HPC_HALF_KERNEL=tma16:64,4,3,1,0,0,0 python tests/scripts/forward_probe.py --case d64 --only ours
     python tests/scripts/forward_probe.py --case d64 --kernel tma16:64,4,3,1,1,1,1   # also a forced kernel, same run
@@ -20,8 +21,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 from functools import partial
+from typing import Callable
 from unittest import mock
 from pathlib import Path
 
@@ -30,7 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from backward_probe import print_row, timed, useful_flops, write_rows  # noqa: E402
+from backward_probe import print_row, useful_flops, write_rows  # noqa: E402
 
 from hilbert_hpc import nn as hnn  # noqa: E402
 from hilbert_hpc.core.patterns import Pattern  # noqa: E402
@@ -64,31 +67,53 @@ def inputs(dtype, n: int, heads: int, d: int) -> list:
     return [torch.randn((n, heads, d), generator=gen, device="cuda", dtype=torch.float32).to(dtype) for _ in range(3)]
 
 
-def time_ours(case: tuple, warmup: int, repeat: int) -> float:
+def ours(case: tuple, full: list) -> Callable[[], object]:
+    """One forward of hilbert_hpc.nn on the case's inputs."""
     dtype, n, heads, d, causal, patterns = case
-    q, k, v = inputs(dtype, n, heads, d)
-    with torch.no_grad():
-        return timed(lambda: hnn.dilated_attention(q, k, v, patterns=list(patterns), causal=causal), warmup, repeat)
+    q, k, v = full
+    return lambda: hnn.dilated_attention(q, k, v, patterns=list(patterns), causal=causal)
 
 
-def time_forced(env: str, value: str, case: tuple, warmup: int, repeat: int) -> float:
-    """time_ours with the kernel forced: ``env`` (HILBERT_HPC_HALF_KERNEL or _FP32_KERNEL) set to ``value``."""
-    with mock.patch.dict(os.environ, {env: value}):
-        return time_ours(case, warmup, repeat)
+def forced(env: str, value: str, case: tuple, full: list) -> Callable[[], object]:
+    """``ours`` with the kernel forced: ``env`` (HILBERT_HPC_HALF_KERNEL or _FP32_KERNEL) set to ``value``
+    around each call."""
+    run = ours(case, full)
+
+    def call():
+        with mock.patch.dict(os.environ, {env: value}):
+            return run()
+    return call
 
 
-def time_flash_dense(case: tuple, warmup: int, repeat: int) -> float:
+def flash_dense(case: tuple, full: list) -> Callable[[], object]:
     """FlashAttention-4's forward on the pre-gathered rows of every pattern and head offset."""
     from hilbert_hpc.backends.flash_peer import FA4
     from hilbert_hpc.backends.gather_merge import _gather
 
     dtype, n, heads, d, causal, patterns = case
-    full = inputs(dtype, n, heads, d)
     batches = [[_gather(FA4, x, p, heads, o) for x in full] for p in (Pattern(w, r) for w, r in patterns)
                for o in range(min(p.dilation, heads))]
-    del full
     scale = d ** -0.5
-    return timed(lambda: [FA4.forward(q, k, v, causal, scale) for q, k, v in batches], warmup, repeat)
+    return lambda: [FA4.forward(q, k, v, causal, scale) for q, k, v in batches]
+
+
+def interleaved_medians(calls: dict, warmup: int, repeat: int) -> dict:
+    """Median milliseconds (CUDA events) of each of ``calls`` (name -> callable), timed in turns: every round
+    runs each once, so a drift of the card's clock reaches every contender alike."""
+    for fn in calls.values():
+        for _ in range(warmup):
+            fn()
+    times: dict = {name: [] for name in calls}
+    for _ in range(repeat):
+        for name, fn in calls.items():
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times[name].append(a.elapsed_time(b))
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def flash_available() -> str | None:
@@ -106,7 +131,7 @@ def main() -> int:
     parser.add_argument("--case", action="append", choices=sorted(CASES), help="cases (default: all)")
     parser.add_argument("--only", action="append", choices=("ours", "flash-dense"), help="contenders")
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--json", help="also write the rows to this file")
     parser.add_argument("--kernel", action="append", default=[],
                         help="also time ours with this forced kernel (HILBERT_HPC_HALF_KERNEL / _FP32_KERNEL value)")
@@ -122,18 +147,24 @@ def main() -> int:
         flops = useful_flops(n, heads, d, patterns, causal)
         row = dict(case=name, dtype=str(dtype).removeprefix("torch."), n=n, heads=heads, d=d, causal=causal)
         env = FP32_ENV if dtype == torch.float32 else SIXTEEN_BIT_ENV
-        forced = [(f"ours[{value}]", partial(time_forced, env, value)) for value in args.kernel]
-        for who, run in (("ours", time_ours), ("flash-dense", time_flash_dense), *forced):
-            if (args.only and who.split("[")[0] not in args.only) or \
-                    (who == "flash-dense" and (why_not or dtype == torch.float32)):
-                continue
-            try:
-                ms = run(case, args.warmup, args.repeat)
-            except Exception as exc:       # one contender failing must not hide the others' rows
-                print(f"# {name} {who}: failed: {type(exc).__name__}: {exc}", flush=True)
-                continue
-            row[f"{who}_ms"], row[f"{who}_tflops"] = ms, flops / ms / 1e9
-            torch.cuda.empty_cache()
+        full = inputs(dtype, n, heads, d)
+        calls = {}
+        with torch.no_grad():
+            for who, make in (("ours", ours), ("flash-dense", flash_dense),
+                              *((f"ours[{value}]", partial(forced, env, value)) for value in args.kernel)):
+                if (args.only and who.split("[")[0] not in args.only) or \
+                        (who == "flash-dense" and (why_not or dtype == torch.float32)):
+                    continue
+                try:
+                    calls[who] = make(case, full)
+                    calls[who]()               # a contender failing must not hide the others' rows
+                except Exception as exc:
+                    print(f"# {name} {who}: failed: {type(exc).__name__}: {exc}", flush=True)
+                    calls.pop(who, None)
+            for who, ms in interleaved_medians(calls, args.warmup, args.repeat).items():
+                row[f"{who}_ms"], row[f"{who}_tflops"] = ms, flops / ms / 1e9
+        del calls, full
+        torch.cuda.empty_cache()
         if "flash-dense_ms" in row:
             for who in [k.removesuffix("_ms") for k in row if k.startswith("ours") and k.endswith("_ms")]:
                 row[f"{who}_over_flash"] = row["flash-dense_ms"] / row[f"{who}_ms"]
