@@ -261,8 +261,9 @@ TMA16_KEY_TILES = (32, 64, 96, 128, 192)
 #: stages, PIPE, LAZY, PINGPONG, PERSISTENT), template arguments of dilated_fwd_tma_16<T, D, BK, NC, STAGES, PIPE,
 #: LAZY, PINGPONG, PERSISTENT, OUT>; PIPE = 1 overlaps the next tile's Q K^T with the softmax, LAZY = 1 rescales the
 #: running output only when a row's max grows by more than 2^8 (attention.cuh), PINGPONG = 1 has the consumer
-#: warpgroups take turns issuing their products, PERSISTENT = 1 launches one block per SM that walks the query
-#: blocks (non-causal launches; causal ones keep a block per query block, kernels/sixteen_bit.py). Measured before LAZY existed (every tile rescaled), on an H200
+#: warpgroups take turns issuing their products, PERSISTENT = 1 launches one block per SM that takes query blocks
+#: from a counter until none is left (causal launches too since 2026-11-27; before, a static round robin that
+#: causal launches did not use, kernels/sixteen_bit.py). Measured before LAZY existed (every tile rescaled), on an H200
 #: (N = 262,144, patterns (2048,1) (4096,2) (8192,4), bf16, ms non-causal / causal,
 #: tests/scripts/wgmma16_probe.py --sweep, docs/performance.md), (BK, NC, STAGES, PIPE): D = 64 (H = 12):
 #: (64, 4, 3, 1) 8.34 / 5.68, (96, 3, 3, 1) 8.44 / 5.72, (64, 3, 4, 1) 9.07 / 5.96, (64, 3, 3, 1) 9.03-9.24 /
@@ -295,6 +296,11 @@ TMA16_KEY_TILES = (32, 64, 96, 128, 192)
 #: 112: the persistent walk's state spills there, and since the merge's prefetch (its rows' old log-sum-exp held
 #: through the mainloop) so do the PINGPONG configurations; none is listed.
 #: NC >= 2: with one consumer the launch bound already gives it more registers than setmaxnreg may raise it to.
+#: Counter-fed persistent blocks, causal ones included, and D = 32 in 32-column regions (H100, 2026-11-27,
+#: tests/scripts/forward_probe.py --kernel, ms): against the same
+#: configuration with PERSISTENT = 0, 1.07-1.15x on every anchor; D = 32: (128, 3, 2, 0, 1, 0, 1) 7.40,
+#: (128, 3, 3, 0, 1, 0, 1) 7.64, (64, 4, 3, 1, 1, 0, 1) 7.83 (spills since the causal item groups: not listed),
+#: (64, 3, 3, 1, 1, 0, 1) 9.01, (128, 3, 2, 0, 1, 0, 0) 8.57.
 TMA16 = KernelFamily(
     "tma16", "dilated_fwd_tma_16.cu", SIXTEEN_BIT,
     lambda t, d, c, o: f"dilated_fwd_tma_16<{t},{d},{c[0]},{c[1]},{c[2]},{c[3]},{c[4]},{c[5]},{c[6]},{o}>",
