@@ -20,12 +20,15 @@ from hilbert_hpc.distributed.sharding import Layout, check_distribution
 
 
 def numpy_launch(q, k, v, out, lse, *, qg, kg, vg, lg, segments, heads, mq, mk, shift, scale, head_dim, og=None,
-                 accumulate=False):
+                 accumulate=False, final=None, final_out=None):
     """One fused launch: for each (segment, head) problem, rows at base + seg*segment + head*h + i*row;
     query i sees key j < mk (and j <= i + shift when shift is not None); the result merges by log-sum-exp
     into out (rows of q's geometry, or of og when given: tma16's float32 running output) and lse (lg); rows
-    with no visible key stay untouched."""
+    with no visible key stay untouched. With ``final`` (tma16's FinalRows) a row that no later pattern selects
+    (sequence row i, head h of its element offset in the (n, H, D) output: i < end and i = h mod r for none of
+    ``final.later``) goes to ``final_out`` at ``final.geometry`` instead of ``out``."""
     qf, kf, vf, of, lf = (x.reshape(-1) for x in (q, k, v, out, lse))
+    ff = None if final is None else final_out.reshape(-1)
     assert np.shares_memory(of, out) and np.shares_memory(lf, lse)
     cols = np.arange(head_dim)
     for s in range(segments):
@@ -48,8 +51,18 @@ def numpy_launch(q, k, v, out, lse, *, qg, kg, vg, lg, segments, heads, mq, mk, 
             wa = np.where(np.isneginf(old), 0.0, np.exp(old - top))
             wb = np.exp(part_lse - top)
             prev = np.where(np.isneginf(old)[:, None], 0.0, of[oi[seen]])
-            of[oi[seen]] = (prev * wa[:, None] + part * wb[:, None]) / (wa + wb)[:, None]
+            merged = (prev * wa[:, None] + part * wb[:, None]) / (wa + wb)[:, None]
             lf[li[seen]] = top + np.log(wa + wb)
+            if final is None:
+                of[oi[seen]] = merged
+                continue
+            fi = rows(final.geometry, mq)[seen]
+            i, hd = fi[:, 0] // final.row, fi[:, 0] % final.row // head_dim
+            again = np.zeros(len(fi), dtype=bool)
+            for r, end in final.later:
+                again |= (i < end) & ((i - hd) % r == 0)
+            of[oi[seen][again]] = merged[again]
+            ff[fi[~again]] = merged[~again]
 
 
 KERNELS = FusedKernels(numpy_launch)
@@ -79,28 +92,31 @@ def test_local_patterns_geometry_equals_the_unfused_computation(patterns, heads,
 def test_head_groups_of_the_float32_running_output_equal_the_unfused_computation(heads, group, causal):
     """tma16's FP32 running output (kernels.sixteen_bit.SixteenBitKernels): every local pattern of a group of heads merged
     into a float32 scratch (n, group, D) through its own output geometry, the group's output widened into it
-    first and written back after; groups that do not line up with the dilations, and dilations above H."""
+    first; then either written back after, or (``final``) each row written to the output at its last merge
+    (later patterns decide which); groups that do not line up with the dilations, and dilations above H."""
     from hilbert_hpc.kernels import sixteen_bit
 
     n, d = 192, 8
     qs, ks, vs = _inputs(n, heads, d)
     pats = [Pattern(16, 1), Pattern(48, 3), Pattern(64, 2), Pattern(192, 8)]
     want = local_dilated_attention(qs, ks, vs, pats, causal, 0.3)
-    out, lse = np.zeros((n, heads, d)), np.full((n, heads), -np.inf)
-    launches = 0
-    for h0 in range(0, heads, group):
-        h1 = min(heads, h0 + group)
-        scratch = np.full((n, group, d), np.nan)
-        scratch[:, :h1 - h0] = out[:, h0:h1]
-        for kw in sixteen_bit.group_launches(pats, causal, 0.3, n, heads, d, h0, h1, group):
-            assert kw.pop("accumulate") and 0 < kw["heads"] <= group
-            numpy_launch(qs, ks, vs, scratch, lse, **kw)
-            launches += 1
-        assert np.isnan(scratch[:, h1 - h0:]).all()      # nothing written past the group
-        out[:, h0:h1] = scratch[:, :h1 - h0]
-    assert np.abs(out - want).max() <= 1e-12 * np.abs(want).max()
-    assert launches == sum(len({h % r for h in range(h0, min(heads, h0 + group))})
-                           for h0 in range(0, heads, group) for r in (1, 3, 2, 8))
+    for final in (False, True):
+        out, lse = np.full((n, heads, d), np.nan), np.full((n, heads), -np.inf)   # no row holds a result yet
+        launches = 0
+        for h0 in range(0, heads, group):
+            h1 = min(heads, h0 + group)
+            scratch = np.full((n, group, d), np.nan)
+            scratch[:, :h1 - h0] = out[:, h0:h1]
+            for kw in sixteen_bit.group_launches(pats, causal, 0.3, n, heads, d, h0, h1, group, final):
+                assert kw.pop("accumulate") and 0 < kw["heads"] <= group and ("final" in kw) == final
+                numpy_launch(qs, ks, vs, scratch, lse, final_out=out, **kw)
+                launches += 1
+            assert np.isnan(scratch[:, h1 - h0:]).all()      # nothing written past the group
+            if not final:   # else every row went to the output at its last merge
+                out[:, h0:h1] = scratch[:, :h1 - h0]
+        assert np.abs(out - want).max() <= 1e-12 * np.abs(want).max(), final
+        assert launches == sum(len({h % r for h in range(h0, min(heads, h0 + group))})
+                               for h0 in range(0, heads, group) for r in (1, 3, 2, 8))
 
 
 def test_scratch_heads_keep_the_scratch_small():

@@ -147,17 +147,36 @@ __device__ __forceinline__ MergeWeights merge_weights(float old, float mine) {
     return w;
 }
 
+// Where a merge into a float32 running output puts element pair n (columns 8 n + 2 t, + 1) of row h (merge_rows32):
+// the running output's row `orow` (FP32Store), or, for rows whose last merge this is, their 16-bit output row
+// `row16[h]` (column 0; null: the running output), rounded once to T there (FinalRows16).
+struct FP32Store {
+    __device__ __forceinline__ void put(int, int, int n, float2* orow, float2 r) const { orow[4 * n] = r; }
+};
+template <typename T>
+struct FinalRows16 {
+    T* row16[2];
+    __device__ __forceinline__ void put(int h, int t, int n, float2* orow, float2 r) const {
+        if (row16[h])
+            reinterpret_cast<unsigned*>(row16[h])[t + 4 * n] = Half16<T>::pack(r.x, r.y);
+        else
+            orow[4 * n] = r;
+    }
+};
+
 // Merge this thread's two rows (row0, row0 + 8) of an unnormalized FP32 result into the running FP32
 // output and log-sum-exp (natural-log units), in place: out = (old * wa + o / l * wb) / den (rows at even
-// element offsets: read and written as float2). Accumulator
+// element offsets: read and written as float2; `store` may put a row into its 16-bit output instead, rounded
+// once, the float32 running output left alone). Accumulator
 // layout of mma.sync m16n8 and wgmma m64nN (lane = 4 g + t): o[4 n + 2 h + e] = (row g + 8 h, column
 // 8 n + 2 t + e); m: running max (log2 units), l: this lane's partial row sums (summed over the row's 4
 // lanes here). Rows past mq or with no visible key are left untouched. Every lane of the warp must call it.
 // DA >= D: columns of the accumulators; columns past D are not written.
-template <int D, int DA = D>
+template <int D, int DA = D, typename Store = FP32Store>
 __device__ __forceinline__ void merge_rows32(float* __restrict__ out, float* __restrict__ lse, long long qoff,
                                              long long q_row, long long loff, long long l_row, int row0, int mq,
-                                             int t, const float (&m)[2], float (&l)[2], const float (&o)[DA / 2]) {
+                                             int t, const float (&m)[2], float (&l)[2], const float (&o)[DA / 2],
+                                             const Store& store = Store{}) {
     float old[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -187,7 +206,7 @@ __device__ __forceinline__ void merge_rows32(float* __restrict__ out, float* __r
             float2 r;
             r.x = (prev[n].x * w.wa + o[4 * n + 2 * h] * inv_l * w.wb) / w.den;
             r.y = (prev[n].y * w.wa + o[4 * n + 2 * h + 1] * inv_l * w.wb) / w.den;
-            orow[4 * n] = r;
+            store.put(h, t, n, orow, r);
         }
         if (t == 0) lse[loff + i * l_row] = w.mx + logf(w.den);
     }

@@ -82,19 +82,50 @@ struct RegsTma {
     static constexpr int CREG = C > 240 ? 240 : C;
 };
 
+// The 16-bit output that a row's last merge into a float32 running output writes, rounded once (the host
+// passes it for local patterns; out16 null: every row stays in the float32 running output, which a separate
+// pass rounds). A launch's row j of problem (seg, head) is element f_base + seg f_seg + head f_head + j f_row of
+// it: sequence row i = offset / f_rowlen, head h = offset % f_rowlen / D. A later launch merges it again when a
+// later pattern q selects it: i < later[2 q + 1] (the pattern's whole segments) and i = h (mod later[2 q]) (each
+// head h reads the rows h mod r of a segment, r dividing the segment).
+template <typename T>
+struct FinalOutput {
+    T* out16;
+    const long long* later;
+    int nlater;
+    long long base, seg, head, row, rowlen;
+
+    // the 16-bit row (column 0) if this is row j's last merge, else null
+    template <int D>
+    __device__ __forceinline__ T* last_merge_row(int s, int h, int j) const {
+        if (out16 == nullptr) return nullptr;
+        const long long offset = base + s * seg + h * head + j * row;
+        const long long i = offset / rowlen, hd = offset % rowlen / D;
+        for (int q = 0; q < nlater; ++q)
+            if (i < later[2 * q + 1] && (i - hd) % later[2 * q] == 0) return nullptr;
+        return out16 + offset;
+    }
+};
+
 // The merge of D columns of DP-column accumulators into the running output: 16-bit (rounded once per launch)
-// or float32 (an FP32 running output).
+// or float32 (an FP32 running output; rows whose last merge this is go to the 16-bit output instead).
 template <typename T, int D, int DP>
 __device__ __forceinline__ void merge_out(T* __restrict__ out, float* __restrict__ lse, long long qoff, long long q_row,
                                           long long loff, long long l_row, int row0, int mq, int t,
-                                          const float (&m)[2], float (&l)[2], const float (&o)[DP / 2]) {
+                                          const float (&m)[2], float (&l)[2], const float (&o)[DP / 2],
+                                          const FinalOutput<T>&, int, int) {
     merge_rows16<T, D, DP>(out, lse, qoff, q_row, loff, l_row, row0, mq, t, m, l, o);
 }
 template <typename T, int D, int DP>
 __device__ __forceinline__ void merge_out(float* __restrict__ out, float* __restrict__ lse, long long qoff,
                                           long long q_row, long long loff, long long l_row, int row0, int mq, int t,
-                                          const float (&m)[2], float (&l)[2], const float (&o)[DP / 2]) {
-    merge_rows32<D, DP>(out, lse, qoff, q_row, loff, l_row, row0, mq, t, m, l, o);
+                                          const float (&m)[2], float (&l)[2], const float (&o)[DP / 2],
+                                          const FinalOutput<T>& fin, int seg, int head) {
+    FinalRows16<T> store;
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+        store.row16[h] = row0 + 8 * h < mq ? fin.template last_merge_row<D>(seg, head, row0 + 8 * h) : nullptr;
+    merge_rows32<D, DP>(out, lse, qoff, q_row, loff, l_row, row0, mq, t, m, l, o, store);
 }
 
 // One work item of the grid: a block of BQ = 64 NC queries of one problem (segment, head-in-group). The items
@@ -132,7 +163,8 @@ __device__ __forceinline__ TmaItem tma_item(int item, int heads, int qblocks, in
 // short takes more of them (causal query blocks differ in length; a static round robin was 14 % slower).
 __device__ __forceinline__ int next_item(int* work) { return gridDim.x + atomicAdd(work, 1); }
 
-// O: the running output's element type, T or float (the output geometry is its own: o_base .. o_row).
+// O: the running output's element type, T or float (the output geometry is its own: o_base .. o_row; with
+// float, out16 .. f_rowlen: FinalOutput, the 16-bit output of rows whose last merge this is).
 // PERSISTENT = 0: a grid of `items` blocks, one item each (blockIdx.x); 1: a grid of one block per SM, each
 // taking item blockIdx.x, then the next of the launch's counter (`work`, next_item) until none is left, its
 // producer loading an item's Q and first tiles during the consumers' merge of the previous one. The producer
@@ -144,7 +176,8 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
                    long long o_base, long long o_seg, long long o_head, long long o_row,
                    long long l_base, long long l_seg, long long l_head, long long l_row,
                    int heads, int qblocks, int items, int mq, int mk, int causal, int causal_shift, float scale,
-                   int group)
+                   int group, T* __restrict__ out16, const long long* __restrict__ later, int nlater,
+                   long long f_base, long long f_seg, long long f_head, long long f_row, long long f_rowlen)
 {
     using H = Half16<T>;
     constexpr int RC = D == 32 ? 32 : 64;    // columns of a region (64-byte or 128-byte swizzled rows)
@@ -241,6 +274,7 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
         const unsigned sQw = sQ + w * NR * L::Q_REGION;
         const float mul = scale * LOG2E;
         const IssueTurns<NC, PINGPONG != 0> turns{w};
+        const FinalOutput<T> fin{out16, later, nlater, f_base, f_seg, f_head, f_row, f_rowlen};
         int g0 = 0, k = 0;                   // the producer's g and k
         while (true) {
             // the item the producer loads Q for next (-1: none is left)
@@ -392,7 +426,7 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
                 turns.pass(it, ntiles);
             }
 
-            merge_out<T, D, DP>(out, lse, ooff, o_row, loff, l_row, row0, mq, t, m, l, o);
+            merge_out<T, D, DP>(out, lse, ooff, o_row, loff, l_row, row0, mq, t, m, l, o, fin, wi.seg, wi.head);
             g0 = (g0 + ntiles) % (2 * STAGES);
             k ^= 1;
             if (!PERSISTENT) break;

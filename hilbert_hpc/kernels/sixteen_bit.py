@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import sys
+from dataclasses import dataclass
 from functools import lru_cache, partial
 from typing import Any, Sequence
 
@@ -41,10 +42,12 @@ def device_pointer(x: Any) -> int:
 
 def launch(choice: KernelChoice, q: Any, k: Any, v: Any, out: Any, lse: Any, *, qg: tuple, kg: tuple, vg: tuple,
            lg: tuple, segments: int, heads: int, mq: int, mk: int, shift: int | None, scale: float, head_dim: int,
-           og: tuple | None = None, accumulate: bool = False) -> None:
+           og: tuple | None = None, accumulate: bool = False, final: "FinalRows | None" = None,
+           final_out: Any = None) -> None:
     """One launch of ``choice``'s kernel over ``segments x heads`` problems (geometry tuples: base, segment, head
     and row strides in elements; q/k/v/out 16-bit, lse float32). ``accumulate`` (tma16 only): ``out`` is a
-    float32 running output addressed by its own geometry ``og``."""
+    float32 running output addressed by its own geometry ``og``; with ``final`` and ``final_out`` (the 16-bit
+    output), the rows whose last merge this is are written rounded to ``final_out`` instead (:class:`FinalRows`)."""
     if segments == 0 or heads == 0 or mq == 0 or mk == 0:
         return
     if math.gcd(*qg, *kg, *vg, SIXTEEN_BIT_ALIGN) != SIXTEEN_BIT_ALIGN:
@@ -58,7 +61,8 @@ def launch(choice: KernelChoice, q: Any, k: Any, v: Any, out: Any, lse: Any, *, 
     fn = compiled(chosen)
     if chosen.variant == "tma16":
         _launch_tma(fn, chosen, q, k, v, out, lse, qg=qg, kg=kg, vg=vg, lg=lg, og=og, segments=segments,
-                    heads=heads, mq=mq, mk=mk, shift=shift, scale=scale)
+                    heads=heads, mq=mq, mk=mk, shift=shift, scale=scale,
+                    final=None if final is None or final_out is None else (final_out, final))
         return
     ptrs = tuple(np.uint64(device_pointer(x)) for x in (q, k, v, out, lse))
     for qc, lc, mc, sc in query_chunks(qg, lg, mq, shift, chosen.block_queries):
@@ -77,14 +81,16 @@ CAUSAL_GROUP_BYTES = 16 * 2**20
 
 def tma_launch_args(chosen: Variant, pointers: tuple, *, qg: tuple, kg: tuple, vg: tuple, lg: tuple,
                     segments: int, heads: int, mq: int, mk: int, shift: int | None, scale: float,
-                    og: tuple | None = None, sms: int = 0) -> tuple[tuple, tuple, tuple]:
+                    og: tuple | None = None, sms: int = 0,
+                    final: tuple | None = None) -> tuple[tuple, tuple, tuple]:
     """(map geometries of Q, K, V; grid; the kernel arguments after the maps and work-counter pointers) of one
     tma16 launch (pointers: q, k, v, out, lse as ints; the output geometry ``og`` defaults to Q's). The work
     items (query blocks, those of one problem adjacent) are walked by a grid of one block each, or, where the
     configuration is persistent, of one block per SM (``sms``, the GPU's multiprocessors) that take the items
     after their first from a counter in launch order, so blocks with short (causal) items take more. Causal
     items go by groups of problems whose K and V fit in ``CAUSAL_GROUP_BYTES``, longest first inside a group
-    (:func:`item_group`)."""
+    (:func:`item_group`). ``final``: (16-bit output pointer, later-pattern table pointer, :class:`FinalRows`)
+    of a float32 running output whose rows' last merges write the 16-bit output."""
     keys = chosen.config[0]
     qptr, kptr, vptr, optr, lptr = (int(x) for x in pointers)
     maps = (tma.map_geometry(qptr, qg, mq, heads, segments, chosen.head_dim, 64),
@@ -102,6 +108,12 @@ def tma_launch_args(chosen: Variant, pointers: tuple, *, qg: tuple, kg: tuple, v
     args = (np.uint64(optr), np.uint64(lptr), *(np.int64(x) for x in (*(qg if og is None else og), *lg)),
             np.int32(heads), np.int32(qblocks), np.int32(items), np.int32(mq), np.int32(mk),
             np.int32(shift is not None), np.int32(shift or 0), np.float32(scale), np.int32(group))
+    if final is None:
+        args += (np.uint64(0), np.uint64(0), np.int32(0), *(np.int64(0) for _ in range(5)))
+    else:
+        out16, later, rows = final
+        args += (np.uint64(int(out16)), np.uint64(int(later)), np.int32(len(rows.later)),
+                 *(np.int64(x) for x in (*rows.geometry, rows.row)))
     return maps, (blocks,), args
 
 
@@ -122,16 +134,33 @@ def multiprocessors(device_id: int) -> int:
     return int(cupy.cuda.Device(device_id).attributes["MultiProcessorCount"])
 
 
-def _launch_tma(fn: Any, chosen: Variant, q: Any, k: Any, v: Any, out: Any, lse: Any, **geometry: Any) -> None:
+def _launch_tma(fn: Any, chosen: Variant, q: Any, k: Any, v: Any, out: Any, lse: Any, final: tuple | None = None,
+                **geometry: Any) -> None:
     import cupy
 
     pointers = tuple(device_pointer(x) for x in (q, k, v, out, lse))
     device = cupy.cuda.Device()
-    maps, grid, args = tma_launch_args(chosen, pointers, sms=multiprocessors(device.id), **geometry)
+    if final is not None:
+        out16, rows = final
+        table = _later_table(device.id, rows.later)
+        final = (device_pointer(out16), 0 if table is None else table.data.ptr, rows)
+    maps, grid, args = tma_launch_args(chosen, pointers, sms=multiprocessors(device.id), final=final, **geometry)
     buffer = tma.device_maps(device.id, maps)
     work = cupy.zeros(1, dtype=cupy.int32)       # the persistent blocks' item counter (stream-ordered memory)
     fn(grid, (chosen.threads,), (np.uint64(buffer.data.ptr), np.uint64(work.data.ptr), *args),
        shared_mem=chosen.shared_bytes)
+
+
+@lru_cache(maxsize=64)
+def _later_table(device: int, later: tuple) -> Any:
+    """``later`` ((dilation, end row) pairs) as int64 in device memory of ``device`` (None when empty), kept by
+    this cache."""
+    import cupy
+
+    if not later:
+        return None
+    with cupy.cuda.Device(device):
+        return cupy.asarray(np.array(later, dtype=np.int64).reshape(-1))
 
 
 def check_arrays(q: Any, k: Any, v: Any, out: Any, lse: Any) -> None:
@@ -156,13 +185,45 @@ def check_arrays(q: Any, k: Any, v: Any, out: Any, lse: Any) -> None:
             raise ValueError(f"the 16-bit kernel needs {name} aligned to 16 bytes")
 
 
+@dataclass(frozen=True)
+class FinalRows:
+    """Which rows of a launch into a float32 running output have their last merge there, and where their 16-bit
+    result goes: a launch's row j of problem (s, h) is element ``geometry`` (base, segment, head, row strides)
+    of the (n, H, D) 16-bit output, i.e. sequence row i = offset // ``row``, head offset % ``row`` // D. A later
+    pattern (dilation r, whole segments ending at row ``end``; ``later``: one pair each) merges it again when
+    i < end and i = head (mod r): a head reads the rows head mod r of each segment (r divides the segment)."""
+
+    geometry: tuple
+    row: int
+    later: tuple
+
+
+def rounds_at_last_merge(patterns: Sequence) -> bool:
+    """Whether every pattern's dilation divides its segment, so that a later pattern selects exactly the rows
+    :class:`FinalRows` says (parse_patterns ensures it; otherwise a separate pass rounds the running output)."""
+    return all(int(w) % int(r) == 0 for w, r in (_segment_dilation(p) for p in patterns))
+
+
+def _segment_dilation(p: Any) -> tuple[int, int]:
+    return (int(p.segment), int(p.dilation)) if hasattr(p, "segment") else (int(p[0]), int(p[1]))
+
+
 def group_launches(patterns: Sequence, causal: bool, scale: float, n: int, heads: int, head_dim: int, h0: int,
-                   h1: int, group: int) -> list[dict]:
+                   h1: int, group: int, final: bool = False) -> list[dict]:
     """The launches (keyword arguments of :func:`launch`) of local ``patterns`` for heads ``h0 .. h1 - 1`` of
     (n, heads, head_dim) arrays into a float32 scratch (n, group, head_dim) that holds those heads
-    (``launch.local_launches`` restricted to the group, with the scratch's output geometry ``og``)."""
-    return [dict(kw, accumulate=True)
-            for kw in local_launches(patterns, causal, scale, n, heads, head_dim, h0, h1, out_heads=group)]
+    (``launch.local_launches`` restricted to the group, with the scratch's output geometry ``og``); ``final``:
+    each with its :class:`FinalRows` (the patterns after its own), so rows go to the 16-bit output at their
+    last merge."""
+    launches = []
+    for index, p in enumerate(patterns):
+        later = tuple((r, n // w * w) for w, r in (_segment_dilation(q) for q in patterns[index + 1:]))
+        for kw in local_launches([p], causal, scale, n, heads, head_dim, h0, h1, out_heads=group):
+            kw["accumulate"] = True
+            if final:
+                kw["final"] = FinalRows(tuple(kw["qg"]), heads * head_dim, later)
+            launches.append(kw)
+    return launches
 
 
 #: the dtype the ring's 16-bit running output is held in (the bits of bfloat16 / float16)
@@ -211,16 +272,18 @@ class SixteenBitKernels:
         if scratch is None:                           # at the memory limit: round once per launch instead
             return self.rounding.local_patterns(qs, ks, vs, patterns, causal, scale, out, lse, shape=shape)
         out_ptr, scratch_ptr, lse_ptr = device_pointer(out), device_pointer(scratch), device_pointer(lse)
+        final = rounds_at_last_merge(patterns)
         for h0 in range(0, heads, group):
             h1 = min(heads, h0 + group)
             first = out_ptr + 2 * h0 * d                 # the group's first element of row 0 (16-bit)
             rows = dict(rows=n, width=(h1 - h0) * d, head_dim=d, l_stride=heads, l_first=h0)
             _convert("widen_16", self.choice.dtype, first, scratch_ptr, lse_ptr, src_stride=heads * d, dst_stride=group * d,
                      **rows)
-            for kw in group_launches(patterns, causal, scale, n, heads, d, h0, h1, group):
-                launch(self.choice, qs, ks, vs, scratch, lse, **kw)
-            _convert("narrow_16", self.choice.dtype, scratch_ptr, first, lse_ptr, src_stride=group * d, dst_stride=heads * d,
-                     **rows)
+            for kw in group_launches(patterns, causal, scale, n, heads, d, h0, h1, group, final):
+                launch(self.choice, qs, ks, vs, scratch, lse, final_out=out, **kw)
+            if not final:                             # rows not rounded at their last merge: round them now
+                _convert("narrow_16", self.choice.dtype, scratch_ptr, first, lse_ptr, src_stride=group * d,
+                         dst_stride=heads * d, **rows)
         del scratch
 
 
