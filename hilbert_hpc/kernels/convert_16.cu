@@ -5,7 +5,8 @@
 // lse[r * l_stride + l_first + j]. Eight elements a thread and step, 16-byte accesses on the 16-bit side.
 //   widen_16: only (row, head) pairs with a running log-sum-exp (not -inf) are read: the others have no old
 //     value, and the kernels' merge ignores their running output (weight 0), so a fresh output costs nothing;
-//   narrow_16: only pairs with a log-sum-exp are written: what no launch merged stays untouched, as the
+//   narrow_16 (where the kernels do not round a row at its last merge: a dilation that does not divide its
+//     segment): only pairs with a log-sum-exp are written: what no launch merged stays untouched, as the
 //     kernels leave it.
 // The 16-bit values are widened exactly and rounded to nearest even by the same PTX conversions as the
 // attention kernels (Half16 in convert.cuh), so the result is what those kernels would have written.

@@ -245,8 +245,9 @@ class SixteenBitKernels:
     every kernel but tma16) or the scratch does not fit, merge into the 16-bit running output launch by launch
     (rounded once per launch). With tma16, local patterns merge into a float32 running output kept for a
     group of heads at a time (``choice.scratch_heads``): the group's 16-bit output is widened into it, every
-    local pattern is merged in FP32, and the result is rounded to 16 bits once, as docs/semantics.md asks
-    (FP32 running output)."""
+    local pattern is merged in FP32, and each row is rounded to 16 bits once, at its last merge
+    (:class:`FinalRows`; or by a pass after the last launch where a dilation does not divide its segment), as
+    docs/semantics.md asks (FP32 running output)."""
 
     def __init__(self, choice: KernelChoice) -> None:
         self.choice = choice
