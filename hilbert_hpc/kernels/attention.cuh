@@ -164,43 +164,46 @@ struct FinalRows16 {
     }
 };
 
+// This thread's two rows' running log-sum-exp before a merge (-inf: none, or the row is past mq), for the
+// merges' `before` forms: a kernel that reads it early (tma16, at a query block's start) keeps the read off the
+// merge's critical path. Rows merge nowhere else meanwhile.
+__device__ __forceinline__ void running_lse(const float* __restrict__ lse, long long loff, long long l_row, int row0,
+                                            int mq, float (&before)[2]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) before[h] = row0 + 8 * h < mq ? lse[loff + (row0 + 8 * h) * l_row] : NEG_INF;
+}
+
 // Merge this thread's two rows (row0, row0 + 8) of an unnormalized FP32 result into the running FP32
-// output and log-sum-exp (natural-log units), in place: out = (old * wa + o / l * wb) / den (rows at even
-// element offsets: read and written as float2; `store` may put a row into its 16-bit output instead, rounded
-// once, the float32 running output left alone). Accumulator
-// layout of mma.sync m16n8 and wgmma m64nN (lane = 4 g + t): o[4 n + 2 h + e] = (row g + 8 h, column
-// 8 n + 2 t + e); m: running max (log2 units), l: this lane's partial row sums (summed over the row's 4
-// lanes here). Rows past mq or with no visible key are left untouched. Every lane of the warp must call it.
-// DA >= D: columns of the accumulators; columns past D are not written.
+// output and log-sum-exp (natural-log units), in place: out = old * wa / den + o * (wb / (l den)) (rows at
+// even element offsets: read and written as float2; `store` may put a row into its 16-bit output instead,
+// rounded once, the float32 running output left alone). `before`: the rows' log-sum-exp before the merge
+// (running_lse). Accumulator layout of mma.sync m16n8 and wgmma m64nN (lane = 4 g + t): o[4 n + 2 h + e] =
+// (row g + 8 h, column 8 n + 2 t + e); m: running max (log2 units), l: this lane's partial row sums (summed over
+// the row's 4 lanes here). Rows past mq or with no visible key are left untouched. Every lane of the warp must
+// call it. DA >= D: columns of the accumulators; columns past D are not written.
 template <int D, int DA = D, typename Store = FP32Store>
-__device__ __forceinline__ void merge_rows32(float* __restrict__ out, float* __restrict__ lse, long long qoff,
-                                             long long q_row, long long loff, long long l_row, int row0, int mq,
-                                             int t, const float (&m)[2], float (&l)[2], const float (&o)[DA / 2],
-                                             const Store& store = Store{}) {
-    float old[2];
+__device__ __forceinline__ void merge_rows32_before(float* __restrict__ out, float* __restrict__ lse, long long qoff,
+                                                    long long q_row, long long loff, long long l_row, int row0, int mq,
+                                                    int t, const float (&m)[2], float (&l)[2],
+                                                    const float (&o)[DA / 2], const float (&before)[2],
+                                                    const Store& store = Store{}) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         l[h] = lanes_sum<4>(l[h]);
         const int i = row0 + 8 * h;
-        old[h] = (i < mq && l[h] > 0.0f) ? lse[loff + i * l_row] : NEG_INF;
-    }
-    __syncwarp();                            // every lane has read L before lane t == 0 writes it
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int i = row0 + 8 * h;
         if (i >= mq || l[h] <= 0.0f) continue;   // no visible key: nothing to merge
         const float mine = (m[h] + log2f(l[h])) * LN2;
-        const MergeWeights w = merge_weights(old[h], mine);
-        const float inv_l = 1.0f / l[h];
+        const MergeWeights w = merge_weights(before[h], mine);
         float2* orow = reinterpret_cast<float2*>(out + qoff + i * q_row + 2 * t);
-        // every old value of the row is read before any is combined: one round trip to memory, not D / 4 (the
-        // division's branches would otherwise keep each read behind the previous element's store)
+        // every old value of the row is read before any is combined: one round trip to memory, not D / 4
         float2 prev[D / 8];
 #pragma unroll
         for (int n = 0; n < D / 8; ++n) prev[n] = make_float2(0.0f, 0.0f);
         if (w.wa != 0.0f)
 #pragma unroll
             for (int n = 0; n < D / 8; ++n) prev[n] = orow[4 * n];
+#ifdef HILBERT_AB_OLD_MERGE
+        const float inv_l = 1.0f / l[h];
 #pragma unroll
         for (int n = 0; n < D / 8; ++n) {
             float2 r;
@@ -208,36 +211,53 @@ __device__ __forceinline__ void merge_rows32(float* __restrict__ out, float* __r
             r.y = (prev[n].y * w.wa + o[4 * n + 2 * h + 1] * inv_l * w.wb) / w.den;
             store.put(h, t, n, orow, r);
         }
+#else
+        const float inv_den = 1.0f / w.den, keep = w.wa * inv_den, add = w.wb * inv_den / l[h];
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+            float2 r;
+            r.x = fmaf(prev[n].x, keep, o[4 * n + 2 * h] * add);
+            r.y = fmaf(prev[n].y, keep, o[4 * n + 2 * h + 1] * add);
+            store.put(h, t, n, orow, r);
+        }
+#endif
         if (t == 0) lse[loff + i * l_row] = w.mx + logf(w.den);
     }
 }
 
+// merge_rows32_before with the rows' log-sum-exp read here
+template <int D, int DA = D, typename Store = FP32Store>
+__device__ __forceinline__ void merge_rows32(float* __restrict__ out, float* __restrict__ lse, long long qoff,
+                                             long long q_row, long long loff, long long l_row, int row0, int mq,
+                                             int t, const float (&m)[2], float (&l)[2], const float (&o)[DA / 2],
+                                             const Store& store = Store{}) {
+    float before[2];
+    running_lse(lse, loff, l_row, row0, mq, before);
+    __syncwarp();                            // every lane has read L before lane t == 0 writes it
+    merge_rows32_before<D, DA>(out, lse, qoff, q_row, loff, l_row, row0, mq, t, m, l, o, before, store);
+}
+
 // Merge this thread's two rows (row0, row0 + 8) of an unnormalized FP32 result into the running 16-bit
-// output and the float32 log-sum-exp (natural-log units), in place. Accumulator layout of both MMA kinds
+// output and the float32 log-sum-exp (natural-log units), in place (`before`: the rows' log-sum-exp before the
+// merge, running_lse). Accumulator layout of both MMA kinds
 // (mma.sync m16n8 and wgmma m64nN, per warp of 16 rows, lane = 4 g + t): o[4 n + 2 h + e] = (row g + 8 h,
 // column 8 n + 2 t + e). m: running max (log2 units), l: this lane's partial row sums (summed over the 4
 // lanes of a row here). The old output is read, combined in FP32 and rounded once to T. Rows past mq or
 // with no visible key are left untouched. Every lane of the warp must call it. DA >= D: columns of the
 // accumulators (a kernel computing D rounded up to whole regions); columns past D are not written.
 template <typename T, int D, int DA = D>
-__device__ __forceinline__ void merge_rows16(T* __restrict__ out, float* __restrict__ lse, long long qoff,
-                                             long long q_row, long long loff, long long l_row, int row0, int mq,
-                                             int t, const float (&m)[2], float (&l)[2], const float (&o)[DA / 2]) {
+__device__ __forceinline__ void merge_rows16_before(T* __restrict__ out, float* __restrict__ lse, long long qoff,
+                                                    long long q_row, long long loff, long long l_row, int row0, int mq,
+                                                    int t, const float (&m)[2], float (&l)[2],
+                                                    const float (&o)[DA / 2], const float (&before)[2]) {
     using H = Half16<T>;
-    float old[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         l[h] = lanes_sum<4>(l[h]);
         const int i = row0 + 8 * h;
-        old[h] = (i < mq && l[h] > 0.0f) ? lse[loff + i * l_row] : NEG_INF;
-    }
-    __syncwarp();                            // every lane has read L before lane t == 0 writes it
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int i = row0 + 8 * h;
         if (i >= mq || l[h] <= 0.0f) continue;   // no visible key: nothing to merge
         const float mine = (m[h] + log2f(l[h])) * LN2;
-        const MergeWeights w = merge_weights(old[h], mine);
+        const MergeWeights w = merge_weights(before[h], mine);
         const float inv_l = 1.0f / l[h];
         const float wb = inv_l * w.wb, inv_den = 1.0f / w.den;
         unsigned* orow = reinterpret_cast<unsigned*>(out + qoff + i * q_row + 2 * t);
@@ -250,4 +270,15 @@ __device__ __forceinline__ void merge_rows16(T* __restrict__ out, float* __restr
         }
         if (t == 0) lse[loff + i * l_row] = w.mx + logf(w.den);
     }
+}
+
+// merge_rows16_before with the rows' log-sum-exp read here
+template <typename T, int D, int DA = D>
+__device__ __forceinline__ void merge_rows16(T* __restrict__ out, float* __restrict__ lse, long long qoff,
+                                             long long q_row, long long loff, long long l_row, int row0, int mq,
+                                             int t, const float (&m)[2], float (&l)[2], const float (&o)[DA / 2]) {
+    float before[2];
+    running_lse(lse, loff, l_row, row0, mq, before);
+    __syncwarp();                            // every lane has read L before lane t == 0 writes it
+    merge_rows16_before<T, D, DA>(out, lse, qoff, q_row, loff, l_row, row0, mq, t, m, l, o, before);
 }

@@ -109,23 +109,32 @@ struct FinalOutput {
 
 // The merge of D columns of DP-column accumulators into the running output: 16-bit (rounded once per launch)
 // or float32 (an FP32 running output; rows whose last merge this is go to the 16-bit output instead).
+// `before`: the rows' log-sum-exp before the merge, read at the query block's start (running_lse).
 template <typename T, int D, int DP>
 __device__ __forceinline__ void merge_out(T* __restrict__ out, float* __restrict__ lse, long long qoff, long long q_row,
                                           long long loff, long long l_row, int row0, int mq, int t,
                                           const float (&m)[2], float (&l)[2], const float (&o)[DP / 2],
-                                          const FinalOutput<T>&, int, int) {
+                                          const float (&before)[2], const FinalOutput<T>&, int, int) {
+#ifdef HILBERT_AB_OLD_MERGE
     merge_rows16<T, D, DP>(out, lse, qoff, q_row, loff, l_row, row0, mq, t, m, l, o);
+#else
+    merge_rows16_before<T, D, DP>(out, lse, qoff, q_row, loff, l_row, row0, mq, t, m, l, o, before);
+#endif
 }
 template <typename T, int D, int DP>
 __device__ __forceinline__ void merge_out(float* __restrict__ out, float* __restrict__ lse, long long qoff,
                                           long long q_row, long long loff, long long l_row, int row0, int mq, int t,
                                           const float (&m)[2], float (&l)[2], const float (&o)[DP / 2],
-                                          const FinalOutput<T>& fin, int seg, int head) {
+                                          const float (&before)[2], const FinalOutput<T>& fin, int seg, int head) {
     FinalRows16<T> store;
 #pragma unroll
     for (int h = 0; h < 2; ++h)
         store.row16[h] = row0 + 8 * h < mq ? fin.template last_merge_row<D>(seg, head, row0 + 8 * h) : nullptr;
+#ifdef HILBERT_AB_OLD_MERGE
     merge_rows32<D, DP>(out, lse, qoff, q_row, loff, l_row, row0, mq, t, m, l, o, store);
+#else
+    merge_rows32_before<D, DP>(out, lse, qoff, q_row, loff, l_row, row0, mq, t, m, l, o, before, store);
+#endif
 }
 
 // One work item of the grid: a block of BQ = 64 NC queries of one problem (segment, head-in-group). The items
@@ -303,8 +312,7 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
             const long long ooff = o_base + (long long)wi.seg * o_seg + (long long)wi.head * o_head;
             const long long loff = l_base + (long long)wi.seg * l_seg + (long long)wi.head * l_head;
             float old[2];
-        #pragma unroll
-            for (int h = 0; h < 2; ++h) old[h] = row0 + 8 * h < mq ? lse[loff + (row0 + 8 * h) * l_row] : NEG_INF;
+            running_lse(lse, loff, l_row, row0, mq, old);
             constexpr int PF = 2;                // tiles before the last that the prefetch is issued
             const int pf_tile = max(0, nt - 1 - PF);
             auto prefetch = [&](int it) {
@@ -426,7 +434,7 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
                 turns.pass(it, ntiles);
             }
 
-            merge_out<T, D, DP>(out, lse, ooff, o_row, loff, l_row, row0, mq, t, m, l, o, fin, wi.seg, wi.head);
+            merge_out<T, D, DP>(out, lse, ooff, o_row, loff, l_row, row0, mq, t, m, l, o, old, fin, wi.seg, wi.head);
             g0 = (g0 + ntiles) % (2 * STAGES);
             k ^= 1;
             if (!PERSISTENT) break;
