@@ -202,16 +202,6 @@ __device__ __forceinline__ void merge_rows32_before(float* __restrict__ out, flo
         if (w.wa != 0.0f)
 #pragma unroll
             for (int n = 0; n < D / 8; ++n) prev[n] = orow[4 * n];
-#ifdef HILBERT_AB_OLD_MERGE
-        const float inv_l = 1.0f / l[h];
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-            float2 r;
-            r.x = (prev[n].x * w.wa + o[4 * n + 2 * h] * inv_l * w.wb) / w.den;
-            r.y = (prev[n].y * w.wa + o[4 * n + 2 * h + 1] * inv_l * w.wb) / w.den;
-            store.put(h, t, n, orow, r);
-        }
-#else
         const float inv_den = 1.0f / w.den, keep = w.wa * inv_den, add = w.wb * inv_den / l[h];
 #pragma unroll
         for (int n = 0; n < D / 8; ++n) {
@@ -220,7 +210,6 @@ __device__ __forceinline__ void merge_rows32_before(float* __restrict__ out, flo
             r.y = fmaf(prev[n].y, keep, o[4 * n + 2 * h + 1] * add);
             store.put(h, t, n, orow, r);
         }
-#endif
         if (t == 0) lse[loff + i * l_row] = w.mx + logf(w.den);
     }
 }

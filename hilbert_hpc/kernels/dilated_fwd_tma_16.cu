@@ -115,11 +115,7 @@ __device__ __forceinline__ void merge_out(T* __restrict__ out, float* __restrict
                                           long long loff, long long l_row, int row0, int mq, int t,
                                           const float (&m)[2], float (&l)[2], const float (&o)[DP / 2],
                                           const float (&before)[2], const FinalOutput<T>&, int, int) {
-#ifdef HILBERT_AB_OLD_MERGE
-    merge_rows16<T, D, DP>(out, lse, qoff, q_row, loff, l_row, row0, mq, t, m, l, o);
-#else
     merge_rows16_before<T, D, DP>(out, lse, qoff, q_row, loff, l_row, row0, mq, t, m, l, o, before);
-#endif
 }
 template <typename T, int D, int DP>
 __device__ __forceinline__ void merge_out(float* __restrict__ out, float* __restrict__ lse, long long qoff,
@@ -130,11 +126,7 @@ __device__ __forceinline__ void merge_out(float* __restrict__ out, float* __rest
 #pragma unroll
     for (int h = 0; h < 2; ++h)
         store.row16[h] = row0 + 8 * h < mq ? fin.template last_merge_row<D>(seg, head, row0 + 8 * h) : nullptr;
-#ifdef HILBERT_AB_OLD_MERGE
-    merge_rows32<D, DP>(out, lse, qoff, q_row, loff, l_row, row0, mq, t, m, l, o, store);
-#else
     merge_rows32_before<D, DP>(out, lse, qoff, q_row, loff, l_row, row0, mq, t, m, l, o, before, store);
-#endif
 }
 
 // One work item of the grid: a block of BQ = 64 NC queries of one problem (segment, head-in-group). The items
