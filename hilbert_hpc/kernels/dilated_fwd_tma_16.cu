@@ -7,18 +7,19 @@
 // (segment, head-in-group); query i sees key j when j < mk and, if causal, j <= i + causal_shift; rows with
 // no visible key are left untouched; float32 log-sum-exp), with three differences of form:
 //   * Q, K and V are read through three 4-D tensor maps (CUtensorMap, built on the host by
-//     cuTensorMapEncodeTiled, kernels/tma.py) over (column, head-in-group, row, segment), three per column
-//     region of a tile row (128-byte swizzle for 64 columns, 64-byte for 32);
+//     cuTensorMapEncodeTiled, kernels/tma.py) over (column, head-in-group, row, segment), 128-byte swizzle
+//     (64-byte at D = 32);
 //     the output has an element-offset geometry of its own (o_base, o_seg, o_head, o_row);
 //   * the running output is of type O: T (16-bit, rounded once per launch) or float (an FP32 running output,
 //     which the host keeps for a group of heads while every local pattern is merged, then rounds once);
 //   * the grid is one-dimensional, query blocks of one problem adjacent (block b: problem b / qblocks,
 //     query block b % qblocks, in reverse when causal: longest first), so the blocks resident at one time
 //     share their problems' K and V in L2.
-// Head dims 32, 64, 96 and 128, each computed on exactly its D columns. A tile's rows are stored per column
-// region (TileRegions): 64 columns (rows of 128 bytes, 128-byte swizzle) or 32 (64 bytes, 64-byte swizzle);
-// D = 32: one of 32, 64: one of 64, 96: 64 and 32, 128: two of 64. Each region has its own three maps (box
-// of its width). P V is one product of N = D where the regions are alike, two (N = 64, 32) at D = 96.
+// Head dims 32, 64, 96 and 128. A tile is stored per region of RC = 64 columns (rows of 128 bytes, 128-byte
+// swizzle; D = 96 and 128 are two regions) or, at D = 32, of 32 columns (rows of 64 bytes, 64-byte swizzle, so
+// P V runs N = 32). D = 96 is computed as DP = 128 columns: the copy engine zero-fills the columns past D of
+// every tile (past the maps' first dimension), Q K^T runs D / 16 k-steps (the valid columns only), P V runs
+// N = DP (wgmma's MN-major swizzled B takes whole regions) and the merge writes the first D columns.
 //
 // Block: warpgroup 0 is the producer (one thread issues every copy; setmaxnreg.dec to PREG registers),
 // warpgroups 1..NC consume (setmaxnreg.inc to CREG). Barriers: q_full (Q of the query block, and its item
@@ -33,8 +34,7 @@
 //
 // Per tile and consumer warpgroup: S = Q K^T (D/16 wgmma m64n{BK}k16, both K-major from shared memory);
 // online softmax in FP32 on the accumulators; P packed to T pairs in registers; O += P V (BK/16 wgmma
-// m64n{D}k16, or m64n64k16 + m64n32k16 at D = 96, A = P from registers, B = V MN-major, imm-trans-b = 1).
-// PIPE = 1 overlaps tile it's Q K^T with
+// m64n{DP}k16, A = P from registers, B = V MN-major, imm-trans-b = 1). PIPE = 1 overlaps tile it's Q K^T with
 // tile it - 1's P V: S(it) and P(it-1) V(it-1) are issued together, the softmax of S(it) runs while P V is in
 // flight, and the running output is rescaled once that completes (FlashAttention-3's intra-warpgroup
 // pipelining). PIPE = 0: one product at a time. LAZY = 1: the running max moves only by more than
@@ -42,16 +42,15 @@
 // conditional rescaling); 0: every tile rescales. PINGPONG = 1: the consumer warpgroups take turns issuing
 // their products (IssueTurns, tma.cuh; FlashAttention-3's ping-pong), one turn per tile of the block each.
 //
-// Shared memory, a region's rows of RB = 128 or 64 bytes swizzled as the copy engine's
-// CU_TENSOR_MAP_SWIZZLE_128B (16-byte chunk c of row r of a 1024-byte-aligned block lands at chunk c ^ (r % 8))
-// or _64B (chunk c of row r of a 512-byte-aligned block at c ^ (r / 2 % 4)): every tile is stored per region as
-// [row][RB bytes], 8-row atoms of 8 RB bytes, region 1 after region 0. Matrix descriptors (layout type 1 =
-// 128-byte, 2 = 64-byte swizzle, bits 62-63; PTX ISA "Shared Memory Matrix Layout", canonical layouts with T =
-// 8 elements per 16 bytes, RB / 16 chunks a row):
-//   K-major: ((8,m),(T,2k)):((RB/2,SBO),(1,T)): SBO = 8 RB (next 8 rows); LBO unused (1); k-step ks (16
-//     columns) starts 32 bytes a k-step into the rows of its region (region 1 after region 0's C0 / 16);
+// Shared memory, rows of RB = 2 RC bytes swizzled as the copy engine's CU_TENSOR_MAP_SWIZZLE_128B (16-byte
+// chunk c of row r of a 1024-byte-aligned region lands at chunk c ^ (r % 8)) or _64B (chunk c of row r of a
+// 512-byte-aligned region at c ^ (r / 2 % 4)): every tile is stored per region as [row][RB bytes], 8-row atoms
+// of 8 RB bytes. Matrix descriptors (layout type 1 = 128-byte, 2 = 64-byte swizzle, bits 62-63; PTX ISA
+// "Shared Memory Matrix Layout", canonical layouts with T = 8 elements per 16 bytes, RB / 16 chunks a row):
+//   K-major: ((8,m),(T,2k)):((RB/2,SBO),(1,T)): SBO = 8 RB (next 8 rows); LBO unused (1);
+//     k-step ks (16 columns) starts at region ks / (RB / 32), + 32 (ks % (RB / 32)) bytes;
 //   MN-major: ((T,RB/16,m),(8,k)):((1,T,LBO),(RB/2,SBO)): SBO = 8 RB (next 8 K-rows = keys), LBO = bytes
-//     between two regions of one product (BK 128 at D = 128); k-step kk (16 keys): + 16 RB kk.
+//     between regions (BK RB; D = 96 and 128 have two); k-step kk (16 keys): + 16 RB kk.
 
 #include "common.cuh"
 #include "convert.cuh"
@@ -59,52 +58,17 @@
 #include "tma.cuh"
 #include "attention.cuh"
 
-// The column regions of a tile's rows (tma.regions on the host): region 0 of C0 columns and region 1 of C1 (0:
-// none), each stored as its own [row][2 C bytes] block with the swizzle of its width (128-byte for 64 columns,
-// 64-byte for 32) and loaded through its own maps. D = 32: (32, 0); 64: (64, 0); 96: (64, 32); 128: (64, 64).
-template <int D>
-struct TileRegions {
-    static constexpr int C0 = D == 32 ? 32 : 64, C1 = D - C0;
-    static constexpr int RB0 = 2 * C0, RB1 = 2 * C1;    // bytes of a region's row
-    static constexpr int NR = C1 ? 2 : 1;
-    static constexpr int RB1_DESC = C1 ? RB1 : RB0;     // region 1's descriptors' row bytes (valid without one)
-};
-
 // Shared memory of one block in bytes (from a 1024-byte-aligned base): Q of NC warpgroups, STAGES x (K, V)
-// tiles, then the barriers; `bytes` adds the slack that aligns the dynamic shared window's base. Region 1 of
-// a warpgroup's Q starts Q_REGION1 bytes after region 0, of a K or V tile REGION1 bytes after.
-template <int D, int BK, int NC, int STAGES>
+// tiles, then the barriers; `bytes` adds the slack that aligns the dynamic shared window's base. D: the
+// columns computed (DP), RB: bytes of a region's row.
+template <int D, int RB, int BK, int NC, int STAGES>
 struct SmemTma {
-    using G = TileRegions<D>;
     static constexpr int Q_WG = WG_QUERIES * D * 2;
-    static constexpr int Q_REGION1 = WG_QUERIES * G::RB0;
+    static constexpr int Q_REGION = WG_QUERIES * RB;    // one region of a warpgroup's Q
     static constexpr int TILE = BK * D * 2;
-    static constexpr int REGION1 = BK * G::RB0;
+    static constexpr int REGION = BK * RB;              // one region of a K or V tile
     static constexpr int BARS = NC * Q_WG + 2 * STAGES * TILE;
     static constexpr int bytes = BARS + 8 * (3 + 3 * STAGES) + 1024;
-};
-
-// O += P V for k-step kk (16 keys) of a V tile at `sv` (A = P from registers, B = V MN-major; region 1 starts
-// REGION1 bytes on): one product over whole regions of one width (N = D; the regions LBO = REGION1 apart), or,
-// for regions of two widths (D = 96), one per region into the output's first C0 and last C1 columns.
-template <typename T, int D, bool SAME = (TileRegions<D>::C1 == 0 || TileRegions<D>::C1 == TileRegions<D>::C0)>
-struct PvProduct {
-    using G = TileRegions<D>;
-    template <int REGION1>
-    static __device__ __forceinline__ void k_step(float (&o)[D / 2], const unsigned (&a)[4], unsigned sv, int kk) {
-        Wgmma16<T, D>::template rs<1, 1>(o, a, smem_desc_swizzled<G::RB0>(sv + 16 * G::RB0 * kk, REGION1));
-    }
-};
-template <typename T, int D>
-struct PvProduct<T, D, false> {
-    using G = TileRegions<D>;
-    template <int REGION1>
-    static __device__ __forceinline__ void k_step(float (&o)[D / 2], const unsigned (&a)[4], unsigned sv, int kk) {
-        Wgmma16<T, G::C0>::template rs<1, 1>(*reinterpret_cast<float(*)[G::C0 / 2]>(&o[0]), a,
-                                               smem_desc_swizzled<G::RB0>(sv + 16 * G::RB0 * kk, REGION1));
-        Wgmma16<T, G::C1>::template rs<1, 1>(*reinterpret_cast<float(*)[G::C1 / 2]>(&o[G::C0 / 2]), a,
-                                               smem_desc_swizzled<G::RB1>(sv + REGION1 + 16 * G::RB1 * kk, REGION1));
-    }
 };
 
 // Registers: the launch bound gives (65536 / threads) per thread, rounded down to 8; the producer gives
@@ -143,26 +107,26 @@ struct FinalOutput {
     }
 };
 
-// The merge of the D columns of the accumulators into the running output: 16-bit (rounded once per launch)
+// The merge of D columns of DP-column accumulators into the running output: 16-bit (rounded once per launch)
 // or float32 (an FP32 running output; rows whose last merge this is go to the 16-bit output instead).
 // `before`: the rows' log-sum-exp before the merge, read at the query block's start (running_lse).
-template <typename T, int D>
+template <typename T, int D, int DP>
 __device__ __forceinline__ void merge_out(T* __restrict__ out, float* __restrict__ lse, long long qoff, long long q_row,
                                           long long loff, long long l_row, int row0, int mq, int t,
-                                          const float (&m)[2], float (&l)[2], const float (&o)[D / 2],
+                                          const float (&m)[2], float (&l)[2], const float (&o)[DP / 2],
                                           const float (&before)[2], const FinalOutput<T>&, int, int) {
-    merge_rows16_before<T, D>(out, lse, qoff, q_row, loff, l_row, row0, mq, t, m, l, o, before);
+    merge_rows16_before<T, D, DP>(out, lse, qoff, q_row, loff, l_row, row0, mq, t, m, l, o, before);
 }
-template <typename T, int D>
+template <typename T, int D, int DP>
 __device__ __forceinline__ void merge_out(float* __restrict__ out, float* __restrict__ lse, long long qoff,
                                           long long q_row, long long loff, long long l_row, int row0, int mq, int t,
-                                          const float (&m)[2], float (&l)[2], const float (&o)[D / 2],
+                                          const float (&m)[2], float (&l)[2], const float (&o)[DP / 2],
                                           const float (&before)[2], const FinalOutput<T>& fin, int seg, int head) {
     FinalRows16<T> store;
 #pragma unroll
     for (int h = 0; h < 2; ++h)
         store.row16[h] = row0 + 8 * h < mq ? fin.template last_merge_row<D>(seg, head, row0 + 8 * h) : nullptr;
-    merge_rows32_before<D>(out, lse, qoff, q_row, loff, l_row, row0, mq, t, m, l, o, before, store);
+    merge_rows32_before<D, DP>(out, lse, qoff, q_row, loff, l_row, row0, mq, t, m, l, o, before, store);
 }
 
 // One work item of the grid: a block of BQ = 64 NC queries of one problem (segment, head-in-group). The items
@@ -217,14 +181,16 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
                    long long f_base, long long f_seg, long long f_head, long long f_row, long long f_rowlen)
 {
     using H = Half16<T>;
-    using G = TileRegions<D>;
-    using L = SmemTma<D, BK, NC, STAGES>;
+    constexpr int RC = D == 32 ? 32 : 64;    // columns of a region (64-byte or 128-byte swizzled rows)
+    constexpr int RB = 2 * RC;               // bytes of a region's row
+    constexpr int DP = (D + RC - 1) / RC * RC;   // columns computed: whole regions (zero-filled past D)
+    constexpr int KR = RB / 32;              // k-steps of 16 columns in a region
+    using L = SmemTma<DP, RB, BK, NC, STAGES>;
     using R = RegsTma<NC>;
-    constexpr int NR = G::NR;                // column regions of a row
+    constexpr int NR = DP / RC;              // regions of a row
     constexpr int NS = BK / 2;               // score registers per thread
-    constexpr int NO = D / 2;                // output registers per thread
-    constexpr int KQ = D / 16;               // k-steps of Q K^T
-    constexpr int KQ0 = G::C0 / 16;          // those in region 0
+    constexpr int NO = DP / 2;               // output registers per thread
+    constexpr int KQ = D / 16;               // k-steps of Q K^T (the valid columns only)
     constexpr int KP = BK / 16;              // k-steps of P V
     static_assert(D == 32 || D == 64 || D == 96 || D == 128, "head dims 32, 64, 96 and 128");
     static_assert(BK % 16 == 0 && BK <= 256 && NC >= 1 && NC <= 4 && STAGES >= 2, "configuration");
@@ -279,7 +245,7 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
                 mbar_expect_tx(q_full, NC * L::Q_WG);
                 for (int w = 0; w < NC; ++w)
                     for (int r = 0; r < NR; ++r)
-                        tma_load_4d(sQ + w * L::Q_WG + r * L::Q_REGION1, maps + 3 * r, G::C0 * r, wi.head,
+                        tma_load_4d(sQ + (w * NR + r) * L::Q_REGION, maps, RC * r, wi.head,
                                     wi.qblock + WG_QUERIES * w, seg, q_full);
                 for (int it = 0; it < wi.ntiles; ++it) {
                     const int gi = g + it;
@@ -288,11 +254,10 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
                     const unsigned st = sK + 2 * s * L::TILE;
                     mbar_expect_tx(K_FULL(s), L::TILE);
                     for (int r = 0; r < NR; ++r)
-                        tma_load_4d(st + r * L::REGION1, maps + 3 * r + 1, G::C0 * r, wi.head, it * BK, seg, K_FULL(s));
+                        tma_load_4d(st + r * L::REGION, maps + 1, RC * r, wi.head, it * BK, seg, K_FULL(s));
                     mbar_expect_tx(V_FULL(s), L::TILE);
                     for (int r = 0; r < NR; ++r)
-                        tma_load_4d(st + L::TILE + r * L::REGION1, maps + 3 * r + 2, G::C0 * r, wi.head, it * BK, seg,
-                                    V_FULL(s));
+                        tma_load_4d(st + L::TILE + r * L::REGION, maps + 2, RC * r, wi.head, it * BK, seg, V_FULL(s));
                 }
                 g = (g + wi.ntiles) % (2 * STAGES);
                 k ^= 1;
@@ -307,7 +272,7 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
     } else {                                 // consumers
         setmaxnreg_inc<R::CREG>();
         const int w = wg - 1, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
-        const unsigned sQw = sQ + w * L::Q_WG;
+        const unsigned sQw = sQ + w * NR * L::Q_REGION;
         const float mul = scale * LOG2E;
         const IssueTurns<NC, PINGPONG != 0> turns{w};
         const FinalOutput<T> fin{out16, later, nlater, f_base, f_seg, f_head, f_row, f_rowlen};
@@ -355,13 +320,8 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
                 wgmma_fence();
         #pragma unroll
                 for (int ks = 0; ks < KQ; ++ks) {
-                    // k-step ks: 32 bytes into the rows of its region (region 1 after KQ0 k-steps)
-                    const bool r1 = ks >= KQ0;
-                    const unsigned at = 32 * (r1 ? ks - KQ0 : ks);
-                    const desc_t dq = r1 ? smem_desc_swizzled<G::RB1_DESC>(sQw + L::Q_REGION1 + at, 16)
-                                         : smem_desc_swizzled<G::RB0>(sQw + at, 16);
-                    const desc_t dk = r1 ? smem_desc_swizzled<G::RB1_DESC>(st + L::REGION1 + at, 16)
-                                         : smem_desc_swizzled<G::RB0>(st + at, 16);
+                    const desc_t dq = smem_desc_swizzled<RB>(sQw + (ks / KR) * L::Q_REGION + 32 * (ks % KR), 16);
+                    const desc_t dk = smem_desc_swizzled<RB>(st + (ks / KR) * L::REGION + 32 * (ks % KR), 16);
                     if (ks == 0)
                         Wgmma16<T, BK>::template ss<0>(s, dq, dk);
                     else
@@ -377,7 +337,7 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
                 wgmma_fence();
         #pragma unroll
                 for (int kk = 0; kk < KP; ++kk)
-                    PvProduct<T, D>::template k_step<L::REGION1>(o, p[kk], sv, kk);
+                    Wgmma16<T, DP>::template rs<1, 1>(o, p[kk], smem_desc_swizzled<RB>(sv + 16 * RB * kk, L::REGION));
                 wgmma_commit();
             };
             auto pack_p = [&]() {
@@ -466,7 +426,7 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
                 turns.pass(it, ntiles);
             }
 
-            merge_out<T, D>(out, lse, ooff, o_row, loff, l_row, row0, mq, t, m, l, o, old, fin, wi.seg, wi.head);
+            merge_out<T, D, DP>(out, lse, ooff, o_row, loff, l_row, row0, mq, t, m, l, o, old, fin, wi.seg, wi.head);
             g0 = (g0 + ntiles) % (2 * STAGES);
             k ^= 1;
             if (!PERSISTENT) break;

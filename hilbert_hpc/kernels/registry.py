@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .tma import regions
+from .tma import region_columns
 
 FLOAT32 = "float32"
 #: 16-bit dtype name -> the kernels' 16-bit storage type (template argument T)
@@ -221,10 +221,12 @@ def wgmma16_shared_bytes(head_dim: int, keys: int, warpgroups: int, vmode: int =
 
 def tma16_shared_bytes(head_dim: int, keys: int, consumers: int, stages: int) -> int:
     """Dynamic shared memory of one tma16 block (SmemTma in dilated_fwd_tma_16.cu): Q of the consumer
-    warpgroups, the K/V stages (rows of exactly the head dim, in its column regions, ``tma.regions``), the
-    mbarriers, the slot of the next item's number and 1024 bytes that align the base for the swizzle."""
-    columns = sum(regions(head_dim))
-    return 2 * 64 * consumers * columns + 2 * stages * 2 * keys * columns + 8 * (3 + 3 * stages) + 1024
+    warpgroups, the K/V stages (rows of the head dim rounded up to whole regions: 64 columns, or 32 at head
+    dim 32), the mbarriers, the slot of the next item's number and 1024 bytes that align the base for the
+    swizzle."""
+    region = region_columns(head_dim)
+    padded = -(-head_dim // region) * region
+    return 2 * 64 * consumers * padded + 2 * stages * 2 * keys * padded + 8 * (3 + 3 * stages) + 1024
 
 
 def mma16_shared_bytes(head_dim: int, keys: int) -> int:

@@ -83,8 +83,7 @@ def tma_launch_args(chosen: Variant, pointers: tuple, *, qg: tuple, kg: tuple, v
                     segments: int, heads: int, mq: int, mk: int, shift: int | None, scale: float,
                     og: tuple | None = None, sms: int = 0,
                     final: tuple | None = None) -> tuple[tuple, tuple, tuple]:
-    """(map geometries of Q, K, V of each column region; grid; the kernel arguments after the maps and
-    work-counter pointers) of one
+    """(map geometries of Q, K, V; grid; the kernel arguments after the maps and work-counter pointers) of one
     tma16 launch (pointers: q, k, v, out, lse as ints; the output geometry ``og`` defaults to Q's). The work
     items (query blocks, those of one problem adjacent) are walked by a grid of one block each, or, where the
     configuration is persistent, of one block per SM (``sms``, the GPU's multiprocessors) that take the items
@@ -94,10 +93,9 @@ def tma_launch_args(chosen: Variant, pointers: tuple, *, qg: tuple, kg: tuple, v
     of a float32 running output whose rows' last merges write the 16-bit output."""
     keys = chosen.config[0]
     qptr, kptr, vptr, optr, lptr = (int(x) for x in pointers)
-    maps = tuple(m for columns in tma.regions(chosen.head_dim)          # Q, K and V of each column region
-                 for m in (tma.map_geometry(qptr, qg, mq, heads, segments, chosen.head_dim, 64, columns),
-                           tma.map_geometry(kptr, kg, mk, heads, segments, chosen.head_dim, keys, columns),
-                           tma.map_geometry(vptr, vg, mk, heads, segments, chosen.head_dim, keys, columns)))
+    maps = (tma.map_geometry(qptr, qg, mq, heads, segments, chosen.head_dim, 64),
+            tma.map_geometry(kptr, kg, mk, heads, segments, chosen.head_dim, keys),
+            tma.map_geometry(vptr, vg, mk, heads, segments, chosen.head_dim, keys))
     qblocks = -(-mq // chosen.block_queries)
     items = segments * heads * qblocks
     persistent = chosen.config[6] == 1

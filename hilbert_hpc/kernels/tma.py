@@ -4,9 +4,9 @@ The kernel reads Q, K and V through the bulk tensor copy engine (TMA), which nee
 tensor: a 128-byte descriptor that the CUDA driver builds on the host (``cuTensorMapEncodeTiled``; CuPy
 does not wrap it, so it is called through ``ctypes`` from ``libcuda``). Each map covers one launch's
 element-offset geometry ``(base, segment, head, row)`` as a 4-D tensor of 16-bit elements with the
-dimensions ordered by stride, innermost first: (column, head-in-group, row, segment). One box is one column
-region of a tile row (:func:`regions`: 64 columns, 128 bytes, with the 128-byte swizzle, or 32 columns with
-the 64-byte swizzle) of ``box_rows`` rows of one head of one segment; a tensor has one map per region.
+dimensions ordered by stride, innermost first: (column, head-in-group, row, segment). One box is one region
+of columns (:func:`region_columns`: 64 columns, 128 bytes, the 128-byte swizzle span; 32 columns with the
+64-byte swizzle for head dim 32) of ``box_rows`` rows of one head of one segment.
 
 :func:`map_geometry` is plain arithmetic (tested without a GPU against the kernels' pointer formula);
 :func:`encode` asks the driver; :func:`device_maps` keeps the three maps of a launch in device memory
@@ -50,7 +50,7 @@ class MapGeometry:
 
 
 def map_geometry(pointer: int, geo: tuple, rows: int, heads: int, segments: int, head_dim: int,
-                 box_rows: int, box_columns: int = 64) -> MapGeometry:
+                 box_rows: int) -> MapGeometry:
     """The tensor map of a 16-bit tensor at device address ``pointer`` read with element-offset geometry
     ``geo = (base, segment, head, row)``: element (column c, head h, row j, segment s) is at
     ``base + s * segment + h * head + j * row + c``. A dimension of size one gets the packed stride
@@ -70,17 +70,13 @@ def map_geometry(pointer: int, geo: tuple, rows: int, heads: int, segments: int,
         raise ValueError(f"tensor map address {address:#x} is not aligned to 16 bytes")
     if not 1 <= box_rows <= 256:
         raise ValueError(f"tensor map box of {box_rows} rows (1..256)")
-    return MapGeometry(address, (head_dim, heads, rows, segments), strides, (box_columns, 1, box_rows, 1))
+    return MapGeometry(address, (head_dim, heads, rows, segments), strides, (region_columns(head_dim), 1, box_rows, 1))
 
 
-def regions(head_dim: int) -> tuple[int, ...]:
-    """The column regions of a tile row (the kernel's TileRegions): 64 columns (rows of 128 bytes, 128-byte
-    swizzle) or 32 (64 bytes, 64-byte swizzle), covering exactly the head dim: 32 -> (32,), 64 -> (64,),
-    96 -> (64, 32), 128 -> (64, 64). No zero-filled columns, so P V runs N = D."""
-    if head_dim not in (32, 64, 96, 128):
-        raise ValueError(f"tma16 tiles head dims 32, 64, 96 and 128, not {head_dim}")
-    first = 32 if head_dim == 32 else 64
-    return (first,) if head_dim == first else (first, head_dim - first)
+def region_columns(head_dim: int) -> int:
+    """Columns of one region of a tile (the kernel's RC): 64 (rows of 128 bytes, 128-byte swizzle), or 32 at
+    head dim 32 (64 bytes, 64-byte swizzle), so that its P V products are 32 columns wide, not 64."""
+    return 32 if head_dim <= 32 else 64
 
 
 @lru_cache(maxsize=1)
