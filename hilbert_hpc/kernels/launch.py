@@ -35,6 +35,11 @@ def query_chunks(qg: tuple, lg: tuple, mq: int, shift: int | None, block_queries
              None if shift is None else shift + c) for c in range(0, mq, rows)]
 
 
+def segment_dilation(p: Any) -> tuple[int, int]:
+    """(segment, dilation) of a ``Pattern`` or a ``(segment, dilation)`` pair."""
+    return (int(p.segment), int(p.dilation)) if hasattr(p, "segment") else (int(p[0]), int(p[1]))
+
+
 def local_launches(patterns: Sequence[Any], causal: bool, scale: float, n: int, heads: int, head_dim: int,
                    first_head: int = 0, end_head: int | None = None, out_heads: int | None = None) -> list[dict]:
     """The launches (keyword arguments of a launcher) of ``patterns`` (``Pattern`` or ``(segment, dilation)``)
@@ -46,7 +51,7 @@ def local_launches(patterns: Sequence[Any], causal: bool, scale: float, n: int, 
     d, row, hrow = head_dim, heads * head_dim, heads
     launches = []
     for p in patterns:
-        w, r = (int(p.segment), int(p.dilation)) if hasattr(p, "segment") else (int(p[0]), int(p[1]))
+        w, r = segment_dilation(p)
         m = w // r
         for o in range(min(r, heads)):
             first = o + r * max(0, -(-(first_head - o) // r))    # the first head >= first_head with offset o

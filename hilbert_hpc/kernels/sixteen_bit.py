@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 import hilbert_hpc.kernels.tma as tma
-from hilbert_hpc.kernels.launch import FusedKernels, local_launches, query_chunks
+from hilbert_hpc.kernels.launch import FusedKernels, local_launches, query_chunks, segment_dilation
 from hilbert_hpc.kernels.program import Program, compiled, load
 from hilbert_hpc.kernels.registry import SIXTEEN_BIT_ALIGN, SIXTEEN_BIT_TYPES, Variant, dtype_name
 from hilbert_hpc.kernels.selection import KernelChoice, choose
@@ -140,11 +140,13 @@ def _launch_tma(fn: Any, chosen: Variant, q: Any, k: Any, v: Any, out: Any, lse:
 
     pointers = tuple(device_pointer(x) for x in (q, k, v, out, lse))
     device = cupy.cuda.Device()
+    final_args = None
     if final is not None:
         out16, rows = final
         table = _later_table(device.id, rows.later)
-        final = (device_pointer(out16), 0 if table is None else table.data.ptr, rows)
-    maps, grid, args = tma_launch_args(chosen, pointers, sms=multiprocessors(device.id), final=final, **geometry)
+        final_args = (device_pointer(out16), 0 if table is None else table.data.ptr, rows)
+    maps, grid, args = tma_launch_args(chosen, pointers, sms=multiprocessors(device.id), final=final_args,
+                                       **geometry)
     buffer = tma.device_maps(device.id, maps)
     work = cupy.zeros(1, dtype=cupy.int32)       # the persistent blocks' item counter (stream-ordered memory)
     fn(grid, (chosen.threads,), (np.uint64(buffer.data.ptr), np.uint64(work.data.ptr), *args),
@@ -201,11 +203,7 @@ class FinalRows:
 def rounds_at_last_merge(patterns: Sequence) -> bool:
     """Whether every pattern's dilation divides its segment, so that a later pattern selects exactly the rows
     :class:`FinalRows` says (parse_patterns ensures it; otherwise a separate pass rounds the running output)."""
-    return all(int(w) % int(r) == 0 for w, r in (_segment_dilation(p) for p in patterns))
-
-
-def _segment_dilation(p: Any) -> tuple[int, int]:
-    return (int(p.segment), int(p.dilation)) if hasattr(p, "segment") else (int(p[0]), int(p[1]))
+    return all(w % r == 0 for w, r in map(segment_dilation, patterns))
 
 
 def group_launches(patterns: Sequence, causal: bool, scale: float, n: int, heads: int, head_dim: int, h0: int,
@@ -217,7 +215,7 @@ def group_launches(patterns: Sequence, causal: bool, scale: float, n: int, heads
     last merge."""
     launches = []
     for index, p in enumerate(patterns):
-        later = tuple((r, n // w * w) for w, r in (_segment_dilation(q) for q in patterns[index + 1:]))
+        later = tuple((r, n // w * w) for w, r in map(segment_dilation, patterns[index + 1:]))
         for kw in local_launches([p], causal, scale, n, heads, head_dim, h0, h1, out_heads=group):
             kw["accumulate"] = True
             if final:
