@@ -24,13 +24,15 @@
 // Block: warpgroup 0 is the producer (one thread issues every copy; setmaxnreg.dec to PREG registers),
 // warpgroups 1..NC consume (setmaxnreg.inc to CREG). Barriers: q_full (Q of the query block, and its item
 // number in a shared slot that the producer stores before the phase's arrival: phase k % 2 for the block's
-// k-th query block), q_empty (one arrival per consumer thread once its products of the query block completed
-// and it read the item number; the producer waits on it before loading the next Q), and per stage s of STAGES: k_full[s],
-// v_full[s] (transaction-counted by the copy engine), empty[s] (one arrival per consumer thread once its wgmma
-// reading the stage completed). The block's g-th tile (counted over its query blocks) uses stage g % STAGES
-// with phase (g / STAGES) & 1. Every consumer passes every tile of the query block in order (waiting full,
-// arriving empty, computing only the tiles its own queries see), so a stage is refilled only after all
-// consumers are done.
+// k-th query block), q_empty (one arrival per consumer warp once its products of the query block completed
+// and it read the item number, mbar_release; the producer waits on it before loading the next Q), and per stage
+// s of STAGES: k_full[s], v_full[s] (transaction-counted by the copy engine), k_empty[s], v_empty[s] (one arrival
+// per consumer warp once its wgmma reading the stage's K, or V, completed: K is released as soon as S = Q K^T
+// landed, V after P V; against one release of both after P V, 1.01-1.04x). The block's g-th tile (counted over
+// its query blocks) uses stage g % STAGES with phase (g / STAGES) & 1. The producer loads in the consumers'
+// order (with PIPE, tile it's K before tile it - 1's V). Every consumer passes every tile of the query block in
+// order (waiting full, arriving empty, computing only the tiles its own queries see), so a stage's K or V is
+// refilled only after all consumers are done with it.
 //
 // Per tile and consumer warpgroup: S = Q K^T (D/16 wgmma m64n{BK}k16, both K-major from shared memory);
 // online softmax in FP32 on the accumulators; P packed to T pairs in registers; O += P V (BK/16 wgmma
@@ -68,7 +70,7 @@ struct SmemTma {
     static constexpr int TILE = BK * D * 2;
     static constexpr int REGION = BK * RB;              // one region of a K or V tile
     static constexpr int BARS = NC * Q_WG + 2 * STAGES * TILE;
-    static constexpr int bytes = BARS + 8 * (3 + 3 * STAGES) + 1024;
+    static constexpr int bytes = BARS + 8 * (3 + 4 * STAGES) + 1024;
 };
 
 // Registers: the launch bound gives (65536 / threads) per thread, rounded down to 8; the producer gives
@@ -200,12 +202,13 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
     const unsigned base = ((unsigned)__cvta_generic_to_shared(smem_tma) + 1023u) & ~1023u;
     const unsigned sQ = base;
     const unsigned sK = sQ + NC * L::Q_WG;              // stage s: K at sK + 2 s TILE, V at sK + (2 s + 1) TILE
-    const unsigned bars = base + L::BARS;               // q_full, q_empty, k_full[S], v_full[S], empty[S]
+    const unsigned bars = base + L::BARS;   // q_full, q_empty, k_full[S], v_full[S], k_empty[S], v_empty[S]
     const unsigned q_full = bars, q_empty = bars + 8;
-    const unsigned item_slot = bars + 8 * (2 + 3 * STAGES);   // the item whose Q is loading (-1: none left)
+    const unsigned item_slot = bars + 8 * (2 + 4 * STAGES);   // the item whose Q is loading (-1: none left)
 #define K_FULL(s) (bars + 8 * (2 + (s)))
 #define V_FULL(s) (bars + 8 * (2 + STAGES + (s)))
-#define EMPTY(s) (bars + 8 * (2 + 2 * STAGES + (s)))
+#define K_EMPTY(s) (bars + 8 * (2 + 2 * STAGES + (s)))
+#define V_EMPTY(s) (bars + 8 * (2 + 3 * STAGES + (s)))
 
     // the warpgroup index through a shuffle from lane 0: the compiler then knows it is warp-uniform and keeps what
     // derives from it (the Q descriptors) in uniform registers
@@ -214,15 +217,16 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
     auto item_at = [&](int item) {
         return tma_item<NC, BK>(item, heads, qblocks, problems, group, mq, mk, causal, causal_shift);
     };
-    const TmaItem first = item_at(blockIdx.x);
-    if (!PERSISTENT && first.ntiles == 0) return;   // uniform: no key visible to this block
+    if (!PERSISTENT && item_at(blockIdx.x).ntiles == 0) return;
+   // uniform: no key visible to this block
     if (tid == 0) {
         mbar_init(q_full, 1);
-        mbar_init(q_empty, WG_THREADS * NC);
+        mbar_init(q_empty, RELEASE_ARRIVALS * NC);
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(K_FULL(s), 1);
             mbar_init(V_FULL(s), 1);
-            mbar_init(EMPTY(s), WG_THREADS * NC);
+            mbar_init(K_EMPTY(s), RELEASE_ARRIVALS * NC);
+            mbar_init(V_EMPTY(s), RELEASE_ARRIVALS * NC);
         }
         mbar_fence_init();
     }
@@ -237,7 +241,7 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
             // first fill of a stage and the first Q wait for nothing.
             int g = 0, k = 0;
             for (int item = blockIdx.x; item < items; item = next_item(work)) {
-                const TmaItem wi = item == blockIdx.x ? first : item_at(item);
+                const TmaItem wi = item_at(item);
                 if (wi.ntiles == 0) continue;
                 const int seg = wi.seg;
                 mbar_wait(q_empty, k ^ 1);       // every consumer is done with the last item's Q and its number
@@ -247,18 +251,24 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
                     for (int r = 0; r < NR; ++r)
                         tma_load_4d(sQ + (w * NR + r) * L::Q_REGION, maps, RC * r, wi.head,
                                     wi.qblock + WG_QUERIES * w, seg, q_full);
-                for (int it = 0; it < wi.ntiles; ++it) {
+                // tile it's K (map 1) or V (map 2) into its stage, once the consumers released the stage's last one
+                auto load_tile = [&](int it, int m) {
                     const int gi = g + it;
                     const int s = stage_of<STAGES>(gi);
-                    mbar_wait(EMPTY(s), phase_of<STAGES>(gi) ^ 1);
-                    const unsigned st = sK + 2 * s * L::TILE;
-                    mbar_expect_tx(K_FULL(s), L::TILE);
+                    const unsigned full = m == 1 ? K_FULL(s) : V_FULL(s);
+                    mbar_wait(m == 1 ? K_EMPTY(s) : V_EMPTY(s), phase_of<STAGES>(gi) ^ 1);
+                    const unsigned st = sK + (2 * s + m - 1) * L::TILE;
+                    mbar_expect_tx(full, L::TILE);
                     for (int r = 0; r < NR; ++r)
-                        tma_load_4d(st + r * L::REGION, maps + 1, RC * r, wi.head, it * BK, seg, K_FULL(s));
-                    mbar_expect_tx(V_FULL(s), L::TILE);
-                    for (int r = 0; r < NR; ++r)
-                        tma_load_4d(st + L::TILE + r * L::REGION, maps + 2, RC * r, wi.head, it * BK, seg, V_FULL(s));
+                        tma_load_4d(st + r * L::REGION, maps + m, RC * r, wi.head, it * BK, seg, full);
+                };
+                // in the order the consumers read them: PIPE issues Q K^T of tile it before P V of tile it - 1
+                for (int it = 0; it < wi.ntiles; ++it) {
+                    load_tile(it, 1);
+                    if (!PIPE) load_tile(it, 2);
+                    if (PIPE && it > 0) load_tile(it - 1, 2);
                 }
+                if (PIPE) load_tile(wi.ntiles - 1, 2);
                 g = (g + wi.ntiles) % (2 * STAGES);
                 k ^= 1;
                 if (!PERSISTENT) break;      // one item per block: nothing carried over
@@ -282,7 +292,7 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
             mbar_wait(q_full, k);
             const int item = ld_shared_int(item_slot);
             if (item < 0) break;
-            const TmaItem wi = item == blockIdx.x ? first : item_at(item);
+            const TmaItem wi = item_at(item);
             const int kend = wi.kend, ntiles = wi.ntiles;
             const int qwg = wi.qblock + WG_QUERIES * w;
             // visible_key_end / unmasked_key_end of attention.cuh, spelled out: through the helpers the cubin differs
@@ -367,6 +377,7 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
                     turns.pass(0, ntiles);
                     wgmma_wait<0>();
                     pin(s);
+                    mbar_release(K_EMPTY(stage_of<STAGES>(g0)));
                     softmax(0);                      // o is zero: nothing to rescale
                     pack_p();
                     prefetch(0);
@@ -380,10 +391,11 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
                         turns.pass(it, ntiles);
                         wgmma_wait<1>();             // S(it) landed; P(it-1) V(it-1) may still run
                         pin(s);
+                        mbar_release(K_EMPTY(stage_of<STAGES>(g0 + it)));
                         softmax(it);
                         wgmma_wait<0>();
                         pin(o);
-                        mbar_arrive(EMPTY(stage_of<STAGES>(g0 + it - 1)));
+                        mbar_release(V_EMPTY(stage_of<STAGES>(g0 + it - 1)));
                         rescale();
                         pack_p();
                     }
@@ -391,7 +403,7 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
                     issue_pv(nt - 1);
                     wgmma_wait<0>();
                     pin(o);
-                    mbar_arrive(EMPTY(stage_of<STAGES>(g0 + nt - 1)));
+                    mbar_release(V_EMPTY(stage_of<STAGES>(g0 + nt - 1)));
                 }
             } else {
                 for (int it = 0; it < nt; ++it) {
@@ -404,6 +416,7 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
                     turns.pass(it, ntiles);
                     wgmma_wait<0>();
                     pin(s);
+                    mbar_release(K_EMPTY(st));
                     softmax(it);
                     rescale();
                     pack_p();
@@ -411,17 +424,18 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
                     issue_pv(it);
                     wgmma_wait<0>();
                     pin(o);
-                    mbar_arrive(EMPTY(st));
+                    mbar_release(V_EMPTY(st));
                 }
             }
-            mbar_arrive(q_empty);                // this warpgroup's products are complete: Q may be reloaded
+            mbar_release(q_empty);                // this warpgroup's products are complete: Q may be reloaded
             // tiles only later warpgroups see: let the producer reuse their stages, and pass the turns
             for (int it = nt; it < ntiles; ++it) {
                 const int st = stage_of<STAGES>(g0 + it);
                 const unsigned ph = phase_of<STAGES>(g0 + it);
                 mbar_wait(K_FULL(st), ph);
+                mbar_release(K_EMPTY(st));
                 mbar_wait(V_FULL(st), ph);
-                mbar_arrive(EMPTY(st));
+                mbar_release(V_EMPTY(st));
                 turns.wait();
                 turns.pass(it, ntiles);
             }
@@ -434,5 +448,6 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
     }
 #undef K_FULL
 #undef V_FULL
-#undef EMPTY
+#undef K_EMPTY
+#undef V_EMPTY
 }

@@ -226,7 +226,7 @@ def tma16_shared_bytes(head_dim: int, keys: int, consumers: int, stages: int) ->
     swizzle."""
     region = region_columns(head_dim)
     padded = -(-head_dim // region) * region
-    return 2 * 64 * consumers * padded + 2 * stages * 2 * keys * padded + 8 * (3 + 3 * stages) + 1024
+    return 2 * 64 * consumers * padded + 2 * stages * 2 * keys * padded + 8 * (3 + 4 * stages) + 1024
 
 
 def mma16_shared_bytes(head_dim: int, keys: int) -> int:

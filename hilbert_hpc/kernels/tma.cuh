@@ -29,6 +29,16 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
     } while (!done);
 }
 
+// A consumer's release of what its warp read (a stage's K or V, a query block's Q): one arrival per warp, by lane
+// 0 once every lane of the warp has passed the wait on its products (a barrier released this way counts
+// RELEASE_ARRIVALS per consumer warpgroup). Measured against one arrival per thread (H100, in one process):
+// 1.00-1.01x.
+constexpr int RELEASE_ARRIVALS = 4;
+__device__ __forceinline__ void mbar_release(unsigned bar) {
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0) mbar_arrive(bar);
+}
+
 // a 32-bit word of shared memory, stored and loaded in program order (published to other warps through an
 // mbarrier phase: the arrival releases what the thread stored before it, the wait acquires it)
 __device__ __forceinline__ void st_shared_int(unsigned addr, int value) {
