@@ -17,7 +17,8 @@ import pytest
 from hilbert_hpc.kernels import program, tma
 from hilbert_hpc.kernels.launch import FusedKernels
 from hilbert_hpc.kernels.registry import HOPPER_SHARED, TMA16
-from hilbert_hpc.kernels.sixteen_bit import CONVERT_SOURCE, convert_names, tma_launch_args
+from hilbert_hpc.kernels.sixteen_bit import (CONVERT_SOURCE, LAUNCH_PART, convert_names, head_offset_parts,
+                                             tma_launch_args)
 
 from nvrtc_probe import HAVE_NVRTC, needs_nvrtc
 VARIANTS = TMA16.instantiations()
@@ -86,22 +87,37 @@ def _launches(monkeypatch, n: int, heads: int, d: int, patterns, causal: bool) -
     return calls
 
 
-def _check_maps(v, geo: dict, n: int, heads: int, d: int) -> None:
-    """Every map coordinate addresses the element the launch geometry names, inside the (n, H, D) array."""
+def _check_maps(v, geo: dict | list[dict], n: int, heads: int, d: int) -> None:
+    """Every map coordinate of every part addresses the element the part's launch geometry names, inside the
+    (n, H, D) array; the parts' table says where each part's items start and its output begins."""
+    parts = [geo] if isinstance(geo, dict) else geo
     pointers = (0x10000, 0x20000, 0x30000, 0x40000, 0x50000)
     sms = 132
-    maps, grid, args = tma_launch_args(v, pointers, sms=sms, **{k: geo[k] for k in (
-        "qg", "kg", "vg", "lg", "segments", "heads", "mq", "mk", "shift", "scale")})
+    maps, grid, args, table = tma_launch_args(v, pointers, [{k: p[k] for k in (
+        "qg", "kg", "vg", "lg", "segments", "heads", "mq", "mk", "shift", "scale", "head_dim")} for p in parts], sms=sms)
     keys, nc, persistent = v.config[0], v.config[1], v.config[6]
-    segments, nh, mq, mk = geo["segments"], geo["heads"], geo["mq"], geo["mk"]
-    items = segments * nh * -(-mq // (64 * nc))
+    first = parts[0]
+    segments, mq, mk = first["segments"], first["mq"], first["mk"]
+    qblocks = -(-mq // (64 * nc))
+    starts = np.cumsum([0] + [segments * p["heads"] * qblocks for p in parts])
+    items = int(starts[-1])
     assert grid == ((min(items, sms) if persistent else items),)
     assert [int(a) for a in args[:2]] == [0x40000, 0x50000]
-    assert [int(a) for a in args[2:10]] == [*geo["qg"], *geo["lg"]]
-    assert [int(a) for a in args[10:17]] == [nh, -(-mq // (64 * nc)), items, mq, mk, geo["shift"] is not None,
-                                             geo["shift"] or 0]
-    group = int(args[18])
-    assert group == 1 if geo["shift"] is None else 1 <= group <= segments * nh
+    assert [int(a) for a in args[2:8]] == [*first["qg"][1:], *first["lg"][1:]]
+    assert [int(a) for a in args[8:15]] == [len(parts), qblocks, items, mq, mk, first["shift"] is not None,
+                                            first["shift"] or 0]
+    group = int(args[16])
+    assert group == 1 if first["shift"] is None else 1 <= group <= segments * max(p["heads"] for p in parts)
+    rows = np.frombuffer(table, dtype=LAUNCH_PART)
+    assert len(table) == 32 * len(parts) and rows["first_item"].tolist() == starts[:-1].tolist()
+    assert rows["heads"].tolist() == [p["heads"] for p in parts]
+    assert rows["o_base"].tolist() == [p["qg"][0] for p in parts] and rows["l_base"].tolist() == [p["lg"][0] for p in parts]
+    for i, p in enumerate(parts):
+        _check_part_maps(maps[3 * i:3 * i + 3], pointers, p, keys, n, heads)
+
+
+def _check_part_maps(maps, pointers, geo: dict, keys: int, n: int, heads: int) -> None:
+    segments, nh, mq, mk, d = geo["segments"], geo["heads"], geo["mq"], geo["mk"], geo["head_dim"]
     for m, ptr, g, rows, box in ((maps[0], pointers[0], geo["qg"], mq, 64), (maps[1], pointers[1], geo["kg"], mk, keys),
                                  (maps[2], pointers[2], geo["vg"], mk, keys)):
         assert m.dims == (d, nh, rows, segments) and m.box == (tma.region_columns(d), 1, box, 1)
@@ -125,6 +141,21 @@ def test_maps_address_the_local_pattern_geometry(monkeypatch, d, causal):
         v = TMA16.variant(d, "bfloat16", cfg)
         for geo in calls:
             _check_maps(v, geo, n, heads, d)
+        for parts in head_offset_parts(calls):          # a pattern's head offsets: one launch, a part each
+            _check_maps(v, parts, n, heads, d)
+
+
+def test_head_offsets_of_a_pattern_run_as_the_parts_of_one_launch():
+    n, heads, d = 16384, 6, 64
+    pats = [(2048, 1), (4096, 2), (8192, 4), (16384, 8), (8192, 4)]
+    launches = _launches(None, n, heads, d, pats, True)
+    runs = head_offset_parts(launches)
+    # one run per pattern, in order; the repeated (8192, 4) merges after the first, not beside it
+    assert [len(r) for r in runs] == [1, 2, 4, 6, 4] and [g for r in runs for g in r] == launches
+    for r in runs:
+        assert len({g["lg"][0] for g in r}) == len(r) and len({(g["qg"][1:], g["mq"]) for g in r}) == 1
+    with pytest.raises(ValueError, match="differ in more than"):
+        tma_launch_args(TMA16.variant(d, "bfloat16"), (0, 0, 0, 0, 0), [*runs[1], runs[2][0]], sms=132)
 
 
 def test_maps_address_a_packed_ring_block():
@@ -132,9 +163,10 @@ def test_maps_address_a_packed_ring_block():
     n, heads, d, r, o = 4096, 6, 64, 4, 1
     row, nh, mk = heads * d, len(range(o, heads, r)), 512
     geo = dict(qg=(o * row + o * d, 0, r * d, r * row), kg=(0, 0, d, nh * d), vg=(mk * nh * d, 0, d, nh * d),
-               lg=(o * heads + o, 0, r, r * heads), segments=1, heads=nh, mq=n // r, mk=mk, shift=0, scale=0.1)
+               lg=(o * heads + o, 0, r, r * heads), segments=1, heads=nh, mq=n // r, mk=mk, shift=0, scale=0.1,
+               head_dim=d)
     v = TMA16.variant(d, "float16")
-    maps, _, _ = tma_launch_args(v, (0, 0, 0, 0, 0), sms=132, **geo)
+    maps, _, _, _ = tma_launch_args(v, (0, 0, 0, 0, 0), [geo], sms=132)
     assert maps[0].strides[2] == maps[0].strides[1] * (n // r)     # the segment stride of one segment: packed
     _check_maps(v, geo, n, heads, d)
 
@@ -163,10 +195,10 @@ def test_launch_refuses_more_query_blocks_than_the_item_index_walks():
                vg=(0, mq * heads * 64, 64, heads * 64), lg=(0, mq * heads, 1, heads), segments=segments,
                heads=heads, mq=mq, mk=mq, scale=0.125)
     for shift in (None, 0):                          # causal or not: one block per SM
-        _, grid, _ = tma_launch_args(persistent, (0, 0, 0, 0, 0), shift=shift, sms=132, **geo)
+        _, grid, _, _ = tma_launch_args(persistent, (0, 0, 0, 0, 0), [dict(geo, shift=shift)], sms=132)
         assert grid == (132,)
     with pytest.raises(ValueError, match="exceed a one-dimensional grid"):
-        tma_launch_args(one_each, (0, 0, 0, 0, 0), shift=0, sms=132, **geo)         # a block each
+        tma_launch_args(one_each, (0, 0, 0, 0, 0), [dict(geo, shift=0)], sms=132)         # a block each
 
 
 def test_causal_item_groups_keep_their_keys_and_values_within_the_budget():

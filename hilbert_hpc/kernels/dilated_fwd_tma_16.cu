@@ -9,7 +9,7 @@
 //   * Q, K and V are read through three 4-D tensor maps (CUtensorMap, built on the host by
 //     cuTensorMapEncodeTiled, kernels/tma.py) over (column, head-in-group, row, segment), 128-byte swizzle
 //     (64-byte at D = 32);
-//     the output has an element-offset geometry of its own (o_base, o_seg, o_head, o_row);
+//     the output has an element-offset geometry of its own (o_seg, o_head, o_row; its first element per part);
 //   * the running output is of type O: T (16-bit, rounded once per launch) or float (an FP32 running output,
 //     which the host keeps for a group of heads while every local pattern is merged, then rounds once);
 //   * the grid is one-dimensional, query blocks of one problem adjacent (block b: problem b / qblocks,
@@ -86,8 +86,8 @@ struct RegsTma {
 
 // The 16-bit output that a row's last merge into a float32 running output writes, rounded once (the host
 // passes it for local patterns; out16 null: every row stays in the float32 running output, which a separate
-// pass rounds). A launch's row j of problem (seg, head) is element f_base + seg f_seg + head f_head + j f_row of
-// it: sequence row i = offset / f_rowlen, head h = offset % f_rowlen / D. A later launch merges it again when a
+// pass rounds). A launch part's row j of problem (seg, head) is element base + seg f_seg + head f_head + j f_row
+// of it (base: the part's f_base, LaunchPart): sequence row i = offset / f_rowlen, head h = offset % f_rowlen / D. A later launch merges it again when a
 // later pattern q selects it: i < later[2 q + 1] (the pattern's whole segments) and i = h (mod later[2 q]) (each
 // head h reads the rows h mod r of a segment, r dividing the segment).
 template <typename T>
@@ -95,11 +95,11 @@ struct FinalOutput {
     T* out16;
     const long long* later;
     int nlater;
-    long long base, seg, head, row, rowlen;
+    long long seg, head, row, rowlen;
 
     // the 16-bit row (column 0) if this is row j's last merge, else null
     template <int D>
-    __device__ __forceinline__ T* last_merge_row(int s, int h, int j) const {
+    __device__ __forceinline__ T* last_merge_row(long long base, int s, int h, int j) const {
         if (out16 == nullptr) return nullptr;
         const long long offset = base + s * seg + h * head + j * row;
         const long long i = offset / rowlen, hd = offset % rowlen / D;
@@ -116,18 +116,19 @@ template <typename T, int D, int DP>
 __device__ __forceinline__ void merge_out(T* __restrict__ out, float* __restrict__ lse, long long qoff, long long q_row,
                                           long long loff, long long l_row, int row0, int mq, int t,
                                           const float (&m)[2], float (&l)[2], const float (&o)[DP / 2],
-                                          const float (&before)[2], const FinalOutput<T>&, int, int) {
+                                          const float (&before)[2], const FinalOutput<T>&, long long, int, int) {
     merge_rows16_before<T, D, DP>(out, lse, qoff, q_row, loff, l_row, row0, mq, t, m, l, o, before);
 }
 template <typename T, int D, int DP>
 __device__ __forceinline__ void merge_out(float* __restrict__ out, float* __restrict__ lse, long long qoff,
                                           long long q_row, long long loff, long long l_row, int row0, int mq, int t,
                                           const float (&m)[2], float (&l)[2], const float (&o)[DP / 2],
-                                          const float (&before)[2], const FinalOutput<T>& fin, int seg, int head) {
+                                          const float (&before)[2], const FinalOutput<T>& fin, long long f_base,
+                                          int seg, int head) {
     FinalRows16<T> store;
 #pragma unroll
     for (int h = 0; h < 2; ++h)
-        store.row16[h] = row0 + 8 * h < mq ? fin.template last_merge_row<D>(seg, head, row0 + 8 * h) : nullptr;
+        store.row16[h] = row0 + 8 * h < mq ? fin.template last_merge_row<D>(f_base, seg, head, row0 + 8 * h) : nullptr;
     merge_rows32_before<D, DP>(out, lse, qoff, q_row, loff, l_row, row0, mq, t, m, l, o, before, store);
 }
 
@@ -139,7 +140,17 @@ __device__ __forceinline__ void merge_out(float* __restrict__ out, float* __rest
 // last warpgroup with queries: the causal end grows with the row); ntiles: its key tiles, 0 when it sees no
 // key (nothing to do).
 struct TmaItem {
-    int seg, head, qblock, kend, ntiles;
+    int part, seg, head, qblock, kend, ntiles;
+};
+
+// One part of a launch (LaunchPart in kernels/sixteen_bit.py, 32 bytes): the launches of one pattern's head offsets
+// share every stride and row count and differ in their first elements and head counts, so they run as one launch
+// whose items are those of part 0, then part 1, ...: part p's items are [first_item, the next part's), its Q, K
+// and V maps maps[3 p .. 3 p + 2], and its output, log-sum-exp and 16-bit output (FinalOutput) start at o_base,
+// l_base and f_base.
+struct LaunchPart {
+    long long o_base, l_base, f_base;
+    int first_item, heads;
 };
 
 template <int NC, int BK>
@@ -166,8 +177,9 @@ __device__ __forceinline__ TmaItem tma_item(int item, int heads, int qblocks, in
 // short takes more of them (causal query blocks differ in length; a static round robin was 14 % slower).
 __device__ __forceinline__ int next_item(int* work) { return gridDim.x + atomicAdd(work, 1); }
 
-// O: the running output's element type, T or float (the output geometry is its own: o_base .. o_row; with
-// float, out16 .. f_rowlen: FinalOutput, the 16-bit output of rows whose last merge this is).
+// O: the running output's element type, T or float (the output geometry is its own: o_seg .. o_row; with
+// float, out16 .. f_rowlen: FinalOutput, the 16-bit output of rows whose last merge this is). nparts: the launch's
+// parts (LaunchPart), whose table follows the 3 nparts maps.
 // PERSISTENT = 0: a grid of `items` blocks, one item each (blockIdx.x); 1: a grid of one block per SM, each
 // taking item blockIdx.x, then the next of the launch's counter (`work`, next_item) until none is left, its
 // producer loading an item's Q and first tiles during the consumers' merge of the previous one. The producer
@@ -176,11 +188,10 @@ __device__ __forceinline__ int next_item(int* work) { return gridDim.x + atomicA
 template <typename T, int D, int BK, int NC, int STAGES, int PIPE, int LAZY, int PINGPONG, int PERSISTENT, typename O>
 __global__ void __launch_bounds__(WG_THREADS * (NC + 1), 1)
 dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O* __restrict__ out, float* __restrict__ lse,
-                   long long o_base, long long o_seg, long long o_head, long long o_row,
-                   long long l_base, long long l_seg, long long l_head, long long l_row,
-                   int heads, int qblocks, int items, int mq, int mk, int causal, int causal_shift, float scale,
+                   long long o_seg, long long o_head, long long o_row, long long l_seg, long long l_head, long long l_row,
+                   int nparts, int qblocks, int items, int mq, int mk, int causal, int causal_shift, float scale,
                    int group, T* __restrict__ out16, const long long* __restrict__ later, int nlater,
-                   long long f_base, long long f_seg, long long f_head, long long f_row, long long f_rowlen)
+                   long long f_seg, long long f_head, long long f_row, long long f_rowlen)
 {
     using H = Half16<T>;
     constexpr int RC = D == 32 ? 32 : 64;    // columns of a region (64-byte or 128-byte swizzled rows)
@@ -213,12 +224,18 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
     // the warpgroup index through a shuffle from lane 0: the compiler then knows it is warp-uniform and keeps what
     // derives from it (the Q descriptors) in uniform registers
     const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
-    const int problems = items / qblocks;
+    const LaunchPart* parts = reinterpret_cast<const LaunchPart*>(maps + 3 * nparts);   // after the maps
     auto item_at = [&](int item) {
-        return tma_item<NC, BK>(item, heads, qblocks, problems, group, mq, mk, causal, causal_shift);
+        int p = 0;                           // the part holding the item (a few parts: a linear walk)
+        while (p + 1 < nparts && item >= __ldg(&parts[p + 1].first_item)) ++p;
+        const int first = __ldg(&parts[p].first_item);
+        const int end = p + 1 < nparts ? __ldg(&parts[p + 1].first_item) : items;
+        TmaItem w = tma_item<NC, BK>(item - first, __ldg(&parts[p].heads), qblocks, (end - first) / qblocks, group,
+                                     mq, mk, causal, causal_shift);
+        w.part = p;
+        return w;
     };
-    if (!PERSISTENT && item_at(blockIdx.x).ntiles == 0) return;
-   // uniform: no key visible to this block
+    if (!PERSISTENT && item_at(blockIdx.x).ntiles == 0) return;   // uniform: no key visible to this block
     if (tid == 0) {
         mbar_init(q_full, 1);
         mbar_init(q_empty, RELEASE_ARRIVALS * NC);
@@ -249,7 +266,7 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
                 mbar_expect_tx(q_full, NC * L::Q_WG);
                 for (int w = 0; w < NC; ++w)
                     for (int r = 0; r < NR; ++r)
-                        tma_load_4d(sQ + (w * NR + r) * L::Q_REGION, maps, RC * r, wi.head,
+                        tma_load_4d(sQ + (w * NR + r) * L::Q_REGION, maps + 3 * wi.part, RC * r, wi.head,
                                     wi.qblock + WG_QUERIES * w, seg, q_full);
                 // tile it's K (map 1) or V (map 2) into its stage, once the consumers released the stage's last one
                 auto load_tile = [&](int it, int m) {
@@ -260,7 +277,7 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
                     const unsigned st = sK + (2 * s + m - 1) * L::TILE;
                     mbar_expect_tx(full, L::TILE);
                     for (int r = 0; r < NR; ++r)
-                        tma_load_4d(st + r * L::REGION, maps + m, RC * r, wi.head, it * BK, seg, full);
+                        tma_load_4d(st + r * L::REGION, maps + 3 * wi.part + m, RC * r, wi.head, it * BK, seg, full);
                 };
                 // in the order the consumers read them: PIPE issues Q K^T of tile it before P V of tile it - 1
                 for (int it = 0; it < wi.ntiles; ++it) {
@@ -285,7 +302,7 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
         const unsigned sQw = sQ + w * NR * L::Q_REGION;
         const float mul = scale * LOG2E;
         const IssueTurns<NC, PINGPONG != 0> turns{w};
-        const FinalOutput<T> fin{out16, later, nlater, f_base, f_seg, f_head, f_row, f_rowlen};
+        const FinalOutput<T> fin{out16, later, nlater, f_seg, f_head, f_row, f_rowlen};
         int g0 = 0, k = 0;                   // the producer's g and k
         while (true) {
             // the item the producer loads Q for next (-1: none is left)
@@ -311,8 +328,9 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
 
             // the rows' log-sum-exp before the merge, read now (its first use is PF tiles before the end): rows
             // that hold an earlier result get their running output prefetched into L2 for the merge
-            const long long ooff = o_base + (long long)wi.seg * o_seg + (long long)wi.head * o_head;
-            const long long loff = l_base + (long long)wi.seg * l_seg + (long long)wi.head * l_head;
+            const LaunchPart* part = parts + wi.part;
+            const long long ooff = __ldg(&part->o_base) + (long long)wi.seg * o_seg + (long long)wi.head * o_head;
+            const long long loff = __ldg(&part->l_base) + (long long)wi.seg * l_seg + (long long)wi.head * l_head;
             float old[2];
             running_lse(lse, loff, l_row, row0, mq, old);
             constexpr int PF = 2;                // tiles before the last that the prefetch is issued
@@ -440,7 +458,8 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
                 turns.pass(it, ntiles);
             }
 
-            merge_out<T, D, DP>(out, lse, ooff, o_row, loff, l_row, row0, mq, t, m, l, o, old, fin, wi.seg, wi.head);
+            merge_out<T, D, DP>(out, lse, ooff, o_row, loff, l_row, row0, mq, t, m, l, o, old, fin,
+                                __ldg(&part->f_base), wi.seg, wi.head);
             g0 = (g0 + ntiles) % (2 * STAGES);
             k ^= 1;
             if (!PERSISTENT) break;

@@ -48,73 +48,137 @@ def launch(choice: KernelChoice, q: Any, k: Any, v: Any, out: Any, lse: Any, *, 
     and row strides in elements; q/k/v/out 16-bit, lse float32). ``accumulate`` (tma16 only): ``out`` is a
     float32 running output addressed by its own geometry ``og``; with ``final`` and ``final_out`` (the 16-bit
     output), the rows whose last merge this is are written rounded to ``final_out`` instead (:class:`FinalRows`)."""
-    if segments == 0 or heads == 0 or mq == 0 or mk == 0:
+    geometry = dict(qg=qg, kg=kg, vg=vg, lg=lg, segments=segments, heads=heads, mq=mq, mk=mk, shift=shift,
+                    scale=scale, head_dim=head_dim, og=og, accumulate=accumulate, final=final)
+    launch_parts(choice, q, k, v, out, lse, [geometry], final_out=final_out)
+
+
+def launch_parts(choice: KernelChoice, q: Any, k: Any, v: Any, out: Any, lse: Any, parts: Sequence[dict],
+                 final_out: Any = None) -> None:
+    """Launches (keyword arguments of :func:`launch`) that differ only in their first elements and head counts
+    (the head offsets of one pattern: :func:`head_offset_parts`) as one: tma16 runs them in one launch, a part
+    each; the other kernels launch them one by one."""
+    parts = [p for p in parts if p["segments"] and p["heads"] and p["mq"] and p["mk"]]
+    for p in parts:
+        qg, kg, vg = p["qg"], p["kg"], p["vg"]
+        if math.gcd(*qg, *kg, *vg, SIXTEEN_BIT_ALIGN) != SIXTEEN_BIT_ALIGN:
+            raise ValueError(f"the 16-bit kernel needs rows and offsets aligned to {SIXTEEN_BIT_ALIGN} elements, got "
+                             f"q {qg}, k {kg}, v {vg}")
+        if not p["scale"] > 0:
+            raise ValueError(f"the 16-bit kernel needs scale > 0, got {p['scale']}")
+        if p["head_dim"] != choice.head_dim:
+            raise ValueError(f"the kernel was chosen for head_dim {choice.head_dim}, got {p['head_dim']}")
+    if not parts:
         return
-    if math.gcd(*qg, *kg, *vg, SIXTEEN_BIT_ALIGN) != SIXTEEN_BIT_ALIGN:
-        raise ValueError(f"the 16-bit kernel needs rows and offsets aligned to {SIXTEEN_BIT_ALIGN} elements, got "
-                         f"q {qg}, k {kg}, v {vg}")
-    if not scale > 0:
-        raise ValueError(f"the 16-bit kernel needs scale > 0, got {scale}")
-    if head_dim != choice.head_dim:
-        raise ValueError(f"the kernel was chosen for head_dim {choice.head_dim}, got {head_dim}")
-    chosen = choice.accumulating() if accumulate else choice.variant
+    chosen = choice.accumulating() if parts[0].get("accumulate") else choice.variant
     fn = compiled(chosen)
     if chosen.variant == "tma16":
-        _launch_tma(fn, chosen, q, k, v, out, lse, qg=qg, kg=kg, vg=vg, lg=lg, og=og, segments=segments,
-                    heads=heads, mq=mq, mk=mk, shift=shift, scale=scale,
-                    final=None if final is None or final_out is None else (final_out, final))
+        final = None if final_out is None or parts[0].get("final") is None else final_out
+        _launch_tma(fn, chosen, (q, k, v, out, lse), parts, final)
         return
     ptrs = tuple(np.uint64(device_pointer(x)) for x in (q, k, v, out, lse))
-    for qc, lc, mc, sc in query_chunks(qg, lg, mq, shift, chosen.block_queries):
-        grid = (segments * heads, -(-mc // chosen.block_queries))
-        args = (*ptrs, *(np.int64(x) for x in (*qc, *kg, *vg, *lc)),
-                np.int32(heads), np.int32(mc), np.int32(mk), np.int32(sc is not None),
-                np.int32(sc or 0), np.float32(scale))
-        fn(grid, (chosen.threads,), args, shared_mem=chosen.shared_bytes)
+    for p in parts:
+        for qc, lc, mc, sc in query_chunks(p["qg"], p["lg"], p["mq"], p["shift"], chosen.block_queries):
+            grid = (p["segments"] * p["heads"], -(-mc // chosen.block_queries))
+            args = (*ptrs, *(np.int64(x) for x in (*qc, *p["kg"], *p["vg"], *lc)),
+                    np.int32(p["heads"]), np.int32(mc), np.int32(p["mk"]), np.int32(sc is not None),
+                    np.int32(sc or 0), np.float32(p["scale"]))
+            fn(grid, (chosen.threads,), args, shared_mem=chosen.shared_bytes)
+
+
+#: the fields of a launch that its parts share (launch_parts): all but the first elements and the head count
+SHARED_FIELDS = ("segments", "mq", "mk", "shift", "scale", "head_dim", "accumulate")
+#: the geometries whose strides the parts share and whose first elements differ
+GEOMETRY_FIELDS = ("qg", "kg", "vg", "lg", "og")
+
+
+def _shared_key(launch: dict) -> tuple:
+    """What a launch must share with the others of one tma16 launch (launch_parts)."""
+    final = launch.get("final")
+    geometry = tuple(None if launch.get(f) is None else tuple(launch[f][1:]) for f in GEOMETRY_FIELDS)
+    rows = None if final is None else (tuple(final.geometry[1:]), final.row, final.later)
+    return (*(launch.get(f) for f in SHARED_FIELDS), geometry, rows)
+
+
+def head_offset_parts(launches: Sequence[dict]) -> list[list[dict]]:
+    """``launches`` in order, adjacent ones that :func:`launch_parts` can run as one launch put together: those
+    of one pattern's head offsets (``launch.local_launches``, ``group_launches``: the same strides, rows and
+    segments; other first elements and head counts)."""
+    runs: list[list[dict]] = []
+    for kw in launches:
+        # a part whose log-sum-exp starts where one of the run's does is the same pattern again: its rows are
+        # those of that part, merged after it, not beside it
+        if (runs and _shared_key(runs[-1][-1]) == _shared_key(kw)
+                and all(p["lg"][0] != kw["lg"][0] for p in runs[-1])):
+            runs[-1].append(kw)
+        else:
+            runs.append([kw])
+    return runs
 
 
 #: most blocks of a one-dimensional grid
 MAX_GRID_X = 2**31 - 1
 #: bytes of K and V that the problems of one group of a causal tma16 launch share (a third of an H100's L2)
 CAUSAL_GROUP_BYTES = 16 * 2**20
+#: one part of a tma16 launch in device memory, after its maps (LaunchPart in dilated_fwd_tma_16.cu)
+LAUNCH_PART = np.dtype([("o_base", "<i8"), ("l_base", "<i8"), ("f_base", "<i8"), ("first_item", "<i4"),
+                        ("heads", "<i4")])
 
 
-def tma_launch_args(chosen: Variant, pointers: tuple, *, qg: tuple, kg: tuple, vg: tuple, lg: tuple,
-                    segments: int, heads: int, mq: int, mk: int, shift: int | None, scale: float,
-                    og: tuple | None = None, sms: int = 0,
-                    final: tuple | None = None) -> tuple[tuple, tuple, tuple]:
-    """(map geometries of Q, K, V; grid; the kernel arguments after the maps and work-counter pointers) of one
-    tma16 launch (pointers: q, k, v, out, lse as ints; the output geometry ``og`` defaults to Q's). The work
-    items (query blocks, those of one problem adjacent) are walked by a grid of one block each, or, where the
-    configuration is persistent, of one block per SM (``sms``, the GPU's multiprocessors) that take the items
-    after their first from a counter in launch order, so blocks with short (causal) items take more. Causal
-    items go by groups of problems whose K and V fit in ``CAUSAL_GROUP_BYTES``, longest first inside a group
-    (:func:`item_group`). ``final``: (16-bit output pointer, later-pattern table pointer, :class:`FinalRows`)
-    of a float32 running output whose rows' last merges write the 16-bit output."""
+def tma_launch_args(chosen: Variant, pointers: tuple, parts: Sequence[dict], *, sms: int = 0,
+                    final: tuple | None = None) -> tuple[tuple, tuple, tuple, bytes]:
+    """(map geometries of Q, K, V of each part; grid; the kernel arguments after the maps and work-counter
+    pointers; the parts' table, LAUNCH_PART each, which follows the maps in device memory) of one tma16 launch
+    of ``parts`` (keyword arguments of :func:`launch` that differ only in their first elements and head counts;
+    pointers: q, k, v, out, lse as ints; a part's output geometry ``og`` defaults to its Q's). The work items
+    (query blocks, those of one problem adjacent; part after part) are walked by a grid of one block each, or,
+    where the configuration is persistent, of one block per SM (``sms``, the GPU's multiprocessors) that take
+    the items after their first from a counter in launch order, so blocks with short (causal) items take more.
+    Causal items go by groups of problems whose K and V fit in ``CAUSAL_GROUP_BYTES``, longest first inside a
+    group (:func:`item_group`). ``final``: (16-bit output pointer, later-pattern table pointer) of a float32
+    running output whose rows' last merges write the 16-bit output, each part's :class:`FinalRows` saying
+    which."""
     keys = chosen.config[0]
     qptr, kptr, vptr, optr, lptr = (int(x) for x in pointers)
-    maps = (tma.map_geometry(qptr, qg, mq, heads, segments, chosen.head_dim, 64),
-            tma.map_geometry(kptr, kg, mk, heads, segments, chosen.head_dim, keys),
-            tma.map_geometry(vptr, vg, mk, heads, segments, chosen.head_dim, keys))
+    if not parts:
+        raise ValueError(f"{chosen.variant}: a launch of no parts")
+    if len({_shared_key(p) for p in parts}) != 1:
+        raise ValueError(f"{chosen.variant}: the parts of one launch differ in more than their first elements "
+                         "and head counts")
+    first = parts[0]
+    segments, mq, mk, shift, scale = (first[x] for x in ("segments", "mq", "mk", "shift", "scale"))
     qblocks = -(-mq // chosen.block_queries)
-    items = segments * heads * qblocks
+    maps: list = []
+    table = np.zeros(len(parts), dtype=LAUNCH_PART)
+    items = 0
+    for i, p in enumerate(parts):
+        maps += [tma.map_geometry(qptr, p["qg"], mq, p["heads"], segments, chosen.head_dim, 64),
+                 tma.map_geometry(kptr, p["kg"], mk, p["heads"], segments, chosen.head_dim, keys),
+                 tma.map_geometry(vptr, p["vg"], mk, p["heads"], segments, chosen.head_dim, keys)]
+        og = p["qg"] if p.get("og") is None else p["og"]
+        rows = p.get("final")
+        table[i] = (og[0], p["lg"][0], 0 if final is None else rows.geometry[0], items, p["heads"])
+        items += segments * p["heads"] * qblocks
     persistent = chosen.config[6] == 1
     if persistent and sms < 1:
         raise ValueError(f"{chosen.variant}: a persistent launch needs the GPU's multiprocessor count, got {sms}")
     blocks = min(items, sms) if persistent else items
     if items + blocks > MAX_GRID_X:              # the kernel's int item index reaches items + the grid
         raise ValueError(f"{chosen.variant}: {items} query blocks exceed a one-dimensional grid")
-    group = item_group(segments * heads, mk, chosen.head_dim) if shift is not None else 1
-    args = (np.uint64(optr), np.uint64(lptr), *(np.int64(x) for x in (*(qg if og is None else og), *lg)),
-            np.int32(heads), np.int32(qblocks), np.int32(items), np.int32(mq), np.int32(mk),
+    problems = max(segments * p["heads"] for p in parts)
+    group = item_group(problems, mk, chosen.head_dim) if shift is not None else 1
+    og = first["qg"] if first.get("og") is None else first["og"]
+    args = (np.uint64(optr), np.uint64(lptr), *(np.int64(x) for x in (*og[1:], *first["lg"][1:])),
+            np.int32(len(parts)), np.int32(qblocks), np.int32(items), np.int32(mq), np.int32(mk),
             np.int32(shift is not None), np.int32(shift or 0), np.float32(scale), np.int32(group))
     if final is None:
-        args += (np.uint64(0), np.uint64(0), np.int32(0), *(np.int64(0) for _ in range(5)))
+        args += (np.uint64(0), np.uint64(0), np.int32(0), *(np.int64(0) for _ in range(4)))
     else:
-        out16, later, rows = final
+        out16, later = final
+        rows = first["final"]
         args += (np.uint64(int(out16)), np.uint64(int(later)), np.int32(len(rows.later)),
-                 *(np.int64(x) for x in (*rows.geometry, rows.row)))
-    return maps, (blocks,), args
+                 *(np.int64(x) for x in (*rows.geometry[1:], rows.row)))
+    return tuple(maps), (blocks,), args, table.tobytes()
 
 
 def item_group(problems: int, keys: int, head_dim: int) -> int:
@@ -134,20 +198,20 @@ def multiprocessors(device_id: int) -> int:
     return int(cupy.cuda.Device(device_id).attributes["MultiProcessorCount"])
 
 
-def _launch_tma(fn: Any, chosen: Variant, q: Any, k: Any, v: Any, out: Any, lse: Any, final: tuple | None = None,
-                **geometry: Any) -> None:
+def _launch_tma(fn: Any, chosen: Variant, arrays: tuple, parts: Sequence[dict], final_out: Any = None) -> None:
+    """One tma16 launch of ``parts`` (tma_launch_args) on ``arrays`` (q, k, v, out, lse); ``final_out``: the
+    16-bit output of the rows whose last merge this is (the parts' FinalRows say which)."""
     import cupy
 
-    pointers = tuple(device_pointer(x) for x in (q, k, v, out, lse))
+    pointers = tuple(device_pointer(x) for x in arrays)
     device = cupy.cuda.Device()
-    final_args = None
-    if final is not None:
-        out16, rows = final
-        table = _later_table(device.id, rows.later)
-        final_args = (device_pointer(out16), 0 if table is None else table.data.ptr, rows)
-    maps, grid, args = tma_launch_args(chosen, pointers, sms=multiprocessors(device.id), final=final_args,
-                                       **geometry)
-    buffer = tma.device_maps(device.id, maps)
+    final = None
+    if final_out is not None:
+        table = _later_table(device.id, parts[0]["final"].later)
+        final = (device_pointer(final_out), 0 if table is None else table.data.ptr)
+    maps, grid, args, table_bytes = tma_launch_args(chosen, pointers, parts, sms=multiprocessors(device.id),
+                                                    final=final)
+    buffer = tma.device_maps(device.id, maps, table_bytes)
     work = cupy.zeros(1, dtype=cupy.int32)       # the persistent blocks' item counter (stream-ordered memory)
     fn(grid, (chosen.threads,), (np.uint64(buffer.data.ptr), np.uint64(work.data.ptr), *args),
        shared_mem=chosen.shared_bytes)
@@ -278,8 +342,8 @@ class SixteenBitKernels:
             rows = dict(rows=n, width=(h1 - h0) * d, head_dim=d, l_stride=heads, l_first=h0)
             _convert("widen_16", self.choice.dtype, first, scratch_ptr, lse_ptr, src_stride=heads * d, dst_stride=group * d,
                      **rows)
-            for kw in group_launches(patterns, causal, scale, n, heads, d, h0, h1, group, final):
-                launch(self.choice, qs, ks, vs, scratch, lse, final_out=out, **kw)
+            for parts in head_offset_parts(group_launches(patterns, causal, scale, n, heads, d, h0, h1, group, final)):
+                launch_parts(self.choice, qs, ks, vs, scratch, lse, parts, final_out=out)
             if not final:                             # rows not rounded at their last merge: round them now
                 _convert("narrow_16", self.choice.dtype, scratch_ptr, first, lse_ptr, src_stride=group * d,
                          dst_stride=heads * d, **rows)

@@ -107,11 +107,11 @@ def encode(g: MapGeometry) -> bytes:
 
 
 @lru_cache(maxsize=256)
-def device_maps(device: int, geometries: tuple[MapGeometry, ...]) -> Any:
-    """The encoded maps of ``geometries`` one after another in device memory of ``device`` (a CuPy uint8
-    array, kept alive by this cache as long as the geometry is in use)."""
+def device_maps(device: int, geometries: tuple[MapGeometry, ...], tail: bytes = b"") -> Any:
+    """The encoded maps of ``geometries`` one after another in device memory of ``device``, then ``tail`` (a
+    CuPy uint8 array, kept alive by this cache as long as the geometry is in use)."""
     import cupy
 
-    data = np.frombuffer(b"".join(encode(g) for g in geometries), dtype=np.uint8)
+    data = np.frombuffer(b"".join(encode(g) for g in geometries) + tail, dtype=np.uint8)
     with cupy.cuda.Device(device):
         return cupy.asarray(data)
