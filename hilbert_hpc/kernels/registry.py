@@ -301,6 +301,12 @@ TMA16_KEY_TILES = (32, 64, 96, 128, 192)
 #: configuration with PERSISTENT = 0, 1.07-1.15x on every anchor; D = 32: (128, 3, 2, 0, 1, 0, 1) 7.40,
 #: (128, 3, 3, 0, 1, 0, 1) 7.64, (64, 4, 3, 1, 1, 0, 1) 7.83 (spills since the causal item groups: not listed),
 #: (64, 3, 3, 1, 1, 0, 1) 9.01, (128, 3, 2, 0, 1, 0, 0) 8.57.
+#: With K and V released apart and launch parts (H100, 2026-11-27, forward_probe.py --only ours --kernel, ms
+#: non-causal / causal): D = 128: (64, 3, 3, 1, 1, 0, 1) 7.82 / 5.00, (64, 3, 4, 1, 1, 0, 1) 7.95 / 5.09, (64, 3, 2, 1,
+#: 1, 0, 1) 7.92 / 5.15, (128, 2, 2, 1, 1, 0, 1) 7.87 / 5.27, (128, 2, 2, 1, 1, 1, 1) 7.98 / 5.30; D = 96: (64, 3, 3, 1,
+#: 1, 0, 1) 7.04, (64, 3, 2, 1, 1, 0, 1) 6.98, (64, 3, 4, 1, 1, 0, 1) 7.02, (128, 2, 2, 1, 1, 1, 1) 7.11; D = 64:
+#: (128, 3, 2, 0, 1, 0, 1) 7.50 / 4.97, (128, 3, 3, 0, 1, 0, 1) 7.69 / 5.19, (128, 3, 2, 1, 1, 0, 1) 8.10 / 5.37 (it
+#: spills 240 bytes, outside the tile loop: 1 % of its instructions).
 TMA16 = KernelFamily(
     "tma16", "dilated_fwd_tma_16.cu", SIXTEEN_BIT,
     lambda t, d, c, o: f"dilated_fwd_tma_16<{t},{d},{c[0]},{c[1]},{c[2]},{c[3]},{c[4]},{c[5]},{c[6]},{o}>",
