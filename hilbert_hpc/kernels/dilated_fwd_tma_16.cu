@@ -24,8 +24,9 @@
 // Block: warpgroup 0 is the producer (one thread issues every copy; setmaxnreg.dec to PREG registers),
 // warpgroups 1..NC consume (setmaxnreg.inc to CREG). Barriers: q_full (Q of the query block, and its item
 // number in a shared slot that the producer stores before the phase's arrival: phase k % 2 for the block's
-// k-th query block), q_empty (one arrival per consumer warp once its products of the query block completed
-// and it read the item number, mbar_release; the producer waits on it before loading the next Q), and per stage
+// k-th query block), q_empty (one arrival per consumer thread once its products of the query block completed
+// and it read the item number, so that every read of the slot is ordered before the producer's next store;
+// the producer waits on it before loading the next Q), and per stage
 // s of STAGES: k_full[s], v_full[s] (transaction-counted by the copy engine), k_empty[s], v_empty[s] (one arrival
 // per consumer warp once its wgmma reading the stage's K, or V, completed: K is released as soon as S = Q K^T
 // landed, V after P V: the defaults as fast as with one release of both, the pipelined configurations of two
@@ -239,7 +240,7 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
     if (!PERSISTENT && item_at(blockIdx.x).ntiles == 0) return;   // uniform: no key visible to this block
     if (tid == 0) {
         mbar_init(q_full, 1);
-        mbar_init(q_empty, RELEASE_ARRIVALS * NC);
+        mbar_init(q_empty, WG_THREADS * NC);
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(K_FULL(s), 1);
             mbar_init(V_FULL(s), 1);
@@ -446,7 +447,7 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
                     mbar_release(V_EMPTY(st));
                 }
             }
-            mbar_release(q_empty);                // this warpgroup's products are complete: Q may be reloaded
+            mbar_arrive(q_empty);                // this warpgroup's products are complete: Q may be reloaded
             // tiles only later warpgroups see: let the producer reuse their stages, and pass the turns
             for (int it = nt; it < ntiles; ++it) {
                 const int st = stage_of<STAGES>(g0 + it);

@@ -29,7 +29,7 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
     } while (!done);
 }
 
-// A consumer's release of what its warp read (a stage's K or V, a query block's Q): one arrival per warp, by lane
+// A consumer's release of what its warp's wgmma read (a stage's K or V): one arrival per warp, by lane
 // 0 once every lane of the warp has passed the wait on its products (a barrier released this way counts
 // RELEASE_ARRIVALS per consumer warpgroup). Measured against one arrival per thread (H100, in one process):
 // 1.00-1.01x.
