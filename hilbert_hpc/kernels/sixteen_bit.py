@@ -148,6 +148,7 @@ def tma_launch_args(chosen: Variant, pointers: tuple, parts: Sequence[dict], *, 
     first = parts[0]
     segments, mq, mk, shift, scale = (first[x] for x in ("segments", "mq", "mk", "shift", "scale"))
     qblocks = -(-mq // chosen.block_queries)
+    outs = [p["qg"] if p.get("og") is None else p["og"] for p in parts]   # each part's output geometry
     maps: list = []
     table = np.zeros(len(parts), dtype=LAUNCH_PART)
     items = 0
@@ -155,9 +156,7 @@ def tma_launch_args(chosen: Variant, pointers: tuple, parts: Sequence[dict], *, 
         maps += [tma.map_geometry(qptr, p["qg"], mq, p["heads"], segments, chosen.head_dim, 64),
                  tma.map_geometry(kptr, p["kg"], mk, p["heads"], segments, chosen.head_dim, keys),
                  tma.map_geometry(vptr, p["vg"], mk, p["heads"], segments, chosen.head_dim, keys)]
-        og = p["qg"] if p.get("og") is None else p["og"]
-        rows = p.get("final")
-        table[i] = (og[0], p["lg"][0], 0 if final is None else rows.geometry[0], items, p["heads"])
+        table[i] = (outs[i][0], p["lg"][0], 0 if final is None else p["final"].geometry[0], items, p["heads"])
         items += segments * p["heads"] * qblocks
     persistent = chosen.config[6] == 1
     if persistent and sms < 1:
@@ -167,8 +166,7 @@ def tma_launch_args(chosen: Variant, pointers: tuple, parts: Sequence[dict], *, 
         raise ValueError(f"{chosen.variant}: {items} query blocks exceed a one-dimensional grid")
     problems = max(segments * p["heads"] for p in parts)
     group = item_group(problems, mk, chosen.head_dim) if shift is not None else 1
-    og = first["qg"] if first.get("og") is None else first["og"]
-    args = (np.uint64(optr), np.uint64(lptr), *(np.int64(x) for x in (*og[1:], *first["lg"][1:])),
+    args = (np.uint64(optr), np.uint64(lptr), *(np.int64(x) for x in (*outs[0][1:], *first["lg"][1:])),
             np.int32(len(parts)), np.int32(qblocks), np.int32(items), np.int32(mq), np.int32(mk),
             np.int32(shift is not None), np.int32(shift or 0), np.float32(scale), np.int32(group))
     if final is None:

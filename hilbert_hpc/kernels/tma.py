@@ -9,8 +9,8 @@ of columns (:func:`region_columns`: 64 columns, 128 bytes, the 128-byte swizzle 
 64-byte swizzle for head dim 32) of ``box_rows`` rows of one head of one segment.
 
 :func:`map_geometry` is plain arithmetic (tested without a GPU against the kernels' pointer formula);
-:func:`encode` asks the driver; :func:`device_maps` keeps the three maps of a launch in device memory
-(the kernel takes a pointer to them), cached per geometry.
+:func:`encode` asks the driver; :func:`device_maps` keeps the maps of a launch (three per launch part) and
+the parts' table after them in device memory (the kernel takes a pointer to them), cached per geometry.
 """
 
 from __future__ import annotations
