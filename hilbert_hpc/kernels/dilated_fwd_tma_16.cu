@@ -17,9 +17,11 @@
 //     share their problems' K and V in L2.
 // Head dims 32, 64, 96 and 128. A tile is stored per region of RC = 64 columns (rows of 128 bytes, 128-byte
 // swizzle; D = 96 and 128 are two regions) or, at D = 32, of 32 columns (rows of 64 bytes, 64-byte swizzle, so
-// P V runs N = 32). D = 96 is computed as DP = 128 columns: the copy engine zero-fills the columns past D of
-// every tile (past the maps' first dimension), Q K^T runs D / 16 k-steps (the valid columns only), P V runs
-// N = DP (wgmma's MN-major swizzled B takes whole regions) and the merge writes the first D columns.
+// P V runs N = 32). D = 96 is stored as DP = 128 columns (two regions): the copy engine zero-fills the columns
+// past D of every tile (past the maps' first dimension), Q K^T runs D / 16 k-steps (the valid columns only) and
+// P V runs N = D: wgmma reads V's first 96 columns, region 0 and the first half of region 1 (the MN-major
+// descriptor's LBO steps from region to region), so no product computes the zero columns (N = DP, the whole
+// regions, was 1.01x slower and took 16 more output registers).
 //
 // Block: warpgroup 0 is the producer (one thread issues every copy; setmaxnreg.dec to PREG registers),
 // warpgroups 1..NC consume (setmaxnreg.inc to CREG). Barriers: q_full (Q of the query block, and its item
@@ -38,7 +40,7 @@
 //
 // Per tile and consumer warpgroup: S = Q K^T (D/16 wgmma m64n{BK}k16, both K-major from shared memory);
 // online softmax in FP32 on the accumulators; P packed to T pairs in registers; O += P V (BK/16 wgmma
-// m64n{DP}k16, A = P from registers, B = V MN-major, imm-trans-b = 1). PIPE = 1 overlaps tile it's Q K^T with
+// m64n{D}k16, A = P from registers, B = V MN-major, imm-trans-b = 1). PIPE = 1 overlaps tile it's Q K^T with
 // tile it - 1's P V: S(it) and P(it-1) V(it-1) are issued together, the softmax of S(it) runs while P V is in
 // flight, and the running output is rescaled once that completes (FlashAttention-3's intra-warpgroup
 // pipelining). PIPE = 0: one product at a time. LAZY = 1: the running max moves only by more than
@@ -64,7 +66,7 @@
 
 // Shared memory of one block in bytes (from a 1024-byte-aligned base): Q of NC warpgroups, STAGES x (K, V)
 // tiles, then the barriers; `bytes` adds the slack that aligns the dynamic shared window's base. D: the
-// columns computed (DP), RB: bytes of a region's row.
+// columns stored (DP), RB: bytes of a region's row.
 template <int D, int RB, int BK, int NC, int STAGES>
 struct SmemTma {
     static constexpr int Q_WG = WG_QUERIES * D * 2;
@@ -111,27 +113,27 @@ struct FinalOutput {
     }
 };
 
-// The merge of D columns of DP-column accumulators into the running output: 16-bit (rounded once per launch)
+// The merge of the D-column accumulators into the running output: 16-bit (rounded once per launch)
 // or float32 (an FP32 running output; rows whose last merge this is go to the 16-bit output instead).
 // `before`: the rows' log-sum-exp before the merge, read at the query block's start (running_lse).
-template <typename T, int D, int DP>
+template <typename T, int D>
 __device__ __forceinline__ void merge_out(T* __restrict__ out, float* __restrict__ lse, long long qoff, long long q_row,
                                           long long loff, long long l_row, int row0, int mq, int t,
-                                          const float (&m)[2], float (&l)[2], const float (&o)[DP / 2],
+                                          const float (&m)[2], float (&l)[2], const float (&o)[D / 2],
                                           const float (&before)[2], const FinalOutput<T>&, long long, int, int) {
-    merge_rows16_before<T, D, DP>(out, lse, qoff, q_row, loff, l_row, row0, mq, t, m, l, o, before);
+    merge_rows16_before<T, D>(out, lse, qoff, q_row, loff, l_row, row0, mq, t, m, l, o, before);
 }
-template <typename T, int D, int DP>
+template <typename T, int D>
 __device__ __forceinline__ void merge_out(float* __restrict__ out, float* __restrict__ lse, long long qoff,
                                           long long q_row, long long loff, long long l_row, int row0, int mq, int t,
-                                          const float (&m)[2], float (&l)[2], const float (&o)[DP / 2],
+                                          const float (&m)[2], float (&l)[2], const float (&o)[D / 2],
                                           const float (&before)[2], const FinalOutput<T>& fin, long long f_base,
                                           int seg, int head) {
     FinalRows16<T> store;
 #pragma unroll
     for (int h = 0; h < 2; ++h)
         store.row16[h] = row0 + 8 * h < mq ? fin.template last_merge_row<D>(f_base, seg, head, row0 + 8 * h) : nullptr;
-    merge_rows32_before<D, DP>(out, lse, qoff, q_row, loff, l_row, row0, mq, t, m, l, o, before, store);
+    merge_rows32_before<D>(out, lse, qoff, q_row, loff, l_row, row0, mq, t, m, l, o, before, store);
 }
 
 // One work item of the grid: a block of BQ = 64 NC queries of one problem (segment, head-in-group). The items
@@ -198,13 +200,13 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
     using H = Half16<T>;
     constexpr int RC = D == 32 ? 32 : 64;    // columns of a region (64-byte or 128-byte swizzled rows)
     constexpr int RB = 2 * RC;               // bytes of a region's row
-    constexpr int DP = (D + RC - 1) / RC * RC;   // columns computed: whole regions (zero-filled past D)
+    constexpr int DP = (D + RC - 1) / RC * RC;   // columns stored: whole regions (zero-filled past D)
     constexpr int KR = RB / 32;              // k-steps of 16 columns in a region
     using L = SmemTma<DP, RB, BK, NC, STAGES>;
     using R = RegsTma<NC>;
     constexpr int NR = DP / RC;              // regions of a row
     constexpr int NS = BK / 2;               // score registers per thread
-    constexpr int NO = DP / 2;               // output registers per thread
+    constexpr int NO = D / 2;                // output registers per thread (P V runs N = D)
     constexpr int KQ = D / 16;               // k-steps of Q K^T (the valid columns only)
     constexpr int KP = BK / 16;              // k-steps of P V
     static_assert(D == 32 || D == 64 || D == 96 || D == 128, "head dims 32, 64, 96 and 128");
@@ -367,7 +369,7 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
                 wgmma_fence();
         #pragma unroll
                 for (int kk = 0; kk < KP; ++kk)
-                    Wgmma16<T, DP>::template rs<1, 1>(o, p[kk], smem_desc_swizzled<RB>(sv + 16 * RB * kk, L::REGION));
+                    Wgmma16<T, D>::template rs<1, 1>(o, p[kk], smem_desc_swizzled<RB>(sv + 16 * RB * kk, L::REGION));
                 wgmma_commit();
             };
             auto pack_p = [&]() {
@@ -460,7 +462,7 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
                 turns.pass(it, ntiles);
             }
 
-            merge_out<T, D, DP>(out, lse, ooff, o_row, loff, l_row, row0, mq, t, m, l, o, old, fin,
+            merge_out<T, D>(out, lse, ooff, o_row, loff, l_row, row0, mq, t, m, l, o, old, fin,
                                 __ldg(&part->f_base), wi.seg, wi.head);
             g0 = (g0 + ntiles) % (2 * STAGES);
             k ^= 1;
