@@ -209,3 +209,32 @@ def test_causal_item_groups_keep_their_keys_and_values_within_the_budget():
     assert item_group(3, 2048, 128) == 3                 # no more than the launch's problems
     assert item_group(10, 2**22, 128) == 1               # one problem over the budget: groups of one
 
+
+
+def test_a_calls_plan_is_worked_out_once_and_its_launch_arguments_once_per_arrays(monkeypatch):
+    """local_plan caches a call's launch runs per call signature, and _tma_arguments each run's launch on the
+    same arrays: the same call again costs lookups, other arrays get maps of their own, and the cached
+    arguments are those tma_launch_args makes."""
+    from hilbert_hpc.kernels import sixteen_bit
+    from hilbert_hpc.kernels.selection import choose
+
+    monkeypatch.setattr(sixteen_bit, "multiprocessors", lambda device: 132)
+    monkeypatch.setattr(sixteen_bit, "_later_table", lambda device, later: None)
+    made = []
+    monkeypatch.setattr(tma, "device_maps", lambda device, maps, tail=b"": made.append((maps, tail)) or len(made))
+    sixteen_bit._tma_arguments.cache_clear()
+    choice = choose("bfloat16", 64, cc=90, shared_limit=HOPPER_SHARED)
+    key = (choice, ((2048, 1), (4096, 2), (8192, 4)), False, 0.125, 16384, 6, 64, 3, True)
+    plan = sixteen_bit.local_plan(*key)
+    assert sixteen_bit.local_plan(*key) is plan
+    assert [(h0, h1, [len(run.parts) for run in runs]) for h0, h1, runs in plan] == [(0, 3, [1, 2, 3]),
+                                                                                     (3, 6, [1, 2, 3])]
+    run = plan[0][2][1]
+    assert run.chosen == choice.accumulating()
+    arrays, other = (1 << 40, 2 << 40, 3 << 40, 4 << 40, 5 << 40), (1 << 41, 2 << 40, 3 << 40, 4 << 40, 5 << 40)
+    first = sixteen_bit._tma_arguments(run, arrays, 6 << 40, 0)
+    assert sixteen_bit._tma_arguments(run, arrays, 6 << 40, 0) is first and len(made) == 1
+    maps, grid, args, table = tma_launch_args(run.chosen, arrays, run.parts, sms=132, final=(6 << 40, 0))
+    assert first == (1, grid, args) and made[0] == (maps, table)
+    sixteen_bit._tma_arguments(run, other, 6 << 40, 0)
+    assert len(made) == 2 and made[1][0][0].address == made[0][0][0].address + (1 << 40)

@@ -53,11 +53,22 @@ def launch(choice: KernelChoice, q: Any, k: Any, v: Any, out: Any, lse: Any, *, 
     launch_parts(choice, q, k, v, out, lse, [geometry], final_out=final_out)
 
 
-def launch_parts(choice: KernelChoice, q: Any, k: Any, v: Any, out: Any, lse: Any, parts: Sequence[dict],
-                 final_out: Any = None) -> None:
-    """Launches (keyword arguments of :func:`launch`) that differ only in their first elements and head counts
-    (the head offsets of one pattern: :func:`head_offset_parts`) as one: tma16 runs them in one launch, a part
-    each; the other kernels launch them one by one."""
+class LaunchRun:
+    """The parts of one launch (:func:`launch_parts`), checked once, with the variant that runs them. A run of a
+    call's plan (:func:`local_plan`, cached per call signature) is the same object at every call, and the
+    arguments of its tma16 launch on the same arrays are cached for it (:func:`_tma_arguments`, by identity)."""
+
+    __slots__ = ("parts", "chosen")
+
+    def __init__(self, choice: KernelChoice, parts: Sequence[dict]) -> None:
+        self.parts = tuple(checked_parts(choice, parts))
+        self.chosen = (choice.accumulating() if self.parts and self.parts[0].get("accumulate")
+                       else choice.variant)
+
+
+def checked_parts(choice: KernelChoice, parts: Sequence[dict]) -> list[dict]:
+    """``parts`` (keyword arguments of :func:`launch`) without the empty ones, each checked against what the
+    16-bit kernels read (row alignment, scale, head dim of ``choice``)."""
     parts = [p for p in parts if p["segments"] and p["heads"] and p["mq"] and p["mk"]]
     for p in parts:
         qg, kg, vg = p["qg"], p["kg"], p["vg"]
@@ -68,13 +79,23 @@ def launch_parts(choice: KernelChoice, q: Any, k: Any, v: Any, out: Any, lse: An
             raise ValueError(f"the 16-bit kernel needs scale > 0, got {p['scale']}")
         if p["head_dim"] != choice.head_dim:
             raise ValueError(f"the kernel was chosen for head_dim {choice.head_dim}, got {p['head_dim']}")
+    return parts
+
+
+def launch_parts(choice: KernelChoice, q: Any, k: Any, v: Any, out: Any, lse: Any,
+                 parts: "Sequence[dict] | LaunchRun", final_out: Any = None) -> None:
+    """Launches (keyword arguments of :func:`launch`) that differ only in their first elements and head counts
+    (the head offsets of one pattern: :func:`head_offset_parts`) as one: tma16 runs them in one launch, a part
+    each; the other kernels launch them one by one. ``parts`` may be a :class:`LaunchRun` of ``choice`` (checked
+    already)."""
+    run = parts if isinstance(parts, LaunchRun) else LaunchRun(choice, parts)
+    parts, chosen = run.parts, run.chosen
     if not parts:
         return
-    chosen = choice.accumulating() if parts[0].get("accumulate") else choice.variant
     fn = compiled(chosen)
     if chosen.variant == "tma16":
         final = None if final_out is None or parts[0].get("final") is None else final_out
-        _launch_tma(fn, chosen, (q, k, v, out, lse), parts, final)
+        _launch_tma(fn, run, (q, k, v, out, lse), final)
         return
     ptrs = tuple(np.uint64(device_pointer(x)) for x in (q, k, v, out, lse))
     for p in parts:
@@ -196,23 +217,33 @@ def multiprocessors(device_id: int) -> int:
     return int(cupy.cuda.Device(device_id).attributes["MultiProcessorCount"])
 
 
-def _launch_tma(fn: Any, chosen: Variant, arrays: tuple, parts: Sequence[dict], final_out: Any = None) -> None:
-    """One tma16 launch of ``parts`` (tma_launch_args) on ``arrays`` (q, k, v, out, lse); ``final_out``: the
+def _launch_tma(fn: Any, run: LaunchRun, arrays: tuple, final_out: Any = None) -> None:
+    """One tma16 launch of ``run`` (tma_launch_args) on ``arrays`` (q, k, v, out, lse); ``final_out``: the
     16-bit output of the rows whose last merge this is (the parts' FinalRows say which)."""
     import cupy
 
     pointers = tuple(device_pointer(x) for x in arrays)
-    device = cupy.cuda.Device()
+    device = cupy.cuda.Device().id
+    final = None if final_out is None else device_pointer(final_out)
+    buffer, grid, args = _tma_arguments(run, pointers, final, device)
+    work = cupy.zeros(1, dtype=cupy.int32)       # the persistent blocks' item counter (stream-ordered memory)
+    fn(grid, (run.chosen.threads,), (np.uint64(buffer.data.ptr), np.uint64(work.data.ptr), *args),
+       shared_mem=run.chosen.shared_bytes)
+
+
+@lru_cache(maxsize=512)
+def _tma_arguments(run: LaunchRun, pointers: tuple, final_out: int | None, device: int) -> tuple[Any, tuple, tuple]:
+    """(the maps and parts' table in device memory, grid, the arguments after the two pointers) of ``run``'s tma16
+    launch on the arrays at ``pointers`` (q, k, v, out, lse) of ``device``, computed once for each (run, arrays):
+    the plan of a call repeated on the same arrays costs a lookup (the run is keyed by identity, and kept alive by
+    the key)."""
     final = None
     if final_out is not None:
-        table = _later_table(device.id, parts[0]["final"].later)
-        final = (device_pointer(final_out), 0 if table is None else table.data.ptr)
-    maps, grid, args, table_bytes = tma_launch_args(chosen, pointers, parts, sms=multiprocessors(device.id),
+        table = _later_table(device, run.parts[0]["final"].later)
+        final = (final_out, 0 if table is None else table.data.ptr)
+    maps, grid, args, table_bytes = tma_launch_args(run.chosen, pointers, run.parts, sms=multiprocessors(device),
                                                     final=final)
-    buffer = tma.device_maps(device.id, maps, table_bytes)
-    work = cupy.zeros(1, dtype=cupy.int32)       # the persistent blocks' item counter (stream-ordered memory)
-    fn(grid, (chosen.threads,), (np.uint64(buffer.data.ptr), np.uint64(work.data.ptr), *args),
-       shared_mem=chosen.shared_bytes)
+    return tma.device_maps(device, maps, table_bytes), grid, args
 
 
 @lru_cache(maxsize=64)
@@ -334,18 +365,33 @@ class SixteenBitKernels:
             return self.rounding.local_patterns(qs, ks, vs, patterns, causal, scale, out, lse, shape=shape)
         out_ptr, scratch_ptr, lse_ptr = device_pointer(out), device_pointer(scratch), device_pointer(lse)
         final = rounds_at_last_merge(patterns)
-        for h0 in range(0, heads, group):
-            h1 = min(heads, h0 + group)
+        plan = local_plan(self.choice, tuple(map(segment_dilation, patterns)), bool(causal), float(scale), n, heads, d,
+                          group, final)
+        for h0, h1, runs in plan:
             first = out_ptr + 2 * h0 * d                 # the group's first element of row 0 (16-bit)
             rows = dict(rows=n, width=(h1 - h0) * d, head_dim=d, l_stride=heads, l_first=h0)
             _convert("widen_16", self.choice.dtype, first, scratch_ptr, lse_ptr, src_stride=heads * d, dst_stride=group * d,
                      **rows)
-            for parts in head_offset_parts(group_launches(patterns, causal, scale, n, heads, d, h0, h1, group, final)):
-                launch_parts(self.choice, qs, ks, vs, scratch, lse, parts, final_out=out)
+            for run in runs:
+                launch_parts(self.choice, qs, ks, vs, scratch, lse, run, final_out=out)
             if not final:                             # rows not rounded at their last merge: round them now
                 _convert("narrow_16", self.choice.dtype, scratch_ptr, first, lse_ptr, src_stride=group * d,
                          dst_stride=heads * d, **rows)
         del scratch
+
+
+@lru_cache(maxsize=64)
+def local_plan(choice: KernelChoice, patterns: tuple, causal: bool, scale: float, n: int, heads: int, head_dim: int,
+               group: int, final: bool) -> tuple[tuple[int, int, tuple[LaunchRun, ...]], ...]:
+    """The launches of local ``patterns`` into a float32 running output of ``group`` heads (SixteenBitKernels):
+    (first head, end head, its launch runs) per group of heads, worked out once per call signature (the
+    Python of a call's planning took as long as the GPU's first launch of a small problem)."""
+    plan = []
+    for h0 in range(0, heads, group):
+        h1 = min(heads, h0 + group)
+        launches = group_launches(patterns, causal, scale, n, heads, head_dim, h0, h1, group, final)
+        plan.append((h0, h1, tuple(LaunchRun(choice, parts) for parts in head_offset_parts(launches))))
+    return tuple(plan)
 
 
 def _float32_scratch(shape: tuple) -> Any:
