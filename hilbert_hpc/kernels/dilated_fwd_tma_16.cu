@@ -57,6 +57,8 @@
 //     k-step ks (16 columns) starts at region ks / (RB / 32), + 32 (ks % (RB / 32)) bytes;
 //   MN-major: ((T,RB/16,m),(8,k)):((1,T,LBO),(RB/2,SBO)): SBO = 8 RB (next 8 K-rows = keys), LBO = bytes
 //     between regions (BK RB; D = 96 and 128 have two); k-step kk (16 keys): + 16 RB kk.
+// Each warpgroup makes the descriptors of its Q and of stage 0's K and V once (SwizzledDesc, wgmma.cuh); a stage
+// and a k-step add their offsets (in 16-byte units) to the descriptor's low word.
 
 #include "common.cuh"
 #include "convert.cuh"
@@ -304,6 +306,10 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
         setmaxnreg_inc<R::CREG>();
         const int w = wg - 1, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
         const unsigned sQw = sQ + w * NR * L::Q_REGION;
+        // the operands' descriptors: this warpgroup's Q, K and V of stage 0, a stage and k-step adding their offsets
+        // (SwizzledDesc; with a descriptor made per operand, 12 uniform instructions led each Q K^T wgmma, and
+        // the kernel ran 1.01-1.05x slower)
+        const SwizzledDesc<RB> q_desc(sQw, 16), k_desc(sK, 16), v_desc(sK + L::TILE, L::REGION);
         const float mul = scale * LOG2E;
         const IssueTurns<NC, PINGPONG != 0> turns{w};
         const FinalOutput<T> fin{out16, later, nlater, f_seg, f_head, f_row, f_rowlen};
@@ -347,13 +353,13 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
 
             // S = Q K^T of tile it into s (issued and committed, not waited for)
             auto issue_qk = [&](int it) {
-                const unsigned st = sK + 2 * stage_of<STAGES>(g0 + it) * L::TILE;
+                const unsigned stage = 2 * stage_of<STAGES>(g0 + it) * (L::TILE / 16);   // in 16-byte units
                 pin(s);
                 wgmma_fence();
         #pragma unroll
                 for (int ks = 0; ks < KQ; ++ks) {
-                    const desc_t dq = smem_desc_swizzled<RB>(sQw + (ks / KR) * L::Q_REGION + 32 * (ks % KR), 16);
-                    const desc_t dk = smem_desc_swizzled<RB>(st + (ks / KR) * L::REGION + 32 * (ks % KR), 16);
+                    const desc_t dq = q_desc.at((ks / KR) * (L::Q_REGION / 16) + 2 * (ks % KR));
+                    const desc_t dk = k_desc.at(stage + (ks / KR) * (L::REGION / 16) + 2 * (ks % KR));
                     if (ks == 0)
                         Wgmma16<T, BK>::template ss<0>(s, dq, dk);
                     else
@@ -363,13 +369,13 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
             };
             // O += P V of tile it (issued and committed)
             auto issue_pv = [&](int it) {
-                const unsigned sv = sK + 2 * stage_of<STAGES>(g0 + it) * L::TILE + L::TILE;
+                const unsigned stage = 2 * stage_of<STAGES>(g0 + it) * (L::TILE / 16);   // in 16-byte units
                 pin(o);
                 pin_u(p);
                 wgmma_fence();
         #pragma unroll
                 for (int kk = 0; kk < KP; ++kk)
-                    Wgmma16<T, D>::template rs<1, 1>(o, p[kk], smem_desc_swizzled<RB>(sv + 16 * RB * kk, L::REGION));
+                    Wgmma16<T, D>::template rs<1, 1>(o, p[kk], v_desc.at(stage + RB * kk));   // 16 keys: 16 RB bytes
                 wgmma_commit();
             };
             auto pack_p = [&]() {

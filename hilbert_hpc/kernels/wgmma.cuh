@@ -51,6 +51,27 @@ __device__ __forceinline__ desc_t smem_desc_swizzled(unsigned addr, unsigned lbo
     return smem_desc(addr, lbo, 8 * ROW) | ((ROW == 128 ? 1ull : 2ull) << 62);
 }
 
+// smem_desc_swizzled<ROW>(base + 16 u, lbo) for offsets of u 16-byte units, as two 32-bit words: `lo` (the start
+// address, bits 0-13, and LBO, bits 16-29), worked out once for `base`, and the constant `hi` (SBO, the swizzle). A
+// k-step or stage further on adds its offset to `lo` alone: shared-window addresses lie below 256 KiB, so the sum
+// stays inside the address field. One integer add per wgmma operand, not the masks and shifts of smem_desc.
+template <int ROW>
+struct SwizzledDesc {
+    static_assert(ROW == 128 || ROW == 64, "128- or 64-byte swizzle");
+    static constexpr unsigned HI = (8 * ROW >> 4) | ((ROW == 128 ? 1u : 2u) << 30);
+    unsigned lo;
+
+    __device__ __forceinline__ SwizzledDesc(unsigned base, unsigned lbo)
+        : lo(((base & 0x3FFFFu) >> 4) | (((lbo & 0x3FFFFu) >> 4) << 16)) {}
+
+    // the descriptor of base + 16 u bytes
+    __device__ __forceinline__ desc_t at(unsigned u) const {
+        desc_t d;
+        asm("mov.b64 %0, {%1, %2};" : "=l"(d) : "r"(lo + u), "r"(HI));
+        return d;
+    }
+};
+
 template <int R>
 __device__ __forceinline__ void pin_u(unsigned (&x)[R][4]) {
 #pragma unroll
