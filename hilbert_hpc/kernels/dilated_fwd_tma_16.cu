@@ -351,9 +351,11 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
 
             turns.start();
 
+            // tile it's stage: the offset of its K from stage 0's (and of its V from stage 0's), in 16-byte units
+            auto stage_units = [&](int it) { return (unsigned)(2 * stage_of<STAGES>(g0 + it) * (L::TILE / 16)); };
             // S = Q K^T of tile it into s (issued and committed, not waited for)
             auto issue_qk = [&](int it) {
-                const unsigned stage = 2 * stage_of<STAGES>(g0 + it) * (L::TILE / 16);   // in 16-byte units
+                const unsigned stage = stage_units(it);
                 pin(s);
                 wgmma_fence();
         #pragma unroll
@@ -369,7 +371,7 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
             };
             // O += P V of tile it (issued and committed)
             auto issue_pv = [&](int it) {
-                const unsigned stage = 2 * stage_of<STAGES>(g0 + it) * (L::TILE / 16);   // in 16-byte units
+                const unsigned stage = stage_units(it);
                 pin(o);
                 pin_u(p);
                 wgmma_fence();
@@ -468,8 +470,8 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
                 turns.pass(it, ntiles);
             }
 
-            merge_out<T, D>(out, lse, ooff, o_row, loff, l_row, row0, mq, t, m, l, o, old, fin,
-                                __ldg(&part->f_base), wi.seg, wi.head);
+            merge_out<T, D>(out, lse, ooff, o_row, loff, l_row, row0, mq, t, m, l, o, old, fin, __ldg(&part->f_base),
+                            wi.seg, wi.head);
             g0 = (g0 + ntiles) % (2 * STAGES);
             k ^= 1;
             if (!PERSISTENT) break;

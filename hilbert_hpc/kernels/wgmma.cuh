@@ -39,11 +39,6 @@ __device__ __forceinline__ desc_t smem_desc(const void* p, unsigned lbo, unsigne
     return smem_desc((unsigned)__cvta_generic_to_shared(p), lbo, sbo);
 }
 
-// 128-byte swizzle (layout type 1, bits 62-63), SBO = 1024 bytes (8 rows of 128 bytes)
-__device__ __forceinline__ desc_t smem_desc_sw128(unsigned addr, unsigned lbo) {
-    return smem_desc(addr, lbo, 1024) | (1ull << 62);
-}
-
 // the swizzle of rows of ROW = 128 or 64 bytes (layout type 1 or 2), SBO = 8 rows
 template <int ROW>
 __device__ __forceinline__ desc_t smem_desc_swizzled(unsigned addr, unsigned lbo) {
@@ -51,23 +46,25 @@ __device__ __forceinline__ desc_t smem_desc_swizzled(unsigned addr, unsigned lbo
     return smem_desc(addr, lbo, 8 * ROW) | ((ROW == 128 ? 1ull : 2ull) << 62);
 }
 
-// smem_desc_swizzled<ROW>(base + 16 u, lbo) for offsets of u 16-byte units, as two 32-bit words: `lo` (the start
-// address, bits 0-13, and LBO, bits 16-29), worked out once for `base`, and the constant `hi` (SBO, the swizzle). A
-// k-step or stage further on adds its offset to `lo` alone: shared-window addresses lie below 256 KiB, so the sum
-// stays inside the address field. One integer add per wgmma operand, not the masks and shifts of smem_desc.
+// smem_desc_swizzled<ROW>(base + 16 u, lbo) for offsets of u 16-byte units, as its two 32-bit words: `lo` (the
+// start address, bits 0-13, and LBO, bits 16-29), worked out once for `base`, and `hi` (SBO, the swizzle), the same
+// for every offset. A k-step or stage further on adds its offset to `lo` alone: shared-window addresses lie below
+// 256 KiB, so the sum stays inside the address field. One integer add per wgmma operand, not the masks and shifts
+// of smem_desc.
 template <int ROW>
 struct SwizzledDesc {
-    static_assert(ROW == 128 || ROW == 64, "128- or 64-byte swizzle");
-    static constexpr unsigned HI = (8 * ROW >> 4) | ((ROW == 128 ? 1u : 2u) << 30);
-    unsigned lo;
+    unsigned lo, hi;
 
-    __device__ __forceinline__ SwizzledDesc(unsigned base, unsigned lbo)
-        : lo(((base & 0x3FFFFu) >> 4) | (((lbo & 0x3FFFFu) >> 4) << 16)) {}
+    __device__ __forceinline__ SwizzledDesc(unsigned base, unsigned lbo) {
+        const desc_t d = smem_desc_swizzled<ROW>(base, lbo);
+        lo = (unsigned)d;
+        hi = (unsigned)(d >> 32);
+    }
 
     // the descriptor of base + 16 u bytes
     __device__ __forceinline__ desc_t at(unsigned u) const {
         desc_t d;
-        asm("mov.b64 %0, {%1, %2};" : "=l"(d) : "r"(lo + u), "r"(HI));
+        asm("mov.b64 %0, {%1, %2};" : "=l"(d) : "r"(lo + u), "r"(hi));
         return d;
     }
 };
