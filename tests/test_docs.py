@@ -67,3 +67,102 @@ def test_named_package_paths_exist():
                 missing.append(dotted)
             break
     assert not missing, f"named in the docs but not in the package: {missing}"
+
+
+# The README's "Using it" block: a user pastes it after the set-up, top to bottom.
+
+def _bash_block(heading: str) -> list[str]:
+    """The non-blank, non-comment lines of the first ```bash block under ``## heading`` in the README."""
+    section = (ROOT / "README.md").read_text().split(f"## {heading}", 1)[1]
+    block = section.split("```bash", 1)[1].split("```", 1)[0]
+    return [line for line in block.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+def _command(line: str) -> tuple[int, list[str], bool]:
+    """(ranks, argv from the program on, marked ``# GPU``) of one README line; its launcher and ``eval`` removed."""
+    import shlex
+
+    command, comment = (*re.split(r"\s#\s", line, maxsplit=1), "")[:2]
+    argv = shlex.split(command.split("&&")[-1])
+    if argv[0] == "eval":
+        argv = shlex.split(argv[1].removeprefix("$(").removesuffix(")"))
+    ranks = 1
+    if argv[0] in ("mpirun", "mpiexec", "srun"):
+        ranks = int(argv[argv.index("-n") + 1])
+        argv = argv[argv.index("hilbert-hpc"):]
+    return ranks, argv, bool(re.match(r"GPU\b", comment.strip()))
+
+
+def _using_it() -> list[tuple[str, int, list[str], bool]]:
+    """Every line of "Using it" as (line, ranks, argv, marked GPU), after the set-up's quickstart run."""
+    setup = _bash_block("Set-up: two commands")[0]
+    return [(line, *_command(line)) for line in [setup, *_bash_block("Using it")]]
+
+
+def _job_needs_gpu(job: str, ranks: int) -> bool:
+    from hilbert_hpc.backends import find_backend
+    from hilbert_hpc.study.jobfile import load_job
+
+    return any(find_backend(case.backend).on_gpu for case in load_job(ROOT / job, world_size=ranks).cases)
+
+
+def test_readme_usage_names_existing_files():
+    named = {tok for _, _, argv, _ in _using_it() for tok in argv if re.match(r"(jobs|slurm)/", tok)}
+    assert named, "the Using-it block names job files"
+    missing = sorted(name for name in named if not (ROOT / name).is_file())
+    assert not missing, f"README.md's Using-it block names missing files: {missing}"
+
+
+def test_readme_usage_lines_are_accepted_by_the_cli():
+    from hilbert_hpc.cli import build_parser
+
+    for line, _, argv, _ in _using_it():
+        if argv[0] == "hilbert-hpc":
+            try:
+                build_parser().parse_args(argv[1:])
+            except SystemExit:
+                raise AssertionError(f"hilbert-hpc refuses the README line: {line}") from None
+
+
+def test_readme_usage_runs_top_to_bottom():
+    """Each results file is new where written (or continued, on the ranks that wrote it), as pasted in order."""
+    from hilbert_hpc.cli import build_parser
+    from hilbert_hpc.study.jobfile import load_job
+    from hilbert_hpc.study.maxlen import load_search
+
+    written: dict[str, int] = {}
+    for line, ranks, argv, _ in _using_it():
+        if argv[0] == "sbatch":
+            output, resume, overwrite = load_job(ROOT / argv[2]).output, False, False
+        elif argv[0] == "hilbert-hpc" and argv[1] in ("run", "maxlen", "bandwidth"):
+            args = build_parser().parse_args(argv[1:])
+            output = args.output or {"run": lambda: load_job(ROOT / args.job).output,
+                                     "maxlen": lambda: load_search(ROOT / args.study).output,
+                                     "bandwidth": lambda: None}[argv[1]]()
+            resume, overwrite = getattr(args, "resume", False), args.overwrite
+        else:
+            continue
+        if output is None:
+            continue
+        if resume:
+            assert written.get(output) == ranks, f"nothing written by {ranks} rank(s) to {output} to resume: {line}"
+        else:
+            assert output not in written or overwrite, f"{output} was written by an earlier line: {line}"
+        written[output] = ranks
+
+
+def test_readme_usage_marks_the_gpu_lines():
+    from hilbert_hpc.backends import find_backend
+    from hilbert_hpc.cli import build_parser
+    from hilbert_hpc.study.maxlen import load_search
+
+    for line, ranks, argv, marked in _using_it()[1:]:
+        if argv[0] == "sbatch":
+            needs = _job_needs_gpu(argv[2], ranks)
+        else:
+            args = build_parser().parse_args(argv[1:])
+            needs = {"run": lambda: _job_needs_gpu(args.job, ranks),
+                     "maxlen": lambda: any(find_backend(b).on_gpu for b in load_search(ROOT / args.study).backends),
+                     "bandwidth": lambda: args.device == "gpu",
+                     "cuda-env": lambda: True}.get(argv[1], lambda: False)()
+        assert marked == needs, f"{'mark' if needs else 'unmark'} this README line '# GPU': {line}"
