@@ -53,15 +53,24 @@ def test_every_field_has_a_unit_and_a_meaning():
             assert f.metadata["unit"] and f.metadata["meaning"], f"{group.__name__}.{f.name}"
 
 
-def test_the_layout_lists_the_kernel_variants_the_backends_record():
-    from hilbert_hpc.kernels.registry import FAMILIES, FORWARD
+@pytest.mark.parametrize("field, direction", [("kernel", "forward"), ("backward_kernel", "backward")])
+def test_the_layout_lists_the_kernel_variants_the_backends_record(field, direction):
+    """The record's meaning and the layout name each direction's families of the registry, per dtype."""
+    from hilbert_hpc.kernels.registry import families_for
 
-    forward = [name for name, f in FAMILIES.items() if f.direction == FORWARD]
-    meaning = dict(((g, n), m) for g, n, _, _, m in rec.doc_rows())[("case attrs", "kernel")]
-    for variant in (*forward, "none"):
-        assert re.search(rf"\b{variant}\b", meaning), variant
+    meaning = dict(((g, n), m) for g, n, _, _, m in rec.doc_rows())[("case attrs", field)]
+    for dtypes, clause in ((("float32",), "cuda-fp32 and cuda"), (("bfloat16", "float16"), "cuda 16-bit")):
+        registered = {f.name for d in dtypes for f in families_for(d, direction)}
+        listed = re.search(rf"{clause}: ([^;]*);", meaning)
+        assert listed, f"the meaning of {field} has no '{clause}: ...;' clause: {meaning}"
+        assert set(re.split(r", | or ", listed.group(1))) == registered, (field, clause, sorted(registered))
+    assert re.search(r"\bnone\b", meaning)
     layout = DOC.read_text().split("## The case record")[0]
-    assert all(re.search(rf"\b{v}\b", layout) for v in forward)
+    listed = re.search(rf"\b{field} \(([^)]*)\)", layout)
+    assert listed, f"docs/results.md's layout has no '{field} (...)'"
+    missing = [f.name for d in ("float32", "bfloat16") for f in families_for(d, direction)
+               if not re.search(rf"\b{f.name}\b", listed.group(1))]
+    assert not missing, f"docs/results.md's layout omits the {direction} kernels {missing} after {field}"
 
 
 def test_parameters_are_the_case_params():

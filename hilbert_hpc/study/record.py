@@ -85,8 +85,8 @@ class Setup:
     transport: str = entry("-", "transport used (none on one rank)")
     kernel: str = entry("-", "GPU kernel variant (cuda-fp32 and cuda: wgmma, tf32x3, tiled128, tiled64 or warp; "
                              "cuda 16-bit: wgmma16, tma16 or mma16; else none)")
-    backward_kernel: str = entry("-", "GPU backward kernel of a forward+backward case (cuda-fp32 and cuda: fma_bwd; "
-                                      "cuda 16-bit: mma16_bwd or fma_bwd; else none)")
+    backward_kernel: str = entry("-", "GPU backward kernel of a forward+backward case (cuda-fp32 and cuda: tf32x3_bwd "
+                                      "or fma_bwd; cuda 16-bit: wgmma16_bwd, mma16_bwd or fma_bwd; else none)")
     transport_reason: str = entry("-", "why that transport was used")
     placement: str = entry("-", "serialized positions per rank: contiguous, or zigzag (chunks p and 2P-1-p of 2P; "
                                 "files without it: contiguous)")
