@@ -166,3 +166,36 @@ def test_readme_usage_marks_the_gpu_lines():
                      "bandwidth": lambda: args.device == "gpu",
                      "cuda-env": lambda: True}.get(argv[1], lambda: False)()
         assert marked == needs, f"{'mark' if needs else 'unmark'} this README line '# GPU': {line}"
+
+
+def test_kernels_header_table_lists_every_header_in_include_order():
+    from hilbert_hpc.kernels.program import HEADERS
+
+    section = (ROOT / "docs" / "kernels.md").read_text().split("## Kernel headers", 1)[1].split("\n## ", 1)[0]
+    table = re.findall(r"^\| `([\w.]+\.cuh)` \|", section, flags=re.M)
+    on_disk = sorted(p.name for p in (ROOT / "hilbert_hpc" / "kernels").glob("*.cuh"))
+    assert sorted(HEADERS) == on_disk, "kernels.program.HEADERS inlines every header"
+    assert table == list(HEADERS), f"docs/kernels.md's header table, in program.HEADERS' order: {list(HEADERS)}"
+
+
+def test_kernels_doc_counts_the_instantiations_ci_compiles():
+    from hilbert_hpc.kernels.registry import instantiations
+
+    counts = re.findall(r"(\d+) instantiations", (ROOT / "docs" / "kernels.md").read_text())
+    assert counts, "docs/kernels.md says how many instantiations CI compiles"
+    assert set(counts) == {str(len(instantiations()))}, "the number of registry.instantiations() (kernels.check)"
+
+
+def test_semantics_says_where_the_backward_crosses_ranks():
+    """The backward section's heading names the devices whose backends have a ring backward."""
+    from hilbert_hpc.backends import BACKENDS
+    from hilbert_hpc.backends.base import Backend
+
+    ring = [cls for cls in BACKENDS.values() if cls.ring_backward_kernels is not Backend.ring_backward_kernels]
+    heading = re.search(r"^## \d+\. Backward \((.*)\)$", (ROOT / "docs" / "semantics.md").read_text(), re.M)
+    assert heading, "docs/semantics.md has a section '## N. Backward (...)'"
+    across = heading.group(1).split("across ranks", 1)
+    assert len(across) == 2, f"the heading says where the backward crosses ranks: {heading.group(0)}"
+    for device, on_gpu in (("CPU", False), ("GPU", True)):
+        has = any(cls.on_gpu == on_gpu for cls in ring)
+        assert (device in heading.group(1)) == has, f"{device} backends {'have' if has else 'lack'} a ring backward"

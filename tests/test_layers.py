@@ -122,3 +122,11 @@ def test_no_import_cycle():
 def test_module_is_of_a_readable_size(name):
     lines = len(modules()[name].read_text().splitlines())
     assert lines <= MAX_LINES, f"{name} has {lines} lines (at most {MAX_LINES})"
+
+
+def test_the_architecture_doc_states_this_size_limit():
+    import re
+
+    doc = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    stated = re.findall(r"at most (\d+) lines", doc)
+    assert stated == [str(MAX_LINES)], f"docs/architecture.md says modules stay at most {MAX_LINES} lines: {stated}"
