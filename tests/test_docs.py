@@ -199,3 +199,28 @@ def test_semantics_says_where_the_backward_crosses_ranks():
     for device, on_gpu in (("CPU", False), ("GPU", True)):
         has = any(cls.on_gpu == on_gpu for cls in ring)
         assert (device in heading.group(1)) == has, f"{device} backends {'have' if has else 'lack'} a ring backward"
+
+
+def _github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a Markdown heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_performance_current_figures_are_copied_from_the_sections_they_link():
+    text = (ROOT / "docs" / "performance.md").read_text()
+    headings = list(re.finditer(r"^## (.*)$", text, flags=re.M))
+    sections = {_github_anchor(m.group(1)): text[m.end():].split("\n## ", 1)[0] for m in headings}
+    found = re.search(r"<!-- current figures: begin -->\n(.*?)<!-- current figures: end -->", text, re.S)
+    assert found and headings[0].group(1) == "Current figures" and found.end() < headings[1].start(), \
+        "performance.md opens with its current figures"
+    rows = [[cell.strip() for cell in line.strip("|").split(" | ")] for line in found.group(1).splitlines()[2:]]
+    assert rows and all(len(row) == 4 for row in rows)
+    for what, figure, device_date, link in rows:
+        anchor = re.fullmatch(r"\[[^\]]+\]\(#([\w-]+)\)", link)
+        assert anchor and anchor.group(1) in sections, f"{what}: no section {link}"
+        section = sections[anchor.group(1)]
+        date = re.search(r"\d{4}-\d{2}-\d{2}", device_date)
+        assert date and date.group(0) in section, f"{what}: the section is not of {device_date}"
+        for number in re.findall(r"\d+(?:[.,]\d+)*", figure + device_date.replace(date.group(0), "")):
+            assert re.search(rf"(?<![\d.,]){re.escape(number)}(?![\d]|[.,]\d)", section), \
+                f"{what}: {number} is not in its section"
