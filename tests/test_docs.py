@@ -117,6 +117,7 @@ def test_readme_usage_lines_are_accepted_by_the_cli():
     from hilbert_hpc.cli import build_parser
 
     for line, _, argv, _ in _using_it():
+        assert argv[0] in ("hilbert-hpc", "sbatch"), f"a README line that runs neither hilbert-hpc nor sbatch: {line}"
         if argv[0] == "hilbert-hpc":
             try:
                 build_parser().parse_args(argv[1:])
