@@ -59,7 +59,7 @@ def _bandwidth_arguments(args: argparse.Namespace) -> int:
     from hilbert_hpc.study.plan import parse_size
 
     _at_least(args.iterations, 1, "--iterations")
-    max_bytes = _at_least(parse_size(args.max_bytes, "--max-bytes"), MIN_BYTES, "--max-bytes",
+    max_bytes = _at_least(parse_size(args.max_bytes, "--max-bytes", unitless_min=1), MIN_BYTES, "--max-bytes",
                           "a message size in bytes (the sweep starts at 1 KiB)")
     if args.device == "gpu":
         from hilbert_hpc.backends import gpu_unusable
@@ -84,7 +84,7 @@ def _cmd_bandwidth(args: argparse.Namespace) -> int:
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     from hilbert_hpc.study.jobfile import load_job
-    from hilbert_hpc.study.plan import LEFT_OUT, gpu_model, parse_size, print_plan
+    from hilbert_hpc.study.plan import LEFT_OUT, gpu_model, parse_size, print_plan, unchecked_notes
     from hilbert_hpc.study.setup import plan_setup
 
     model = gpu_model(args.gpu) if args.gpu else None
@@ -101,9 +101,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         job = job.with_transport(args.transport)
     setups = {case.case_id: plan_setup(case, model.cc if model else None) for case in job.cases}
     rows = print_plan(job, ranks, sys.stdout, device, host, setups)
-    if not all(s.decided for s in setups.values()):
-        print("hilbert-hpc: note: no usable GPU here: GPU cases were checked for their distribution over the "
-              "ranks only; 'run' checks their kernels and transport on the GPU nodes", file=sys.stderr)
+    for note in unchecked_notes(job, setups):
+        print(f"hilbert-hpc: note: {note}", file=sys.stderr)
     verdicts = [v for _, v in rows]
     return 3 if "NO" in verdicts or (verdicts and all(v == LEFT_OUT for v in verdicts)) else 0
 
@@ -111,19 +110,22 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 def _project(args: argparse.Namespace, device: int | None, cc: int | None) -> int:
     """``plan --project``: every case of the job on each of the GPU counts (study.projection)."""
     from hilbert_hpc.study.jobfile import load_job
-    from hilbert_hpc.study.projection import parse_bandwidth, parse_counts, parse_rate, print_projection
+    from hilbert_hpc.study.projection import (built_in_notes, parse_bandwidth, parse_counts, parse_rate,
+                                              print_projection)
 
     counts = parse_counts(args.project)
     rate = parse_rate(args.rate_tflops) if args.rate_tflops is not None else None
     bandwidth = parse_bandwidth(args.bandwidth_gbs) if args.bandwidth_gbs is not None else None
     if args.host_memory or args.transport:
         raise UserError("a projection is for GPUs: leave out --host-memory and --transport", "--project")
+    job = load_job(args.job)
     results = []
     if args.from_:
         from hilbert_hpc.study.report_read import load_cases
 
-        results = load_cases(args.from_)[0]
-    job = load_job(args.job)
+        results, notes = load_cases(args.from_)
+        for note in notes + built_in_notes(job, counts, results, rate, bandwidth):
+            print(f"hilbert-hpc: note: {note}", file=sys.stderr)
     print_projection(job, counts, sys.stdout, device, rate, bandwidth, cc, results)
     return 0
 

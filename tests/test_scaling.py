@@ -121,7 +121,7 @@ def test_run_leaves_out_the_optional_peers_cases_that_cannot_fit(tmp_path, monke
     err = capsys.readouterr().err
     assert "note: case 0001-peer of optional backend 'torch' is left out: it needs about" in err
     assert len(left) == 1 and left[0].startswith("case 0001-peer of optional backend 'torch' is left out")
-    assert main(["plan", str(tmp_path / "study.toml"), "-n", "1", "--host-memory", str(need["numpy"])]) == 0
+    assert main(["plan", str(tmp_path / "study.toml"), "-n", "1", "--host-memory", f"{need['numpy']}B"]) == 0
     assert "NO, left out" in capsys.readouterr().out              # plan says so, and does not fail for it
 
     # a file that holds the peer's result (written where it fitted) resumes where it does not fit: kept
@@ -136,7 +136,7 @@ def test_run_leaves_out_the_optional_peers_cases_that_cannot_fit(tmp_path, monke
     only = SCALING.but(optional_backends=["torch"], cases=[peer]).text()
     with pytest.raises(ConfigError, match="no case of the job fits the memory here"):
         run_job(_job(tmp_path, only, 1), output=str(tmp_path / "o.h5"), stream=io.StringIO())
-    assert main(["plan", str(tmp_path / "study.toml"), "-n", "1", "--host-memory", str(need["numpy"])]) == 3
+    assert main(["plan", str(tmp_path / "study.toml"), "-n", "1", "--host-memory", f"{need['numpy']}B"]) == 3
     strict = _job(tmp_path, SCALING.but(cases=[peer]).text(), 1)
     with pytest.raises(ConfigError, match="GiB of host memory per rank"):
         run_job(strict, output=str(tmp_path / "s.h5"), stream=io.StringIO())

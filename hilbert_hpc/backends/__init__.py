@@ -40,16 +40,18 @@ def get_backend(name: str, param: str = "backend") -> Backend:
 
 
 def require_usable(name: str, param: str = "backend") -> Backend:
-    """The backend ``name``, refused with one line when it cannot run here (a GPU backend without a usable GPU).
+    """The backend ``name``, refused with one line when it cannot run here (a GPU backend without a usable GPU,
+    a peer whose module does not import).
 
     Checked before any work: without it a GPU case fails deep inside CuPy, or
-    after minutes of a max-length search.
+    after minutes of a max-length search. Its :meth:`~Backend.usable` comes first,
+    so that a GPU backend without CuPy says it needs an NVIDIA GPU, not only a module.
     """
-    be = get_backend(name, param)
+    be = find_backend(name, param)
     reason = be.usable()
     if reason:
         raise ConfigError(f"backend {name!r} {reason}", param)
-    return be
+    return be.require(param)
 
 
 def check_backend(dtype: str, backend: str, param: str) -> None:

@@ -51,18 +51,27 @@ class Backend:
     #: :meth:`serialized_forward`, whose default fits every backend)
     passes: tuple[str, ...] = ("forward",)
 
+    def missing_module(self) -> str | None:
+        """Why one of ``requires`` cannot be imported here (the end of a sentence after the backend's name), or
+        None: each is imported, so that a module missing, or present and broken, is found."""
+        for module in self.requires:
+            try:
+                importlib.import_module(module)
+            except (ImportError, OSError) as exc:
+                return f"needs {module}, which cannot be imported here ({exc})"
+        return None
+
     def require(self, param: str = "backend") -> "Backend":
         """This backend with its optional modules imported; a ConfigError names the one missing."""
-        try:
-            for module in self.requires:
-                importlib.import_module(module)
-        except ImportError as exc:
-            raise ConfigError(f"backend {self.name!r} is not available here ({exc})", param) from None
+        missing = self.missing_module()
+        if missing:
+            raise ConfigError(f"backend {self.name!r} {missing}", param)
         return self
 
     def usable(self) -> str | None:
-        """Why this backend cannot run on this machine (the end of a sentence after its name), or None."""
-        return None
+        """Why this backend cannot run on this machine (the end of a sentence after its name), or None; by
+        default, a module of ``requires`` that does not import (:meth:`missing_module`)."""
+        return self.missing_module()
 
     def check(self, head_dim: int, dtype: str, ranks: int) -> KernelChoice | None:
         """Refuse (RuntimeError or ValueError with the reason) what this backend or GPU cannot run, before any

@@ -226,8 +226,11 @@ class TorchPeer(Backend):
         return gathered_backward_bytes(shard, heads, head_dim, itemsize, patterns)
 
     def plan_on_gpu(self, gpu_nodes: bool | None) -> bool:
-        """On GPU nodes (``gpu_nodes``) the peer runs on their GPU; otherwise as on this machine."""
-        return self.require().on_gpu if gpu_nodes is None else gpu_nodes
+        """On GPU nodes (``gpu_nodes``) the peer runs on their GPU; otherwise as on this machine (on its host
+        where torch does not import here)."""
+        if gpu_nodes is not None:
+            return gpu_nodes
+        return self.usable() is None and self.on_gpu
 
     def to_device(self, x: Any, dtype: Any) -> Any:
         """A contiguous tensor of ``dtype`` on ``device()`` (:func:`to_tensor`)."""

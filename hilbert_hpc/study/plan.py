@@ -178,8 +178,8 @@ def print_plan(job: Job, world_size: int, stream: TextIO, device_memory: int | N
               if limit is not None]
     if limits:
         print(f"memory per rank: {', '.join(limits)}", file=stream)
-    head = (f"{'case':<28} {'ranks':>5} {'tokens/rank':>12} {'mem/rank GiB':>12} {'Q/K/V/O GiB':>11} "
-            f"{'sent/rank MB':>12} {'GFLOP/rank':>11}  fits")
+    head = (f"{'case':<28} {'backend':<9} {'dtype':<8} {'ranks':>5} {'tokens/rank':>12} {'mem/rank GiB':>12} "
+            f"{'Q/K/V/O GiB':>11} {'sent/rank MB':>12} {'GFLOP/rank':>11}  fits")
     print(head, file=stream)
     print("-" * len(head), file=stream)
     for case in job.cases:
@@ -188,9 +188,9 @@ def print_plan(job: Job, world_size: int, stream: TextIO, device_memory: int | N
         limit = device_memory if est.on_gpu else host_memory
         verdict = "?" if limit is None else "yes" if memory_shortfall(est, limit) is None else \
             LEFT_OUT if case.backend in job.optional_backends else "NO"
-        print(f"{case.case_id[:28]:<28} {est.ranks:>5} {est.tokens_per_rank:>12,} {est.memory_bytes / GIB:>12.3f} "
-              f"{est.floor_bytes / GIB:>11.3f} {est.sent_bytes / 1e6:>12.1f} {est.flops_per_rank / 1e9:>11.1f}  "
-              f"{verdict}", file=stream)
+        print(f"{case.case_id[:28]:<28} {case.backend:<9} {case.dtype:<8} {est.ranks:>5} {est.tokens_per_rank:>12,} "
+              f"{est.memory_bytes / GIB:>12.3f} {est.floor_bytes / GIB:>11.3f} {est.sent_bytes / 1e6:>12.1f} "
+              f"{est.flops_per_rank / 1e9:>11.1f}  {verdict}", file=stream)
         rows.append((est, verdict))
     verdicts = {v for _, v in rows}
     if "NO" in verdicts:
@@ -205,6 +205,23 @@ def print_plan(job: Job, world_size: int, stream: TextIO, device_memory: int | N
 LEFT_OUT = "NO, left out"
 
 
+def unchecked_notes(job: Job, setups: dict[str, CaseSetup]) -> list[str]:
+    """One note per backend of ``job`` that cannot run on this machine (a setup not ``decided``: no usable GPU,
+    a module that does not import), saying why and what of its cases the plan could not check."""
+    unchecked: dict[str, list[CaseSetup]] = {}
+    for setup in setups.values():
+        if not setup.decided:
+            unchecked.setdefault(setup.backend.name, []).append(setup)
+    notes = []
+    for name, cases in unchecked.items():
+        optional = ("; run leaves them out where it cannot run (job.optional_backends)"
+                    if name in job.optional_backends else "")
+        notes.append(f"backend {name!r} {cases[0].backend.usable()}: its {len(cases)} case(s) were checked for "
+                     f"their distribution over the ranks only; 'run' checks their kernels and transport where the "
+                     f"backend runs{optional}")
+    return notes
+
+
 #: size units (case-insensitive): K/M/G/T alone or with "iB" are powers of 1024 (as SLURM's --mem and
 #: nvidia-smi count), with "B" alone powers of 1000 (SI); no unit or "B": bytes
 SIZE_UNITS = {"": 1, "b": 1, **{f"{p}{suffix}": 1 << (10 * i) for i, p in enumerate("kmgt", 1)
@@ -212,16 +229,20 @@ SIZE_UNITS = {"": 1, "b": 1, **{f"{p}{suffix}": 1 << (10 * i) for i, p in enumer
               **{f"{p}b": 1000 ** i for i, p in enumerate("kmgt", 1)}}
 #: the largest size accepted (1 EiB): anything larger is a typo, not a machine
 MAX_SIZE = 1 << 60
-SIZE_HELP = ("bytes, or a number with a unit: K, M, G, T or KiB, MiB, GiB, TiB are powers of 1024; KB, MB, GB, TB "
-             "powers of 1000; any case, e.g. 80GiB, 16G, 512MB, '80 GB'")
+#: the smallest memory size accepted without a unit (1 MiB): ``--device-memory 80`` means 80 GiB, not 80 bytes
+UNITLESS_MIN = 1 << 20
+SIZE_HELP = ("a number with a unit: K, M, G, T or KiB, MiB, GiB, TiB are powers of 1024; KB, MB, GB, TB "
+             "powers of 1000; B or none: bytes; any case, e.g. 80GiB, 16G, 512MB, '80 GB'")
 _SIZE = re.compile(r"\s*((?:\d+\.?\d*|\.\d+)(?:e[+-]?\d+)?)\s*([a-z]*)\s*", re.IGNORECASE)
 
 
-def parse_size(text: str, flag: str = "--device-memory") -> int:
-    """'80GiB', '16G', '512MB', '80 GB', '1000000' -> bytes (``SIZE_UNITS``); a ConfigError names ``flag``.
+def parse_size(text: str, flag: str = "--device-memory", unitless_min: int = UNITLESS_MIN) -> int:
+    """'80GiB', '16G', '512MB', '80 GB', '2000000' -> bytes (``SIZE_UNITS``); a ConfigError names ``flag``.
 
     Refuses what is not a positive, finite size of at most ``MAX_SIZE`` bytes
-    (``nanGiB``, ``infGiB``, ``1e400GiB``, ``0``, ``-3GB``, unknown units).
+    (``nanGiB``, ``infGiB``, ``1e400GiB``, ``0``, ``-3GB``, unknown units), and a
+    number without a unit below ``unitless_min`` bytes (``80``: a unit left out,
+    not 80 bytes of memory; ``bandwidth --max-bytes`` takes bytes and passes 1).
     """
     found = _SIZE.fullmatch(text)
     unit = found.group(2).lower() if found else None
@@ -232,6 +253,10 @@ def parse_size(text: str, flag: str = "--device-memory") -> int:
         raise ConfigError(f"{text!r} is not a size a machine has (the limit is {MAX_SIZE >> 60} EiB)", flag)
     if value < 1:
         raise ConfigError(f"expected a positive size such as 80GiB, got {text!r}", flag)
+    if not unit and value < unitless_min:
+        number = found.group(1)
+        raise ConfigError(f"{text!r} has no unit, so it is {number} bytes: give the unit, e.g. {number}GiB (a number "
+                          f"alone is bytes, at least {unitless_min >> 20} MiB)", flag)
     return int(value)
 
 

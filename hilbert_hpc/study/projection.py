@@ -17,7 +17,8 @@ with ``R`` the measured useful TFLOP/s of one GPU (``RATES``) and ``B`` the
 measured ring bandwidth (``BANDWIDTH``), both overridable, or read from the
 results files of 1- and 2-rank runs (``plan --from``: the medians of the
 1-rank case of the same backend, dtype, mask and D; the ring bandwidth of the
-2-rank case that sent the most). It is a
+2-rank case that sent the most; a note names each figure the files do not give,
+for which the built-in one stands in: :func:`built_in_notes`). It is a
 projection from single-GPU rates and a 2-GPU ring, not a measurement: the rates
 are those of the benchmark problem's kernels, the bandwidth that of NVLink
 between two GPUs of one host, and the overlap of many GPUs is not measured.
@@ -181,6 +182,29 @@ def rate_for(case: Case, override: Rate | None, results: Sequence[CaseResult] = 
     return rate
 
 
+def bandwidth_for(override: Bandwidth | None, results: Sequence[CaseResult] = ()) -> Bandwidth:
+    """``override``, else the ring bandwidth of ``results`` (:func:`result_bandwidth`), else ``BANDWIDTH``."""
+    return override or result_bandwidth(results) or BANDWIDTH
+
+
+def built_in_notes(job: Job, counts: Sequence[int], results: Sequence[CaseResult], rate: Rate | None = None,
+                   bandwidth: Bandwidth | None = None) -> list[str]:
+    """What the results files of ``plan --from`` (``results``) do not give, so that a built-in figure stands in
+    (:func:`rate_for`, :func:`bandwidth_for`): one note per case of ``job`` that takes its rate from ``RATES``,
+    one when the ring bandwidth of a projection onto ``counts`` GPUs (more than one) is ``BANDWIDTH``."""
+    notes = []
+    for case in job.cases:
+        built_in = RATES.get((case.dtype, case.causal))
+        if rate_for(case, rate, results) is built_in:      # refuses, as the table would, a case without a rate
+            notes.append(f"case {case.case_id}: no 1-rank result of backend {case.backend!r}, {case.dtype}, "
+                         f"D = {case.head_dim}, {'causal' if case.causal else 'not causal'} in the --from files: "
+                         f"its rate is the built-in one ({built_in.source})")
+    if max(counts) > 1 and bandwidth_for(bandwidth, results) is BANDWIDTH:
+        notes.append(f"no 2-rank result in the --from files: the ring bandwidth is the built-in one "
+                     f"({BANDWIDTH.source})")
+    return notes
+
+
 def max_tokens(memory_bytes: int, shard: int, ranks: int, limit: int) -> int:
     """The largest power of two N, divisible by ``ranks``, whose memory per rank (``memory_bytes`` per ``shard``
     tokens, scaled linearly) is at most ``limit``; 0 if none."""
@@ -227,7 +251,7 @@ def print_projection(job: Job, counts: Sequence[int], stream: TextIO, device_mem
 
     ``rate`` / ``bandwidth``: overrides of ``RATES`` / ``BANDWIDTH``; ``cc``: the GPU's compute capability;
     ``results``: cases of results files of 1- and 2-rank runs, whose rates come before the defaults."""
-    bandwidth = bandwidth or result_bandwidth(results) or BANDWIDTH
+    bandwidth = bandwidth_for(bandwidth, results)
     rows = []
     print(f"projection: job {job.name!r} on {', '.join(map(str, counts))} GPU(s), {len(job.cases)} case(s); "
           f"a projection from measured per-GPU rates, not a measurement", file=stream)

@@ -133,9 +133,10 @@ def runnable_here(job: Job) -> tuple[Job, list[str]]:
 
 def plan_setup(case: Case, cc: int | None = None) -> CaseSetup:
     """The setup ``run`` will make for ``case`` (:func:`check_case`), without a transport; where this machine
-    cannot run the backend (no usable GPU), only its distribution is checked and the kernel is the one of the
-    GPU nodes (Hopper's, which needs the most memory; ``decided`` False). ``cc``: the compute capability of
-    the GPU the plan is for (``plan --gpu MODEL``): the kernel is the one ``run`` chooses there."""
+    cannot run the backend (no usable GPU, a module that does not import: ``Backend.usable``), only its
+    distribution is checked and the kernel is the one of the GPU nodes (Hopper's, which needs the most memory;
+    ``decided`` False). ``cc``: the compute capability of the GPU the plan is for (``plan --gpu MODEL``): the
+    kernel is the one ``run`` chooses there."""
     be = find_backend(case.backend, f"{case.case_id}.backend")
     if be.usable() is not None:
         return CaseSetup(case, case.ranks, case_layout(case, case.ranks), precision(case.dtype), be,
