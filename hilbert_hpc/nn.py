@@ -23,10 +23,10 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from hilbert_hpc.core.arguments import batch_view, check_arguments, problem_geometry
+from hilbert_hpc.core.arguments import batch_view, check_arguments, problem_arguments
 from hilbert_hpc.core.backward import local_dilated_backward
 from hilbert_hpc.core.dilated import local_dilated_forward
-from hilbert_hpc.core.ordering import inverse_order, resolve_ordering
+from hilbert_hpc.core.ordering import inverse_order, problem_order, resolve_ordering
 from hilbert_hpc.core.patterns import Pattern, parse_patterns
 
 #: input dtypes computed in float32 and cast back on the CPU (it has no 16-bit attention here)
@@ -136,34 +136,28 @@ def _check_tensors(q, k, v) -> None:
 
 
 @torch.compiler.assume_constant_result
-def _geometry(tokens: int, head_dim: int, patterns: Sequence, grid: Sequence[int] | int | None, ordering: str,
-              scale: float | None, segment: int | None
+def _geometry(tokens: int, heads: int, head_dim: int, batched: bool, patterns: Sequence,
+              grid: Sequence[int] | int | None, ordering: str, scale: float | None, segment: int | None
               ) -> tuple[list[int], list[int], float, torch.Tensor | None, torch.Tensor | None]:
     """The checked problem geometry as the ops take it: segments, dilations, scale, and the serialization
-    permutation and its inverse as index tensors (None for the natural order). A constant for torch.compile;
-    made once per problem (:func:`_cached_geometry`), not on every call of a training loop."""
-    try:
-        key = (tuple(tuple(p) for p in patterns), grid if grid is None or isinstance(grid, int) else tuple(grid))
-        hash(key)
-    except TypeError:                                   # not a plain sequence of pairs: checked uncached
-        return _index_geometry(tokens, head_dim, patterns, grid, ordering, scale, segment)
-    segments, dilations, scale, order, inverse = _cached_geometry(tokens, head_dim, *key, ordering, scale, segment)
-    return list(segments), list(dilations), scale, order, inverse
+    permutation and its inverse as index tensors (None for the natural order). A constant for torch.compile.
+    The arguments are checked on every call; the index tensors are made once per (grid, ordering, segment)
+    of checked values (:func:`_index_order`), not on every call of a training loop."""
+    pats, dims, ordering, block, scale = problem_arguments(tokens, heads, head_dim, batched, patterns, grid,
+                                                           ordering, scale, segment)
+    order, inverse = _index_order(dims, ordering, block)
+    return [p.segment for p in pats], [p.dilation for p in pats], scale, order, inverse
 
 
 @lru_cache(maxsize=16)
-def _cached_geometry(tokens: int, head_dim: int, patterns: tuple, grid: tuple | int | None, ordering: str,
-                     scale: float | None, segment: int | None) -> tuple:
-    """:func:`_index_geometry` of hashable arguments, kept for the next call (errors are not kept)."""
-    return _index_geometry(tokens, head_dim, patterns, grid, ordering, scale, segment)
-
-
-def _index_geometry(tokens: int, head_dim: int, patterns: Sequence, grid: Sequence[int] | int | None,
-                    ordering: str, scale: float | None, segment: int | None) -> tuple:
-    pats, perm, scale = problem_geometry(tokens, head_dim, patterns, grid, ordering, scale, segment)
-    identity = bool(np.array_equal(perm, np.arange(tokens)))
-    order, inverse = (None, None) if identity else (torch.tensor(perm), torch.tensor(inverse_order(perm)))
-    return [p.segment for p in pats], [p.dilation for p in pats], float(scale), order, inverse
+def _index_order(dims: tuple[int, ...], ordering: str, segment: int | None
+                 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The serialization permutation of a checked grid, ordering and segment and its inverse as index tensors
+    (None, None for the natural order), kept for the next call."""
+    perm = problem_order(dims, ordering, segment)
+    if np.array_equal(perm, np.arange(len(perm))):
+        return None, None
+    return torch.tensor(perm), torch.tensor(inverse_order(perm))
 
 
 def dilated_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, patterns: Sequence,
@@ -172,26 +166,30 @@ def dilated_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, patt
     """Dilated attention of torch tensors, differentiable by autograd (docs/semantics.md, sections 1-6 and 10).
 
     The arguments and their checks are those of :func:`hilbert_hpc.dilated_attention`:
-    ``q``, ``k``, ``v`` of shape (N, H, D) or (B, N, H, D) in natural order,
-    ``patterns`` a list of ``(segment, dilation)``, ``grid`` the natural
-    order's shape (default ``(N,)``), ``ordering`` ``natural``, ``hilbert`` or
-    ``hilbert-segment`` (with ``segment``), ``scale`` default 1/sqrt(D). Returns
-    the output in natural order, the input's leading shape, on the input's device:
-    float64 for float64 inputs, the input's dtype for bfloat16/float16 (on the
-    CPU computed in float32, on a GPU by the 16-bit kernels), float32 otherwise.
-    Gradients reach q, k and v.
+    ``q``, ``k``, ``v`` of one dtype, all of shape (N, H, D) or all (B, N, H, D),
+    in natural order, ``patterns`` a list of ``(segment, dilation)``, ``grid``
+    the natural order's shape (default ``(N,)``; ``hilbert`` without it warns,
+    as the Hilbert curve of ``(N,)`` is the natural order), ``ordering``
+    ``natural``, ``hilbert`` or ``hilbert-segment`` (with ``segment``), ``scale``
+    default 1/sqrt(D). Returns the output in natural order, the input's leading
+    shape, on the input's device: float64 for float64 inputs, the input's dtype
+    for bfloat16/float16 (on the CPU computed in float32, on a GPU by the 16-bit
+    kernels), float32 otherwise. Gradients reach q, k and v.
 
-    Raises TypeError for arguments that are not torch tensors (and the API
-    misuse :func:`hilbert_hpc.core.arguments.check_arguments` refuses), ValueError
-    (``ConfigError``) for shapes and problems and for q, k, v on different devices,
-    NotImplementedError for tensors that are neither on the CPU nor on a CUDA GPU.
+    Raises TypeError for arguments that are not torch tensors or not of one
+    dtype (and the API misuse :func:`hilbert_hpc.core.arguments.check_arguments`
+    refuses), ValueError (``ConfigError``) for shapes and problems and for q, k,
+    v on different devices, NotImplementedError for tensors that are neither on
+    the CPU nor on a CUDA GPU. The arguments are checked on every call: the
+    answer never depends on the calls made before.
     """
     check_arguments(q, k, v, causal, scale)
     _check_tensors(q, k, v)
     batched, (q4, k4, v4) = batch_view(q, k, v)
-    # operator.index: under torch.compile, the geometry specializes on the sequence length and head dimension
-    segments, dilations, scale, order, inverse = _geometry(operator.index(q4.shape[1]), operator.index(q4.shape[3]),
-                                                           patterns, grid, ordering, scale, segment)
+    # operator.index: under torch.compile, the geometry specializes on the sequence length, heads and head dimension
+    tokens, heads, head_dim = (operator.index(q4.shape[i]) for i in (1, 2, 3))
+    segments, dilations, scale, order, inverse = _geometry(tokens, heads, head_dim, batched, patterns, grid,
+                                                           ordering, scale, segment)
     if order is not None and q.device.type != "cpu":
         order, inverse = order.to(q.device), inverse.to(q.device)
     if q.device.type == "cuda":

@@ -161,7 +161,7 @@ def test_the_custom_ops_pass_opcheck():
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_torch_compile_keeps_one_graph(backend):
     """fullgraph=True: a graph break is an error; recompiles for new shapes keep the results exact."""
-    module = hnn.DilatedAttention(patterns=[(8, 1), (16, 2)], causal=True, ordering="hilbert")
+    module = hnn.DilatedAttention(patterns=[(8, 1), (16, 2)], causal=True, ordering="hilbert-segment")
     compiled = torch.compile(module, fullgraph=True, backend=backend)
     for shape in ((16, 3, 4), (2, 32, 3, 4), (3, 32, 3, 4)):
         q, k, v = make(shape, seed=9)
@@ -194,13 +194,13 @@ def test_16_bit_backward_chunks_hold_whole_segments():
 
 def test_the_geometry_is_made_once_per_problem(monkeypatch):
     """A training loop calls dilated_attention with one problem many times: its serialization and index tensors
-    are made on the first call only (a second problem, or unhashable arguments, make their own)."""
+    are made on the first call only (a second problem makes its own); the arguments are checked on every call."""
     from hilbert_hpc import nn as hnn
 
     made = []
-    real = hnn.problem_geometry
-    monkeypatch.setattr(hnn, "problem_geometry", lambda *a: made.append(a) or real(*a))
-    hnn._cached_geometry.cache_clear()
+    real = hnn.problem_order
+    monkeypatch.setattr(hnn, "problem_order", lambda *a: made.append(a) or real(*a))
+    hnn._index_order.cache_clear()
     q = torch.randn(64, 2, 8)
     args = dict(patterns=[(16, 1), (64, 4)], grid=(8, 8), ordering="hilbert")
     first = [hnn.dilated_attention(q, q, q, **args) for _ in range(3)]

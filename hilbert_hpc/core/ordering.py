@@ -36,11 +36,18 @@ from hilbert_hpc.errors import ConfigError
 ORDERINGS = ("natural", "hilbert", "hilbert-segment")
 
 
+def is_positive_int(value: Any) -> bool:
+    """Whether ``value`` is an integer >= 1: a Python or NumPy integer, not a bool (nor a float such as 4.0)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) and value >= 1
+
+
 def _grid_tuple(grid: Sequence[int] | int) -> tuple[int, ...]:
-    dims = (int(grid),) if np.isscalar(grid) else tuple(int(g) for g in grid)
-    if not dims or any(g < 1 for g in dims):
-        raise ValueError(f"grid must be a non-empty list of positive extents, got {list(dims)}")
-    return dims
+    """The grid as a tuple of Python ints (ValueError for anything but a non-empty list of positive integers:
+    an extent such as 8.5 or 8.0 is refused, not truncated)."""
+    dims = (grid,) if np.isscalar(grid) else tuple(grid)
+    if not dims or not all(is_positive_int(g) for g in dims):
+        raise ValueError(f"grid must be a non-empty list of positive integer extents, got {list(dims)}")
+    return tuple(int(g) for g in dims)
 
 
 def hilbert_curve_order(grid: Sequence[int]) -> np.ndarray:
@@ -97,6 +104,8 @@ def serialization_order(grid: Sequence[int] | int, ordering: str = "hilbert", *,
     if ordering == "hilbert-segment":
         if segment is None:
             raise ValueError("ordering 'hilbert-segment' needs a segment length")
+        if not is_positive_int(segment):
+            raise ValueError(f"segment must be a positive integer, got {segment!r}")
         segment = int(segment)
     else:
         segment = None
@@ -111,13 +120,26 @@ def inverse_order(perm: np.ndarray) -> np.ndarray:
     return inv
 
 
-def resolve_ordering(ordering: str, patterns: Sequence[Any], segment: int | None = None) -> tuple[str, int | None]:
-    """Validate ``ordering``; the per-segment order folds the shortest pattern segment unless told otherwise."""
+def resolve_ordering(ordering: str, patterns: Sequence[Any], segment: int | None = None,
+                     tokens: int | None = None) -> tuple[str, int | None]:
+    """Validate ``ordering`` and its ``segment`` (ConfigError naming the argument); return the ordering and its
+    block length.
+
+    The per-segment order folds the shortest pattern segment unless told otherwise; a ``segment`` must be a
+    positive integer (dividing ``tokens`` when given) and is refused with the other orderings, which have none.
+    """
     if ordering not in ORDERINGS:
         raise ConfigError(f"unknown ordering {ordering!r}; choose one of {', '.join(ORDERINGS)}", "ordering")
-    if ordering == "hilbert-segment":
-        return ordering, segment or min(p.segment for p in patterns)
-    return ordering, None
+    if ordering != "hilbert-segment":
+        if segment is not None:
+            raise ConfigError(f'only applies to ordering="hilbert-segment", not "{ordering}"', "segment")
+        return ordering, None
+    if segment is not None and not is_positive_int(segment):
+        raise ConfigError(f"expected a positive integer, got {segment!r}", "segment")
+    block = int(segment) if segment is not None else min(p.segment for p in patterns)
+    if tokens is not None and tokens % block:
+        raise ConfigError(f"segment {block} does not divide the sequence length {tokens}", "segment")
+    return ordering, block
 
 
 def problem_order(grid: Sequence[int], ordering: str, segment: int | None) -> np.ndarray:

@@ -11,6 +11,7 @@ import numpy as np
 
 from hilbert_hpc.errors import ConfigError
 from hilbert_hpc.core.hilbert import MAX_KEY_BITS, bits_for
+from hilbert_hpc.core.ordering import is_positive_int, tile_shape
 
 
 @dataclass(frozen=True, order=True)
@@ -52,7 +53,7 @@ def parse_patterns(patterns: Iterable, param: str = "patterns") -> tuple[Pattern
             except (TypeError, ValueError):
                 raise ConfigError(f"expected a [segment, dilation] pair, got {item!r}", where) from None
         for name, value in (("segment", w), ("dilation", r)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_positive_int(value):
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}", where)
         if w % r:
             raise ConfigError(f"dilation {r} does not divide segment length {w}", where)
@@ -66,7 +67,7 @@ def parse_grid(grid: int | Sequence[int] | None, tokens: int | None, param: str 
         if tokens is None:
             raise ConfigError("give the token grid or the number of tokens", param)
         grid = (tokens,)
-    if isinstance(grid, int) and not isinstance(grid, bool):
+    if isinstance(grid, (int, np.integer)) and not isinstance(grid, bool):
         grid = (grid,)
     if isinstance(grid, (str, bytes)):
         raise ConfigError(f"expected a list of positive integers such as [64, 64], got {grid!r}", param)
@@ -77,7 +78,7 @@ def parse_grid(grid: int | Sequence[int] | None, tokens: int | None, param: str 
     if not dims:
         raise ConfigError("expected a non-empty list of positive integers, got []", param)
     for i, g in enumerate(dims):
-        if isinstance(g, bool) or not isinstance(g, int) or g < 1:
+        if not is_positive_int(g):
             raise ConfigError(f"expected a non-empty list of positive integers, got {list(dims)!r} "
                               f"(entry {i} is {g!r})", param)
     n = math.prod(dims)
@@ -141,8 +142,6 @@ def check_serializable(grid: Sequence[int], ordering: str, segment: int | None =
                               f"{max_array_dims()} dimensions), the grid has {len(dims)}: merge axes or use "
                               f"ordering = \"natural\"", param)
     elif ordering == "hilbert-segment" and segment is not None:
-        from hilbert_hpc.core.ordering import tile_shape
-
         side = max(tile_shape(segment))
         if 2 * bits_for(side) > MAX_KEY_BITS:
             raise ConfigError(f"the hilbert-segment tile of segment {segment} is {tile_shape(segment)}; its "
