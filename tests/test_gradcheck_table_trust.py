@@ -162,3 +162,50 @@ def test_the_relative_errors_use_the_larger_of_reference_and_terms():
     assert max_rel == pytest.approx(2e-16 / 2.0) and rel_l2 == pytest.approx(math.hypot(2e-16, 1e-16) / math.sqrt(5))
     forward = error_sums(np.array([[1.5]]), np.array([[1.0]]))                    # no terms: against the reference
     assert relative_errors(forward) == (pytest.approx(0.5), pytest.approx(0.5))
+
+
+# --- the run table -----------------------------------------------------------------------------------------------
+
+MIXED = JobSpec({"name": "mixed", "repeats": 2, "warmup": 0, "accuracy_rows": 4},
+                defaults={"heads": 2, "head_dim": 8, "backend": "numpy", "dtype": "float32"},
+                cases=[{"name": "m", "grid": [16, 16], "patterns": [[64, 1], [256, 4]],
+                        "sweep": {"pass": ["forward", "forward+backward"]}}])
+
+
+def _table(text: str) -> tuple[list[str], dict[str, dict[str, str]]]:
+    """The run table's column titles and its rows by case id, cell by title (widths from the rule)."""
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("case "))
+    head, rule = lines[at], lines[at + 1]
+    spans, pos = [], 0
+    for dashes in rule.split("  "):
+        spans.append((pos, pos + len(dashes)))
+        pos += len(dashes) + 2
+    titles = [head[a:b].strip() for a, b in spans]
+    rows = {}
+    for line in lines[at + 2:]:
+        cells = [line[a:b].strip() for a, b in spans]
+        rows[cells[0]] = dict(zip(titles, cells))
+    return titles, rows
+
+
+def test_the_run_table_of_a_forward_backward_job_shows_backward_time_and_gradient_error(tmp_path):
+    path, text, _ = _run(tmp_path, MIXED)
+    titles, rows = _table(text)
+    assert titles.index("attn ms") < titles.index("bwd ms") < titles.index("total ms")
+    assert titles.index("max rel err") < titles.index("grad rel err")
+    with h5py.File(path) as f:
+        for cid, g in f["cases"].items():
+            row, met, acc = rows[cid], g["metrics"].attrs, g["accuracy"].attrs
+            if g.attrs["pass"] == "forward":
+                assert row["bwd ms"] == "-" and row["grad rel err"] == "-"
+                continue
+            assert row["bwd ms"] == f"{met['median_backward_s'] * 1e3:.2f}" and float(row["bwd ms"]) > 0
+            worst = max(acc[f"grad_{t}_max_rel_err"] for t in "qkv")
+            assert row["grad rel err"] == f"{worst:.1e}" and worst <= acc["tolerance"]
+
+
+def test_a_forward_job_table_has_no_backward_columns(tmp_path):
+    _, text, _ = _run(tmp_path, MIXED.but(cases=[{"name": "f", "grid": [16, 16], "patterns": [[64, 1]]}]))
+    titles, rows = _table(text)
+    assert "bwd ms" not in titles and "grad rel err" not in titles and len(rows) == 1
