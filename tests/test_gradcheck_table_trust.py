@@ -209,3 +209,50 @@ def test_a_forward_job_table_has_no_backward_columns(tmp_path):
     _, text, _ = _run(tmp_path, MIXED.but(cases=[{"name": "f", "grid": [16, 16], "patterns": [[64, 1]]}]))
     titles, rows = _table(text)
     assert "bwd ms" not in titles and "grad rel err" not in titles and len(rows) == 1
+
+
+# --- the scaling plots -------------------------------------------------------------------------------------------
+
+def _study(tmp_path, scaling: str) -> list[dict]:
+    """Four forward+backward series and one forward-only series on 1, 2, 4 and 8 ranks: the report's rows."""
+    from test_report import make_case, run_report, timings, write_results
+
+    rng = np.random.default_rng(36)
+    cases = []
+    for p in (1, 2, 4, 8):
+        grow = {"tokens": 4096 * p, "grid": [64, 64 * p]} if scaling == "weak" else {}
+        for g in range(4):
+            cases.append(make_case(f"b{g}-{p}", timings(rng, p, 0.1 / p), name=f"b{g}", scaling=scaling,
+                                   counters={"backward": timings(rng, p, 0.25 / p ** 0.8)}, **grow,
+                                   **{"pass": "forward+backward"}))
+        cases.append(make_case(f"f-{p}", timings(rng, p, 0.1 / p), name="f", scaling=scaling, **grow))
+    tables, _ = run_report([write_results(tmp_path / f"{scaling}.h5", cases)])
+    return tables[f"{scaling}_scaling"]
+
+
+@pytest.mark.parametrize("scaling", ["strong", "weak"])
+def test_a_forward_backward_plot_has_a_row_of_panels_per_pass(tmp_path, scaling):
+    pytest.importorskip("matplotlib")
+    from hilbert_hpc.study.report_files import scaling_figure
+
+    rows = _study(tmp_path, scaling)
+    groups = list(dict.fromkeys(r["group"] for r in rows))
+    backward = [g for g in groups if any("backward_s" in r for r in rows if r["group"] == g)]
+    assert len(groups) == 5 and len(backward) == 4
+    fig = scaling_figure(rows, scaling, "efficiency", True)
+    assert len(fig.axes) == 6
+    for (ax_t, ax_e), what in zip(np.reshape(fig.axes, (3, 2)), ("forward", "backward", "forward+backward")):
+        assert ax_t.get_title() == f"{scaling}: {what}" and ax_e.get_title() == f"efficiency: {what}"
+        drawn = groups if what == "forward" else backward
+        assert [bars.get_label() for bars in ax_t.containers] == drawn             # the times, with their range
+        measured = [bars.lines[0] for bars in ax_t.containers]
+        ideal = [line for line in ax_t.get_lines() if line.get_label().endswith(" (ideal)")]
+        assert [line.get_label() for line in ideal] == [f"{g} (ideal)" for g in drawn]
+        assert all(line.get_linestyle() == "-" and line.get_marker() not in ("", "None") for line in measured)
+        assert all(line.get_linestyle() == "--" and line.get_marker() in ("", "None") for line in ideal)
+        assert {line.get_color() for line in ideal} == {line.get_color() for line in measured}
+        assert len({line.get_color() for line in measured}) == len(drawn)
+        assert len(ax_e.get_lines()) == len(drawn) + 1                           # with the line at 1.0
+        assert ax_t.get_legend() is None and ax_e.get_legend() is None
+    (box,) = fig.legends                                                         # one legend, below the panels
+    assert [t.get_text() for t in box.get_texts()] == groups
