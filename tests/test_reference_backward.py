@@ -83,7 +83,7 @@ def test_rows_must_be_sorted_and_distinct():
 def test_reference_bytes_bounds_the_stat_rows_and_grows_with_the_rows():
     patterns = parse_patterns([(2048, 1), (8192, 4)])
     one, four = (reference_bytes(1 << 22, 8, 64, patterns, r) for r in (1, 4))
-    assert four - one == 3 * 8 * ((1 + 2048 + 2048) * (3 * 512 + 16) + 3 * 512)
+    assert four - one == 3 * 8 * ((1 + 2048 + 2048) * (3 * 512 + 16) + 6 * 512)     # gradients and their terms
     assert reference_bytes(1 << 10, 8, 64, patterns, 10 ** 6) < reference_bytes(1 << 22, 8, 64, patterns, 10 ** 6)
 
 

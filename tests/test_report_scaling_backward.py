@@ -156,29 +156,12 @@ def test_a_superlinear_backward_efficiency_gets_a_note(tmp_path):
     assert "2.50!" in text
 
 
-def test_the_plots_draw_the_backward_and_forward_backward_curves(study, tmp_path):
+def test_the_plots_are_written_for_a_forward_backward_study(study, tmp_path):
+    """The panels of each pass: tests/test_gradcheck_table_trust.py."""
     pytest.importorskip("matplotlib")
-    from hilbert_hpc.study.report_files import scaling_figure
-
     path, _, _ = study
     tables, _ = run_report([path], plot_dir=tmp_path / "plots")
     assert sorted(p.rsplit("/", 1)[-1] for p in tables["plots"]) == ["strong_scaling.png", "weak_scaling.png"]
-    for name in ("strong_scaling", "weak_scaling"):
-        fig = scaling_figure(tables[name], name, "efficiency", True)
-        ax_t, ax_e = fig.axes
-        (box,) = fig.legends                                            # one legend, below both panels
-        legend = [t.get_text() for t in box.get_texts()]
-        groups = list(dict.fromkeys(r["group"] for r in tables[name] if "backward_s" in r))
-        forward_only = [g for g in dict.fromkeys(r["group"] for r in tables[name]) if g not in groups]
-        # a color per group, a marker and line style per curve kind
-        assert legend == [*dict.fromkeys(r["group"] for r in tables[name]), "forward", "backward", "forward+backward"]
-        assert groups and ax_e.get_legend() is None and ax_t.get_legend() is None
-        for group in groups:
-            labels = [line.get_label() for line in ax_e.get_lines()]
-            assert all(f"{group} ({what})" in labels for what in ("forward", "backward", "forward+backward"))
-        assert len(ax_e.get_lines()) == 3 * len(groups) + len(forward_only) + 1     # with the line at 1.0
-        assert len(ax_e.get_lines()) == 3 * len(groups) + len(forward_only) + 1     # with the line at 1.0
-        assert ax_t.get_ylabel().startswith("time, s")
 
 
 def test_forward_only_plots_are_drawn_as_before(tmp_path):

@@ -94,9 +94,9 @@ def test_dout_has_its_own_stream_and_the_check_sees_a_wrong_gradient():
                                                    case.softmax_scale))
     good = gradient_fields(gradient_accuracy(setup, 7, 8, grads))
     assert max(good.values()) < 1e-5
-    grads[1] = grads[1] * 1.01                                         # dK 1% off
+    grads[1] = grads[1] * 1.01                          # dK 1% off (against the larger of dK and its terms)
     bad = gradient_fields(gradient_accuracy(setup, 7, 8, grads))
-    assert bad["grad_k_max_rel_err"] > 5e-3 and bad["grad_q_max_rel_err"] < 1e-5
+    assert bad["grad_k_max_rel_err"] > 1e-3 and bad["grad_q_max_rel_err"] < 1e-5
 
 
 def test_backward_on_several_ranks_needs_a_ring_backward_else_is_refused_in_one_line(monkeypatch):
@@ -379,4 +379,4 @@ def test_each_rank_checks_its_own_gradient_rows_and_a_wrong_row_on_one_rank_show
         assert good is None and bad is None
         return
     assert good["q"]["rows"] == 8 and max(gradient_fields(good).values()) < 1e-12
-    assert gradient_fields(bad)["grad_k_max_rel_err"] > 5e-3 and gradient_fields(bad)["grad_v_max_rel_err"] < 1e-12
+    assert gradient_fields(bad)["grad_k_max_rel_err"] > 1e-3 and gradient_fields(bad)["grad_v_max_rel_err"] < 1e-12

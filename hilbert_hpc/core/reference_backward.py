@@ -18,6 +18,13 @@ whole sequence, and every input row is made by ``source`` where it is needed
 Rows are serialized positions. ``source(name, positions)`` returns the rows
 (n, H, D) of ``"q"``, ``"k"``, ``"v"`` or ``"do"`` as float64 arrays of ``xp``
 (NumPy, or CuPy for a GPU backend: the same code, far faster there).
+
+:func:`reference_gradient_check` also gives the size of each gradient's terms
+(docs/semantics.md, section 10): every element of a gradient is a sum of terms,
+``dV = sum Pr dO`` and, with ``dS = Pr (dP - Delta)`` split into its two parts,
+``dQ = scale sum (Pr dP K - Pr Delta K)`` and ``dK = scale sum (Pr dP Q - Pr Delta Q)``;
+their root-sum-square is what a computed gradient's rounding is measured against
+where the exact gradient cancels to (near) zero.
 """
 
 from __future__ import annotations
@@ -40,15 +47,30 @@ def reference_gradient_rows(rows: np.ndarray, *, source: Source, heads: int, pat
                             causal: bool, scale: float, xp: Any = np) -> tuple[Any, Any, Any]:
     """Exact dQ, dK, dV rows (len(rows), H, D) in float64 (arrays of ``xp``) for sorted, distinct serialized
     positions ``rows``, with the loss gradient dO that ``source("do", ...)`` gives."""
+    return _checked(rows, source, heads, patterns, causal, scale, xp, False)[0]
+
+
+def reference_gradient_check(rows: np.ndarray, *, source: Source, heads: int, patterns: Sequence[Pattern],
+                             causal: bool, scale: float, xp: Any = np) -> tuple[tuple[Any, Any, Any],
+                                                                                tuple[Any, Any, Any]]:
+    """(dQ, dK, dV) as :func:`reference_gradient_rows` gives them, and the root-sum-square of each gradient
+    element's terms (same shapes): ``sqrt(sum Pr^2 dO^2)`` for dV, ``scale sqrt(sum Pr^2 (dP^2 + Delta^2) K^2)``
+    for dQ and the same with Q for dK (docs/semantics.md, section 10). It is 0 only where every term is."""
+    return _checked(rows, source, heads, patterns, causal, scale, xp, True)
+
+
+def _checked(rows: np.ndarray, source: Source, heads: int, patterns: Sequence[Pattern], causal: bool,
+             scale: float, xp: Any, terms: bool) -> tuple[tuple[Any, Any, Any], tuple[Any, Any, Any] | None]:
     rows = np.asarray(rows, dtype=np.int64)
     if rows.size and np.any(np.diff(rows) <= 0):
         raise ValueError("rows must be sorted and distinct")
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):   # only padding rows meet inf - inf
-        return _gradients(rows, source, heads, patterns, causal, scale, xp)
+        return _gradients(rows, source, heads, patterns, causal, scale, xp, terms)
 
 
 def _gradients(rows: np.ndarray, source: Source, heads: int, patterns: Sequence[Pattern], causal: bool,
-               scale: float, xp: Any) -> tuple[Any, Any, Any]:
+               scale: float, xp: Any, terms: bool) -> tuple[tuple[Any, Any, Any], tuple[Any, Any, Any] | None]:
+    """The gradients of ``rows`` and, with ``terms``, the root-sum-square of their terms (else None)."""
     blocks = list(_key_blocks(rows, patterns, heads, causal))
     stat_rows = np.unique(np.concatenate([rows, *(queries for _, _, queries in blocks)]))
     q, do = source("q", stat_rows), source("do", stat_rows)
@@ -56,9 +78,10 @@ def _gradients(rows: np.ndarray, source: Source, heads: int, patterns: Sequence[
     delta = (do * out).sum(axis=-1)
     del out
     at = xp.asarray(np.searchsorted(stat_rows, rows))
-    dq = _query_gradients(rows, q[at], do[at], lse[at], delta[at], source, heads, patterns, causal, scale, xp)
-    dk, dv = _key_gradients(rows, stat_rows, q, do, lse, delta, blocks, source, scale, xp)
-    return dq, dk, dv
+    dq, sq = _query_gradients(rows, q[at], do[at], lse[at], delta[at], source, heads, patterns, causal, scale, xp,
+                              terms)
+    dk, dv, sk, sv = _key_gradients(rows, stat_rows, q, do, lse, delta, blocks, source, scale, xp, terms)
+    return (dq, dk, dv), ((xp.sqrt(sq), xp.sqrt(sk), xp.sqrt(sv)) if terms else None)
 
 
 def _key_blocks(rows: np.ndarray, patterns: Sequence[Pattern], heads: int,
@@ -196,37 +219,59 @@ def _forward_stats(rows: np.ndarray, q: Any, source: Source, heads: int, pattern
 
 
 def _query_gradients(rows: np.ndarray, q: Any, do: Any, lse: Any, delta: Any, source: Source, heads: int,
-                     patterns: Sequence[Pattern], causal: bool, scale: float, xp: Any) -> Any:
-    """dQ of ``rows``: scale * sum over their keys of P (dP - D) K."""
+                     patterns: Sequence[Pattern], causal: bool, scale: float, xp: Any,
+                     terms: bool) -> tuple[Any, Any]:
+    """dQ of ``rows``: scale * sum over their keys of P (dP - D) K; with ``terms``, the sum of its terms'
+    squares (else None)."""
     dq = xp.zeros(q.shape, dtype=np.float64)
+    sq = xp.zeros(q.shape, dtype=np.float64) if terms else None
     for c in _chunks(rows, source, heads, patterns, causal, xp):
         prob = xp.exp(c.scores(q, scale, xp) - c.rows_of(lse, xp).transpose(0, 2, 1)[..., None])
         dp = xp.matmul(c.heads_first(do, xp), c.v.swapaxes(-1, -2))
-        ds = prob * (dp - c.rows_of(delta, xp).transpose(0, 2, 1)[..., None])
+        d = c.rows_of(delta, xp).transpose(0, 2, 1)[..., None]
+        ds = prob * (dp - d)
         c.scatter(dq, scale * xp.matmul(ds, c.k).transpose(0, 2, 1, 3), xp, add=True)
-    return dq
+        if terms:
+            del ds
+            weight = _squared_parts(prob, dp, d)
+            c.scatter(sq, scale ** 2 * xp.matmul(weight, c.k * c.k).transpose(0, 2, 1, 3), xp, add=True)
+    return dq, sq
+
+
+def _squared_parts(prob: Any, dp: Any, delta: Any) -> Any:
+    """Pr^2 (dP^2 + Delta^2): the squares of dS = Pr (dP - Delta)'s two parts, in place of ``dp``."""
+    dp *= dp
+    dp += delta * delta
+    dp *= prob * prob
+    return dp
 
 
 def _key_gradients(rows: np.ndarray, stat_rows: np.ndarray, q: Any, do: Any, lse: Any, delta: Any,
-                   blocks: list, source: Source, scale: float, xp: Any) -> tuple[Any, Any]:
-    """dK and dV of ``rows``: over the queries of every block each row is a key of (``_key_blocks``)."""
+                   blocks: list, source: Source, scale: float, xp: Any, terms: bool) -> tuple[Any, Any, Any, Any]:
+    """dK and dV of ``rows``: over the queries of every block each row is a key of (``_key_blocks``); with
+    ``terms``, the sums of their terms' squares (else None)."""
     k, v = source("k", rows), source("v", rows)
     dk, dv = xp.zeros(k.shape, dtype=np.float64), xp.zeros(v.shape, dtype=np.float64)
+    sk, sv = (xp.zeros(k.shape, dtype=np.float64), xp.zeros(v.shape, dtype=np.float64)) if terms else (None, None)
     for i, hs, queries in blocks:
         at, h = xp.asarray(np.searchsorted(stat_rows, queries)), xp.asarray(hs)
         qq, dd = q[at][:, h], do[at][:, h]                                  # (m, hs, D)
         prob = xp.exp(xp.einsum("mhd,hd->mh", qq, k[i, h]) * scale - lse[at][:, h])
         dv[i, h] += xp.einsum("mh,mhd->hd", prob, dd)
-        ds = prob * (xp.einsum("mhd,hd->mh", dd, v[i, h]) - delta[at][:, h])
-        dk[i, h] += scale * xp.einsum("mh,mhd->hd", ds, qq)
-    return dk, dv
+        dp, d = xp.einsum("mhd,hd->mh", dd, v[i, h]), delta[at][:, h]
+        dk[i, h] += scale * xp.einsum("mh,mhd->hd", prob * (dp - d), qq)
+        if terms:
+            sv[i, h] += xp.einsum("mh,mhd->hd", prob * prob, dd * dd)
+            sk[i, h] += scale ** 2 * xp.einsum("mh,mhd->hd", _squared_parts(prob, dp, d), qq * qq)
+    return dk, dv, sk, sv
 
 
 def reference_bytes(tokens: int, heads: int, head_dim: int, patterns: Sequence[Pattern], rows: int) -> int:
-    """At most the bytes :func:`reference_gradient_rows` holds for ``rows`` sampled rows: the stat rows' Q, dO, output,
-    log-sum-exp and rowsum (the rows and the queries of their blocks), the three gradients, a chunk's score
-    temporaries and its keys and values (made for every head, then one head group's copy)."""
+    """At most the bytes :func:`reference_gradient_check` holds for ``rows`` sampled rows: the stat rows' Q, dO,
+    output, log-sum-exp and rowsum (the rows and the queries of their blocks), the three gradients and their
+    terms' sums of squares, a chunk's score temporaries and its keys and values (made for every head, then one
+    head group's copy, and the squares of its keys)."""
     row = heads * head_dim
     stat = min(tokens, rows * (1 + sum(p.selected for p in patterns)))
     keys = max(KEY_ROWS, max((p.selected for p in patterns), default=0))
-    return 8 * (stat * (3 * row + 2 * heads) + 3 * rows * row + 4 * SCORE_ELEMENTS + 4 * keys * row)
+    return 8 * (stat * (3 * row + 2 * heads) + 6 * rows * row + 4 * SCORE_ELEMENTS + 5 * keys * row)

@@ -7,7 +7,11 @@ cases that read Q, K, V from a file (``measure.dout_shard``). The gradients of t
 compared with float64 on the sampled rows of the forward's accuracy check: the
 reference is the exact gradient of those rows alone (``core.reference_backward``),
 from the inputs and dO as the backend saw them (``study.reference_inputs``), on
-the backend's GPU (CuPy) when it has one, else on the CPU. On several ranks (the
+the backend's GPU (CuPy) when it has one, else on the CPU. The error is relative
+to the larger of the reference and the root-sum-square of its terms
+(``error_sums.relative_errors``, docs/semantics.md section 10): a gradient that
+is exactly 0 (a query with no other key to attend to) is measured against the
+size of the terms that cancelled, not against its own rounding. On several ranks (the
 ring backward, ``distributed.ring_backward``) each rank checks the sampled rows
 it owns and the case's first rank adds up the sums: no rank holds the whole
 sequence.
@@ -22,7 +26,7 @@ import numpy as np
 
 from hilbert_hpc.core.arrays import RowReader
 from hilbert_hpc.core.reference import sample_selected_rows
-from hilbert_hpc.core.reference_backward import reference_gradient_rows
+from hilbert_hpc.core.reference_backward import reference_gradient_check
 from hilbert_hpc.study.error_sums import combined, error_sums, relative_errors
 from hilbert_hpc.study.reference_inputs import row_source
 from hilbert_hpc.study.jobfile import Case
@@ -68,12 +72,12 @@ def _local_sums(setup: CaseSetup, seed: int, serial: np.ndarray, grads: list[Any
     case, layout = setup.case, setup.layout
     xp = _reference_module(setup.backend.on_gpu)
     natural = row_source(case, seed, xp)
-    ref = reference_gradient_rows(serial, source=lambda name, s: natural(name, layout.natural_of(s)),
-                                  heads=case.heads, patterns=case.patterns, causal=case.causal,
-                                  scale=case.softmax_scale, xp=xp)
+    ref, terms = reference_gradient_check(serial, source=lambda name, s: natural(name, layout.natural_of(s)),
+                                          heads=case.heads, patterns=case.patterns, causal=case.causal,
+                                          scale=case.softmax_scale, xp=xp)
     local = layout.local_rows(serial)
     got = [np.asarray(RowReader(g)[local], dtype=np.float64) for g in grads]
-    return {name: error_sums(g, _host(r)) for name, g, r in zip(GRADIENTS, got, ref)}
+    return {name: error_sums(g, _host(r), _host(t)) for name, g, r, t in zip(GRADIENTS, got, ref, terms)}
 
 
 def _reference_module(on_gpu: bool) -> Any:

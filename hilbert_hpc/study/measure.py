@@ -29,7 +29,7 @@ from hilbert_hpc.core.reference import reference_rows, sample_selected_rows, sel
 from hilbert_hpc.distributed.ring import RingStats, ring_dilated_forward, ring_transfer_only
 from hilbert_hpc.distributed.ring_backward import ring_dilated_backward
 from hilbert_hpc.distributed.sharding import IndexView, Layout
-from hilbert_hpc.study.gradients import backward_pass, gradient_accuracy, gradient_fields
+from hilbert_hpc.study.gradients import GRADIENTS, backward_pass, gradient_accuracy, gradient_fields
 from hilbert_hpc.study.error_sums import combined, error_sums, relative_errors
 from hilbert_hpc.study.reference_inputs import row_source
 from hilbert_hpc.study.setup import CaseSetup
@@ -155,16 +155,17 @@ def judge_accuracy(case: Case, parts: list[dict]) -> dict:
     accuracy = combine_accuracy(parts)
     accuracy.update(gradient_fields(next((p["grads"] for p in parts if p.get("grads")), None)))
     tol = precision(case.dtype).tolerance
-    worst = max([accuracy["max_rel_err"] if accuracy["rows"] else 0.0] +
-                [v for k, v in accuracy.items() if k.startswith("grad_") and k.endswith("max_rel_err")
-                 and not np.isnan(v)])
+    errors = {"output": accuracy["max_rel_err"] if accuracy["rows"] else 0.0}
+    errors.update((f"d{t.upper()}", accuracy[f"grad_{t}_max_rel_err"]) for t in GRADIENTS
+                  if not np.isnan(accuracy[f"grad_{t}_max_rel_err"]))
+    which, worst = max(errors.items(), key=lambda e: e[1])
     accuracy.update(tolerance=tol, within_tolerance=bool(accuracy["nonfinite"] == 0 and worst <= tol))
     what = "output and gradients" if backward_pass(case) else "output"
     if accuracy["nonfinite"]:
         print(f"hilbert-hpc: warning: case {case.case_id}: the {what} hold{'s' * (what == 'output')} "
               f"{accuracy['nonfinite']:,} NaN or infinite value(s)", file=sys.stderr, flush=True)
     elif not accuracy["within_tolerance"]:
-        print(f"hilbert-hpc: warning: case {case.case_id}: max relative error {worst:.2e} against "
+        print(f"hilbert-hpc: warning: case {case.case_id}: max relative error {worst:.2e} ({which}) against "
               f"float64 exceeds the {case.dtype} tolerance {tol:g}", file=sys.stderr, flush=True)
     return accuracy
 

@@ -184,13 +184,21 @@ class Accuracy:
     nonfinite: int = entry("1", "NaN/Inf values in the whole output (and gradients)")
     tolerance: float = entry("1", "max_rel_err (and grad_*_max_rel_err) allowed for the dtype")
     within_tolerance: bool = entry("-", "no NaN/Inf, max_rel_err and every grad_*_max_rel_err within tolerance")
-    grad_q_max_rel_err: float = entry("1", "dQ of the sampled rows: largest absolute error / largest absolute "
-                                           "float64 value (NaN for pass = forward)")
-    grad_q_rel_l2_err: float = entry("1", "dQ of the sampled rows: L2 norm of the error / of the float64 value")
+    grad_q_max_rel_err: float = entry("1", "dQ of the sampled rows: largest absolute error / the larger of the "
+                                           "largest absolute float64 value and the largest root-sum-square of an "
+                                           "element's terms (NaN for pass = forward)")
+    grad_q_rel_l2_err: float = entry("1", "dQ of the sampled rows: L2 norm of the error / the larger of the L2 "
+                                          "norms of the float64 value and of its terms")
     grad_k_max_rel_err: float = entry("1", "dK, as grad_q_max_rel_err")
     grad_k_rel_l2_err: float = entry("1", "dK, as grad_q_rel_l2_err")
     grad_v_max_rel_err: float = entry("1", "dV, as grad_q_max_rel_err")
     grad_v_rel_l2_err: float = entry("1", "dV, as grad_q_rel_l2_err")
+
+    @property
+    def grad_max_rel_err(self) -> float:
+        """The largest of the three gradients' ``max_rel_err`` (NaN for pass = forward)."""
+        errors = (self.grad_q_max_rel_err, self.grad_k_max_rel_err, self.grad_v_max_rel_err)
+        return math.nan if any(math.isnan(e) for e in errors) else max(errors)
 
 
 @dataclass(frozen=True)

@@ -50,73 +50,80 @@ def _series(rows: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
 
 
 #: The curves of a scaling plot: the row key prefix of the times (``{prefix}_s``, ``_min_s``, ``_max_s``,
-#: ``_ideal_s``) and of the efficiency, the legend's name for it, marker and line style. A series shows the
+#: ``_ideal_s``) and of the efficiency, the name of what they time, and their marker. A series has the
 #: backward's and forward+backward's only when its rows have them (forward+backward cases).
-CURVES = (("attention", "", "forward", "o", "-"), ("backward", "backward_", "backward", "s", "-."),
-          ("forward_backward", "forward_backward_", "forward+backward", "^", ":"))
+CURVES = (("attention", "", "forward", "o"), ("backward", "backward_", "backward", "s"),
+          ("forward_backward", "forward_backward_", "forward+backward", "^"))
 
 
 def scaling_figure(rows: Sequence[dict[str, Any]], title: str, efficiency_title: str, log_time: bool) -> Any:
-    """Two panels: time (with the ideal, dashed) and efficiency (with 1.0) against ranks on a log2 axis;
-    one series per group, in its color. A group of forward+backward cases also draws its backward and
-    forward+backward curves (:data:`CURVES`) in the group's color, told apart by marker and line style.
-    One legend below both panels names each group by its color (with the transport it used) and, where
-    there are backward curves, each marker and line style by what it times: it grows with the groups and
-    never covers a curve."""
+    """Time (with the ideal) and efficiency (with 1.0) against ranks on a log2 axis, one series per group in
+    its color: two panels side by side. With forward+backward cases, one such row of panels per pass
+    (:data:`CURVES`: forward, backward, forward+backward, each titled by it), so no panel holds more than one
+    curve and one ideal per group; a forward-only group appears in the forward row alone. Measured curves are
+    solid with markers and error bars (the repeats' range), ideals dashed, thinner and without markers. One
+    legend below the panels names each group by its color (with the transport it used): it grows with the
+    groups and never covers a curve."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
     groups = _series(rows)
     any_backward = any("backward_s" in r for r in rows)
-    kinds = [c for c in CURVES if any(f"{c[0]}_s" in r for r in rows)] if any_backward else []
-    entries = len(groups) + len(kinds)
+    kinds = [c for c in CURVES if any(f"{c[0]}_s" in r for r in rows)] if any_backward else list(CURVES[:1])
     columns = 1 if max((len(label) for label in groups), default=0) > 60 else 2   # long labels: one column
-    fig = Figure(figsize=(11, 4.5 + 0.22 * math.ceil(entries / columns)), layout="constrained")
+    panel_h = 4.0 if len(kinds) == 1 else 3.2
+    fig = Figure(figsize=(11, panel_h * len(kinds) + 0.5 + 0.22 * math.ceil(len(groups) / columns)),
+                 layout="constrained")
     FigureCanvasAgg(fig)
-    ax_t, ax_e = fig.subplots(1, 2)
-    all_ranks: set[int] = set()
-    efficiencies: list[float] = []
-    handles = []
-    for i, (label, series) in enumerate(groups.items()):
-        color = f"C{i % 10}"
-        ranks = [r["ranks"] for r in series]
-        all_ranks.update(ranks)
-        curves = [c for c in CURVES if f"{c[0]}_s" in series[0]]
-        handles.append(Line2D([], [], color=color, linewidth=3, label=label))
-        for time_key, eff_prefix, what, marker, style in curves:
-            name = f"{label} ({what})" if len(curves) > 1 else label
-            med = np.array([r[f"{time_key}_s"] for r in series])
-            err = np.array([med - [r[f"{time_key}_min_s"] for r in series],
-                            [r[f"{time_key}_max_s"] for r in series] - med])
-            eff = [r[f"{eff_prefix}efficiency"] for r in series]
-            efficiencies += eff
-            ax_t.errorbar(ranks, med, yerr=err, marker=marker, linestyle=style, color=color, capsize=3, label=name)
-            ax_t.plot(ranks, [r[f"{eff_prefix}ideal_s"] for r in series], linestyle="--", color=color, alpha=0.6)
-            ax_e.plot(ranks, eff, marker=marker, linestyle=style, color=color, label=name)
-    ticks = sorted(all_ranks)
-    for ax in (ax_t, ax_e):
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(ticks, [str(t) for t in ticks])
-        ax.minorticks_off()
-        ax.set_xlabel("ranks")
-        ax.grid(True, alpha=0.3)
-    if log_time:
-        ax_t.set_yscale("log")
-    else:
-        ax_t.set_ylim(bottom=0)
+    panels = fig.subplots(len(kinds), 2, squeeze=False)
+    ticks = sorted({r["ranks"] for r in rows})
     what = "time" if any_backward else "attention time"
-    ax_t.set_ylabel(f"{what}, s (slowest rank, median; dashed: ideal)")
-    ax_t.set_title(title)
-    ax_e.axhline(1.0, color="black", linewidth=1, linestyle=":")
-    top = max([1.0] + [e for e in efficiencies if math.isfinite(e)])
-    ax_e.set_ylim(0, 1.1 * top)
-    ax_e.set_ylabel("efficiency")
-    ax_e.set_title(efficiency_title)
-    handles += [Line2D([], [], color="black", marker=marker, linestyle=style, label=what)
-                for _, _, what, marker, style in kinds]
+    for (time_key, eff_prefix, kind, marker), (ax_t, ax_e) in zip(kinds, panels):
+        efficiencies = _draw_kind(ax_t, ax_e, groups, time_key, eff_prefix, marker)
+        for ax in (ax_t, ax_e):
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(ticks, [str(t) for t in ticks])
+            ax.minorticks_off()
+            ax.set_xlabel("ranks")
+            ax.grid(True, alpha=0.3)
+        if log_time:
+            ax_t.set_yscale("log")
+        else:
+            ax_t.set_ylim(bottom=0)
+        suffix = f": {kind}" if any_backward else ""
+        ax_t.set_ylabel(f"{what}, s (slowest rank, median; dashed: ideal)")
+        ax_t.set_title(f"{title}{suffix}")
+        ax_e.axhline(1.0, color="black", linewidth=1, linestyle=":")
+        top = max([1.0] + [e for e in efficiencies if math.isfinite(e)])
+        ax_e.set_ylim(0, 1.1 * top)
+        ax_e.set_ylabel("efficiency")
+        ax_e.set_title(f"{efficiency_title}{suffix}")
+    handles = [Line2D([], [], color=f"C{i % 10}", linewidth=3, label=label) for i, label in enumerate(groups)]
     fig.legend(handles=handles, loc="outside lower center", ncols=columns, fontsize="small")
     return fig
+
+
+def _draw_kind(ax_t: Any, ax_e: Any, groups: dict[str, list[dict[str, Any]]], time_key: str, eff_prefix: str,
+               marker: str) -> list[float]:
+    """One pass's curves: every group that has them, its time with the repeats' range and its ideal (labelled
+    ``<group> (ideal)``) on ``ax_t``, its efficiency on ``ax_e``; returns the efficiencies drawn."""
+    efficiencies: list[float] = []
+    for i, (label, series) in enumerate(groups.items()):
+        if f"{time_key}_s" not in series[0]:
+            continue
+        color = f"C{i % 10}"
+        ranks = [r["ranks"] for r in series]
+        med = np.array([r[f"{time_key}_s"] for r in series])
+        err = np.array([med - [r[f"{time_key}_min_s"] for r in series],
+                        [r[f"{time_key}_max_s"] for r in series] - med])
+        eff = [r[f"{eff_prefix}efficiency"] for r in series]
+        efficiencies += eff
+        ax_t.errorbar(ranks, med, yerr=err, marker=marker, linestyle="-", color=color, capsize=3, label=label)
+        ax_t.plot(ranks, [r[f"{eff_prefix}ideal_s"] for r in series], linestyle="--", linewidth=1, color=color,
+                  alpha=0.6, label=f"{label} (ideal)")
+        ax_e.plot(ranks, eff, marker=marker, linestyle="-", color=color, label=label)
+    return efficiencies
 
 
 #: The plots: table, file name, titles, log time axis.

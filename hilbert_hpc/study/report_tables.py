@@ -191,8 +191,7 @@ def _backward_columns(c: CaseResult) -> dict[str, Any]:
         row.update(_timing_row(c, prefix, timing))
         med = row[f"{prefix}_s"]
         row[f"{prefix}_tflops"] = flops * c.metrics.useful_flops / med / 1e12 if med > 0 else math.nan
-    a = c.accuracy
-    row["grad_max_rel_err"] = max(a.grad_q_max_rel_err, a.grad_k_max_rel_err, a.grad_v_max_rel_err)
+    row["grad_max_rel_err"] = c.accuracy.grad_max_rel_err
     return row
 
 

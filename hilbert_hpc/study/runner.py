@@ -25,6 +25,7 @@ from hilbert_hpc.core.precision import precision
 from hilbert_hpc.study.provenance import provenance
 from hilbert_hpc.study.record import Accuracy, CaseRecord, Metrics, Setup, Timings
 from hilbert_hpc.study.results import ResultsFile
+from hilbert_hpc.study.gradients import backward_pass
 from hilbert_hpc.study.setup import CaseSetup, check_case
 from hilbert_hpc.study.table import SummaryTable
 
@@ -299,7 +300,7 @@ def run_job(job: Job, output: str | None = None, stream: TextIO | None = None, c
     kept, results_id = comm.bcast((results.kept, results.results_id) if rank0 else None, root=0)
     done = set(kept)
     todo = [c for c in job.cases if c.case_id not in done]
-    table = SummaryTable(stream) if rank0 else None
+    table = SummaryTable(stream, backward=any(backward_pass(c) for c in todo)) if rank0 else None
     tracker = Progress([useful_flops(c.tokens, c.heads, c.head_dim, c.patterns, c.causal, c.batch) for c in todo],
                        (progress or sys.stderr) if rank0 else None)
     subs = SubComms(comm, {c.ranks for c in todo})
