@@ -67,7 +67,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence, TextIO
 
 from hilbert_hpc.errors import UserError
-from hilbert_hpc.study.output_files import NewOutput, OutputError, os_reason, same_file
+from hilbert_hpc.study.output_files import NewOutput, OutputError, link_problem, os_reason, same_file
 from hilbert_hpc.study.report_files import (PLOTS, csv_filler, is_report_csv, is_report_png, need_matplotlib,
                                             plot_filler)
 from hilbert_hpc.study.report_format import print_tables
@@ -99,6 +99,9 @@ class ReportOutput(NewOutput):
 
     def refuse(self) -> None:
         path, choose = self.path, f"choose another {self.option}"
+        link = link_problem(path)
+        if link:
+            raise UserError(f"{link}: {choose}", self.option)
         for other, what in self.protected:
             if same_file(path, other):
                 raise UserError(f"{str(path)!r} is the {what}; it is never replaced: {choose}", self.option)
