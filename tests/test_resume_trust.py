@@ -91,3 +91,30 @@ def test_other_outputs_refuse_a_link_too(here, capsys):
                                  "output is written only under its own name, never through a link: choose another "
                                  "--csv"]
     assert not (here / "elsewhere.csv").exists()
+
+
+# item 2: a resumed case is complete for its pass ------------------------------------------------------------------
+
+def test_resume_runs_again_a_forward_backward_case_whose_gradients_are_missing(here, capsys):
+    assert cli(capsys, "run", "bwd.toml", "-o", "r.h5")[0] == 0
+    with h5py.File(here / "r.h5", "a") as f:
+        del f["cases/0001-g/grad_k"]                   # a file of an earlier version, or a damaged one
+    from hilbert_hpc.study.parts import output_notes
+
+    assert output_notes(here / "r.h5") == [f"{str(here / 'r.h5')!r}, case 0001-g: its saved grad_k is missing; its "
+                                           f"saved output cannot be trusted (NaN where a part is missing); its "
+                                           f"timings and accuracy are unaffected"]
+    code, err = cli(capsys, "run", "bwd.toml", "-o", "r.h5", "--resume")
+    assert code == 0, err
+    assert "hilbert-hpc: note: case 0001-g: its saved grad_k is missing; it runs again" in err
+    with h5py.File(here / "r.h5") as f:
+        for cid in ("0000-g", "0001-g"):
+            assert all(name in f["cases"][cid] for name in ("output", "grad_q", "grad_k", "grad_v"))
+        assert f["cases/0001-g/grad_k"][...].shape == (1, 256, 2, 8)
+
+
+def test_one_definition_of_what_a_case_saves():
+    from hilbert_hpc.study import record as rec
+
+    assert rec.saved_datasets("forward") == ("output",)
+    assert rec.saved_datasets("forward+backward") == ("output", "grad_q", "grad_k", "grad_v") == rec.SAVED

@@ -211,6 +211,12 @@ class Output:
 SAVED = ("output", "grad_q", "grad_k", "grad_v")
 
 
+def saved_datasets(pass_: str) -> tuple[str, ...]:
+    """The datasets of :data:`SAVED` that a case of ``pass_`` saves with save_output (all of them for
+    forward+backward, the output alone otherwise): what a resume requires of a case it keeps."""
+    return SAVED if pass_ == "forward+backward" else SAVED[:1]
+
+
 #: every group of the record, in the order of docs/results.md
 GROUPS: tuple[type, ...] = (Parameters, Setup, Bookkeeping, Timings, Metrics, Accuracy, Output)
 

@@ -18,6 +18,7 @@ from hilbert_hpc.core.precision import precision
 from hilbert_hpc.study.jobfile import Case, Job
 from hilbert_hpc.study.output_files import OutputError, io_error
 from hilbert_hpc.study.parts import CHUNK_BYTES, output_problem
+from hilbert_hpc.study.record import saved_datasets
 from hilbert_hpc.study.results_read import READ_ERRORS, case_groups
 
 
@@ -159,8 +160,14 @@ def _refuse_changed_input(group: h5py.Group, case: Case, inputs: dict[str, str],
 
 
 def _case_problem(group: h5py.Group, case: Case, job: Job, path: Path, results_id: str | None) -> str | None:
-    """Why a complete case cannot be trusted (missing data, an input or output that cannot be verified, missing
-    or wrong output parts), or None."""
+    """Why a complete case cannot be trusted, or None: the one definition of a case complete enough to keep.
+
+    It has its timings, metrics and accuracy; the checksum of its input file, if
+    it reads one; and, when the job saves outputs, every dataset its pass saves
+    (``record.saved_datasets``: the output, and the gradients of a
+    forward+backward case) with the case's shape and dtype, checksummed, and
+    passing :func:`parts.output_problem`.
+    """
     try:
         for name in ("timings", "metrics", "accuracy"):
             if name not in group:
@@ -170,15 +177,16 @@ def _case_problem(group: h5py.Group, case: Case, job: Job, path: Path, results_i
             return "it recorded no checksum of its input file (an earlier version wrote it)"
         if not job.save_output:
             return None
-        if "output" not in group:
-            return "its output is missing"
-        ds = group["output"]
         shape = (case.batch, case.tokens, case.heads, case.head_dim)
         stored = np.dtype(precision(case.dtype).file_dtype)
-        if ds.shape != shape or ds.dtype != stored:
-            return f"its output is {ds.shape} {ds.dtype}, expected {shape} {stored}"
-        if not results_id or not json.loads(ds.attrs.get("part_sha256", "[]")):
-            return "its output parts carry no checksum (an earlier version wrote them)"
+        for name in saved_datasets(case.pass_):
+            if name not in group:
+                return f"its saved {name} is missing"
+            ds = group[name]
+            if ds.shape != shape or ds.dtype != stored:
+                return f"its {name} is {ds.shape} {ds.dtype}, expected {shape} {stored}"
+            if not results_id or not json.loads(ds.attrs.get("part_sha256", "[]")):
+                return f"its {name} parts carry no checksum (an earlier version wrote them)"
         return output_problem(group, path, results_id)
     except READ_ERRORS as exc:
         return f"it is unreadable ({exc})"
