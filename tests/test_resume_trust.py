@@ -5,11 +5,15 @@ two equal cases report keeps."""
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 from pathlib import Path
 
 import h5py
 import pytest
+
+from hilbert_hpc.study.parts import output_notes
+from hilbert_hpc.study.report import report
 
 from jobtext import QUICK, JobSpec
 
@@ -48,7 +52,7 @@ def unfinish(path: Path, cid: str) -> None:
         f["cases"][cid].attrs["complete"] = False
 
 
-# item 1: a results file is written only under its own name ----------------------------------------------------
+# one file, one name: no output through a symbolic link ----------------------------------------------------------------
 
 @pytest.mark.parametrize("flags", [["--resume"], ["--overwrite"], []])
 def test_an_output_that_is_a_symbolic_link_is_refused_and_changes_nothing(here, capsys, flags):
@@ -93,14 +97,12 @@ def test_other_outputs_refuse_a_link_too(here, capsys):
     assert not (here / "elsewhere.csv").exists()
 
 
-# item 2: a resumed case is complete for its pass ------------------------------------------------------------------
+# a kept case holds what its pass saves --------------------------------------------------------------------------------
 
 def test_resume_runs_again_a_forward_backward_case_whose_gradients_are_missing(here, capsys):
     assert cli(capsys, "run", "bwd.toml", "-o", "r.h5")[0] == 0
     with h5py.File(here / "r.h5", "a") as f:
         del f["cases/0001-g/grad_k"]                   # a file of an earlier version, or a damaged one
-    from hilbert_hpc.study.parts import output_notes
-
     assert output_notes(here / "r.h5") == [f"{str(here / 'r.h5')!r}, case 0001-g: its saved grad_k is missing; its "
                                            f"saved output cannot be trusted (NaN where a part is missing); its "
                                            f"timings and accuracy are unaffected"]
@@ -118,3 +120,100 @@ def test_one_definition_of_what_a_case_saves():
 
     assert rec.saved_datasets("forward") == ("output",)
     assert rec.saved_datasets("forward+backward") == ("output", "grad_q", "grad_k", "grad_v") == rec.SAVED
+
+
+# the code that computed each case -------------------------------------------------------------------------------------
+
+def as_version(monkeypatch, version: str, commit: str) -> None:
+    """Make this process's runs record ``version`` and ``commit`` as the code they run."""
+    from hilbert_hpc.study import provenance
+
+    monkeypatch.setattr(provenance, "__version__", version)
+    monkeypatch.setattr(provenance, "git_hash", lambda: commit)
+
+
+def test_a_resume_by_other_code_records_the_code_of_each_case(here, capsys, monkeypatch):
+    as_version(monkeypatch, "1.0", "aaaa")
+    assert cli(capsys, "run", "job.toml", "-o", "r.h5")[0] == 0
+    unfinish(here / "r.h5", "0001-g")
+    as_version(monkeypatch, "1.1", "bbbb")
+    assert cli(capsys, "run", "job.toml", "-o", "r.h5", "--resume")[0] == 0
+    with h5py.File(here / "r.h5") as f:
+        assert (f.attrs["version"], f.attrs["git_hash"]) == ("1.0", "aaaa")          # the first run's
+        cases = f["cases"]
+        assert (cases["0000-g"].attrs["version"], cases["0000-g"].attrs["git_hash"]) == ("1.0", "aaaa")
+        assert (cases["0001-g"].attrs["version"], cases["0001-g"].attrs["git_hash"]) == ("1.1", "bbbb")
+        (resumed,) = json.loads(f.attrs["resumes"])
+        assert (resumed["version"], resumed["git_hash"]) == ("1.1", "bbbb")
+    tables = report(["r.h5"], csv_path="r.csv")
+    assert [(r["case"], r["version"], r["git_hash"]) for r in tables["cases"]] == [
+        ("0000-g", "1.0", "aaaa"), ("0001-g", "1.1", "bbbb")]
+    assert "'r.h5': its cases were computed by 2 versions of the code: 1.0 (git aaaa): 0000-g; " \
+           "1.1 (git bbbb): 0001-g" in tables["notes"]
+    assert "version" in (here / "r.csv").read_text().splitlines()[0].split(",")
+
+
+def test_cases_of_older_files_read_the_root_version(here, capsys, monkeypatch):
+    as_version(monkeypatch, "0.9", "cccc")
+    assert cli(capsys, "run", "job.toml", "-o", "r.h5")[0] == 0
+    with h5py.File(here / "r.h5", "a") as f:
+        for group in f["cases"].values():
+            del group.attrs["version"], group.attrs["git_hash"]
+    tables = report(["r.h5"])
+    assert {(r["version"], r["git_hash"]) for r in tables["cases"]} == {("0.9", "cccc")}
+    assert not any("versions of the code" in n for n in tables["notes"])
+
+
+# another rank count: the refusal names it -----------------------------------------------------------------------------
+
+def test_resuming_a_pow2_file_on_another_rank_count_names_the_rank_count(here):
+    from hilbert_hpc.study.jobfile import load_job
+    from hilbert_hpc.study.output_files import OutputError
+    from hilbert_hpc.study.provenance import provenance
+    from hilbert_hpc.study.results import ResultsFile
+    from hilbert_hpc.study.runner import run_job
+
+    spec = TRUST_JOB.but(defaults={"ranks": "pow2"}, case={"sweep": {"causal": [False, True]}})
+    (here / "pow2.toml").write_text(spec.text())
+    run_job(load_job("pow2.toml", world_size=1), "r.h5", stream=io.StringIO())
+    before = digest(here)
+    job = load_job("pow2.toml", world_size=2)               # cases 0000 (1 rank), 0001 (2 ranks), 0002 ...
+    with pytest.raises(OutputError) as err:
+        ResultsFile.open("r.h5", job, dict(provenance(), ranks=2), resume=True)
+    assert str(err.value) == ("output: cannot resume 'r.h5': it was run on 1 rank, this run has 2, which gives job "
+                              "'trust' other cases (case 0001-g has ranks = 1 in the file, 2 in this run); resume on "
+                              "1 rank, or write to another file with -o")
+    assert digest(here) == before
+
+
+# report keeps the case that finished later ----------------------------------------------------------------------------
+
+def finished(path: Path, when: str) -> None:
+    with h5py.File(path, "a") as f:
+        for group in f["cases"].values():
+            group.attrs["finished_utc"] = when
+
+
+def test_report_keeps_the_case_that_finished_later_whatever_the_order_of_the_files(here, capsys):
+    assert cli(capsys, "run", "job.toml", "-o", "new.h5")[0] == 0
+    assert cli(capsys, "run", "job.toml", "-o", "old.h5")[0] == 0
+    finished(here / "new.h5", "2030-01-02T00:00:00+00:00")
+    finished(here / "old.h5", "2030-01-01T00:00:00+00:00")
+    for order in (["new.h5", "old.h5"], ["old.h5", "new.h5"]):
+        tables = report(order)
+        assert [(r["case"], r["file"]) for r in tables["cases"]] == [("0000-g", "new.h5"), ("0001-g", "new.h5")]
+        assert any("keeping the one that finished later ('new.h5', 0000-g, finished 2030-01-02T00:00:00+00:00)"
+                   in n for n in tables["notes"]), tables["notes"]
+
+
+def test_report_without_finish_times_keeps_the_file_given_last_and_says_so(here, capsys):
+    assert cli(capsys, "run", "job.toml", "-o", "a.h5")[0] == 0
+    assert cli(capsys, "run", "job.toml", "-o", "b.h5")[0] == 0
+    for name in ("a.h5", "b.h5"):
+        with h5py.File(here / name, "a") as f:
+            for group in f["cases"].values():
+                del group.attrs["finished_utc"]
+    tables = report(["b.h5", "a.h5"])
+    assert {r["file"] for r in tables["cases"]} == {"a.h5"}
+    assert any("keeping the one of the file given later ('a.h5', 0000-g): no finish time to tell which ran later"
+               in n for n in tables["notes"]), tables["notes"]

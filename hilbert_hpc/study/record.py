@@ -101,6 +101,10 @@ class Bookkeeping:
 
     params_json: str = entry("-", "the parameters as canonical JSON (sorted keys): what a resume matches on")
     input_sha256: str = entry("-", "SHA-256 of the input file's bytes (only cases with an input file)")
+    version: str = entry("-", "version of hilbert_hpc that computed the case (files without it: the root's "
+                              "version)", column="version")
+    git_hash: str = entry("-", "commit of the code that computed the case, -dirty when it had changes (files "
+                               "without it: the root's git_hash)", column="git_hash")
     finished_utc: str = entry("-", "when the case was written (ISO 8601, UTC)")
     complete: bool = entry("-", "true once the case is written whole")
 

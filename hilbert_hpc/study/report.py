@@ -55,8 +55,10 @@ spread more than :data:`SPREAD_LIMIT` and scaling efficiencies above
 used (recorded per case), not the one requested (``auto``).
 
 When several files hold cases with identical parameters (``params_json``
-completed with ``ranks`` and ``scaling``), the case of the later file (by the
-order given) is kept and a note says so.
+completed with ``ranks`` and ``scaling``), the one that finished later (its
+``finished_utc``; when that does not tell, the one of the file given later) is
+kept and a note says so. A file whose cases were computed by more than one
+version of the code (a resume by other code) gets a note naming them.
 """
 
 from __future__ import annotations
