@@ -213,7 +213,7 @@ def test_merging_files_pools_cases_and_keeps_the_later_duplicate(tmp_path):
     c = write_results(tmp_path / "p2b.h5", [make_case("0000-g", p2_again, json_ranks=False)])
     tables, text = run_report([a, b, c])
     assert [(r["file"], r["ranks"]) for r in tables["cases"]] == [(a, 1), (c, 2)]
-    assert any("keeping the later one" in n and "p2b.h5" in n for n in tables["notes"])
+    assert any("keeping the one of the file given later" in n and "p2b.h5" in n for n in tables["notes"])
     assert "note:" in text
     rows = tables["strong_scaling"]
     assert [r["ranks"] for r in rows] == [1, 2]

@@ -3,8 +3,9 @@
 Every command that writes a file (``run``, ``maxlen``, ``bandwidth -o``) goes
 through here, so the same rules hold everywhere:
 
-- the output may not be the job file, an input file, a folder, or a file that
-  is not an output of this program (those are never replaced, whatever the flags);
+- the output may not be the job file, an input file, a folder, a symbolic
+  link, or a file that is not an output of this program (those are never
+  replaced, whatever the flags);
 - an existing output is replaced only with ``--overwrite`` (``run`` also
   continues one with ``--resume``);
 - the lock ``<output>.lock`` is taken before the file is read or changed, so a
@@ -82,7 +83,30 @@ def refuse_protected(path: Path, protected: Iterable[tuple[str | Path | None, st
         raise io_error(exc, "check the output file", path) from None
 
 
+def link_problem(path: Path) -> str | None:
+    """Why ``path`` may not be written, when it is a symbolic link (dangling or not), or None.
+
+    An output is written only under its own name: written through a link, the
+    link would be replaced by a new file (under its own lock and parts folder)
+    that shares its target's identity, or the target would be written under a
+    lock that the target's own name does not take. A link to a folder above it
+    is followed: the lock and parts folder are then the same files.
+    """
+    if not path.is_symlink():
+        return None
+    return (f"{str(path)!r} is a symbolic link (to {str(link_target(path))!r}); an output is written only under its "
+            f"own name, never through a link")
+
+
+def link_target(path: Path) -> Path:
+    """What the symbolic link ``path`` names, as a path from where ``path`` is named."""
+    return path.parent / os.readlink(path)
+
+
 def _refuse_protected(path: Path, protected: Iterable[tuple[str | Path | None, str]]) -> None:
+    link = link_problem(path)
+    if link:
+        raise OutputError(f"{link}: give -o {link_target(path)} (the file it names) or another file", "output")
     for other, what in protected:
         if other and same_file(path, other):
             raise OutputError(f"{str(path)!r} is the {what}; choose another output file with -o", "output")

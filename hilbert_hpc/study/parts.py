@@ -15,7 +15,7 @@ import h5py
 import numpy as np
 
 from hilbert_hpc.study.output_files import OutputError, move_into_place, os_reason, remove_quietly, temporary_name
-from hilbert_hpc.study.record import SAVED
+from hilbert_hpc.study.record import SAVED, saved_datasets
 from hilbert_hpc.study.results_read import READ_ERRORS, case_groups
 
 
@@ -140,14 +140,17 @@ def output_problem(group: h5py.Group, results_path: Path, results_id: str | None
     Every part file the case's ``output`` lists must be there, readable, of the
     right shape and dtype, belong to this results file (``results_id``) and this
     case, and its data must match the SHA-256 the case recorded for each rank's
-    block; so must the gradients a forward+backward case saved beside it
-    (``record.SAVED``). Cases of earlier versions (no ``results_id``, no
+    block; so must the gradients a forward+backward case saves beside it
+    (``record.saved_datasets``), which must be there. Cases of earlier versions (no ``results_id``, no
     checksums) are checked for presence, shape and dtype only.
     """
     cid = group.name.rsplit("/", 1)[-1]
     try:
+        wanted = saved_datasets(str(group.attrs.get("pass", "forward")))
         for name in SAVED:
-            if name == "output" or name in group:
+            if name in wanted and name not in group:
+                return f"its saved {name} is missing"
+            if name in group:
                 problem = _saved_problem(group[name], name, results_path, cid, results_id)
                 if problem:
                     return problem

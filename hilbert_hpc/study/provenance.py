@@ -36,6 +36,16 @@ def git_hash() -> str:
     return "unknown"
 
 
+#: what names the code of a run, in its provenance, in each case it computed and in each ``resumes`` entry
+CODE_KEYS = ("version", "git_hash")
+
+
+def code_of(attrs: Any) -> dict[str, str]:
+    """The code a run computed with (:data:`CODE_KEYS`), from its provenance or a results file's root attributes
+    ("" for a key that is absent)."""
+    return {key: str(attrs.get(key, "")) for key in CODE_KEYS}
+
+
 def _dist_version(name: str) -> str | None:
     try:
         return metadata.version(name)

@@ -101,6 +101,10 @@ class Bookkeeping:
 
     params_json: str = entry("-", "the parameters as canonical JSON (sorted keys): what a resume matches on")
     input_sha256: str = entry("-", "SHA-256 of the input file's bytes (only cases with an input file)")
+    version: str = entry("-", "version of hilbert_hpc that computed the case (files without it: the root's "
+                              "version)", column="version")
+    git_hash: str = entry("-", "commit of the code that computed the case, -dirty when it had changes (files "
+                               "without it: the root's git_hash)", column="git_hash")
     finished_utc: str = entry("-", "when the case was written (ISO 8601, UTC)")
     complete: bool = entry("-", "true once the case is written whole")
 
@@ -217,6 +221,12 @@ class Output:
 #: the datasets a case saves with save_output, each beside the others in the case and in its parts: the output
 #: and, for pass = forward+backward, the gradients (natural order, the output's file dtype)
 SAVED = ("output", "grad_q", "grad_k", "grad_v")
+
+
+def saved_datasets(pass_: str) -> tuple[str, ...]:
+    """The datasets of :data:`SAVED` that a case of ``pass_`` saves with save_output (all of them for
+    forward+backward, the output alone otherwise): what a resume requires of a case it keeps."""
+    return SAVED if pass_ == "forward+backward" else SAVED[:1]
 
 
 #: every group of the record, in the order of docs/results.md

@@ -55,8 +55,10 @@ spread more than :data:`SPREAD_LIMIT` and scaling efficiencies above
 used (recorded per case), not the one requested (``auto``).
 
 When several files hold cases with identical parameters (``params_json``
-completed with ``ranks`` and ``scaling``), the case of the later file (by the
-order given) is kept and a note says so.
+completed with ``ranks`` and ``scaling``), the one that finished later (its
+``finished_utc``; when that does not tell, the one of the file given later) is
+kept and a note says so. A file whose cases were computed by more than one
+version of the code (a resume by other code) gets a note naming them.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence, TextIO
 
 from hilbert_hpc.errors import UserError
-from hilbert_hpc.study.output_files import NewOutput, OutputError, os_reason, same_file
+from hilbert_hpc.study.output_files import NewOutput, OutputError, link_problem, os_reason, same_file
 from hilbert_hpc.study.report_files import (PLOTS, csv_filler, is_report_csv, is_report_png, need_matplotlib,
                                             plot_filler)
 from hilbert_hpc.study.report_format import print_tables
@@ -99,6 +101,9 @@ class ReportOutput(NewOutput):
 
     def refuse(self) -> None:
         path, choose = self.path, f"choose another {self.option}"
+        link = link_problem(path)
+        if link:
+            raise UserError(f"{link}: {choose}", self.option)
         for other, what in self.protected:
             if same_file(path, other):
                 raise UserError(f"{str(path)!r} is the {what}; it is never replaced: {choose}", self.option)

@@ -7,6 +7,8 @@ lack it), its setup, metrics and accuracy from the fields of the results record
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import json
 import math
 from dataclasses import dataclass, field
@@ -20,6 +22,7 @@ from hilbert_hpc.errors import UserError
 from hilbert_hpc.core.work import imbalance
 from hilbert_hpc.study import record as rec
 from hilbert_hpc.study.parts import output_notes, parts_dir
+from hilbert_hpc.study.provenance import CODE_KEYS, code_of
 from hilbert_hpc.study.results_read import READ_ERRORS, case_groups
 
 
@@ -47,6 +50,7 @@ class CaseResult:
     setup: rec.Setup
     metrics: rec.Metrics
     accuracy: rec.Accuracy
+    bookkeeping: rec.Bookkeeping
     _stats: dict[str, tuple[float, float, float]] = field(default_factory=dict, repr=False)
 
     @property
@@ -160,8 +164,11 @@ def _case_params(group: h5py.Group, where: str) -> dict[str, Any]:
     return params
 
 
-def _read_case(path: str, cid: str, group: h5py.Group) -> CaseResult:
-    """One complete case group as a CaseResult; a UserError naming the file and case when it is malformed."""
+def _read_case(path: str, cid: str, group: h5py.Group, code: dict[str, str]) -> CaseResult:
+    """One complete case group as a CaseResult; a UserError naming the file and case when it is malformed.
+
+    ``code``: the file's root ``version`` and ``git_hash``, the code of a case that does not record its own
+    (files of earlier versions)."""
     where = f"{path!r}, case {cid}"
     params = _case_params(group, where)
     timings_group = group.get("timings")
@@ -175,10 +182,12 @@ def _read_case(path: str, cid: str, group: h5py.Group) -> CaseResult:
         raise UserError(f"{where}: timings/attention is empty", PARAM)
     groups = {name: group[name].attrs if isinstance(group.get(name), h5py.Group) else {}
               for name in ("metrics", "accuracy")}
+    kept = rec.read(rec.Bookkeeping, group.attrs, plain)
+    kept = dataclasses.replace(kept, **{key: getattr(kept, key) or code[key] for key in CODE_KEYS})
     return CaseResult(file=path, case_id=cid, params=params, timings=timings,
                       setup=rec.read(rec.Setup, group.attrs, plain),
                       metrics=rec.read(rec.Metrics, groups["metrics"], plain),
-                      accuracy=rec.read(rec.Accuracy, groups["accuracy"], plain))
+                      accuracy=rec.read(rec.Accuracy, groups["accuracy"], plain), bookkeeping=kept)
 
 
 def read_results_file(path: str | Path) -> tuple[list[CaseResult], int]:
@@ -209,6 +218,7 @@ def read_results_file(path: str | Path) -> tuple[list[CaseResult], int]:
         if plain(h5.attrs.get("program")) != PROGRAM or not isinstance(cases_group, h5py.Group):
             raise UserError(f"{name!r}: not a hilbert-hpc results file", PARAM)
         cases, skipped = [], 0
+        code = code_of({key: plain(value) for key, value in h5.attrs.items() if key in CODE_KEYS})
         try:
             listed = list(case_groups(cases_group))
         except READ_ERRORS as exc:
@@ -219,7 +229,7 @@ def read_results_file(path: str | Path) -> tuple[list[CaseResult], int]:
                 skipped += 1             # unfinished, or unreadable (a write cut off by a full disk)
                 continue
             try:
-                cases.append(_read_case(name, cid, group))
+                cases.append(_read_case(name, cid, group, code))
             except UserError:
                 raise
             except READ_ERRORS:                  # complete but damaged since: counted with the skipped ones
@@ -236,11 +246,60 @@ def params_key(params: dict[str, Any], drop: Iterable[str] = ()) -> str:
     return json.dumps({k: v for k, v in params.items() if k not in drop}, sort_keys=True)
 
 
+#: the case ids a note lists before it stops with "..."
+NOTE_IDS = 4
+
+
+def _case_list(ids: Sequence[str]) -> str:
+    """Case ids for a note: all of a few, else the first ones and how many there are."""
+    if len(ids) <= NOTE_IDS:
+        return ", ".join(ids)
+    return f"{', '.join(ids[:NOTE_IDS])}, ... ({len(ids)} cases)"
+
+
+def code_note(path: str | Path, cases: Sequence[CaseResult]) -> str | None:
+    """A note when the cases of one results file were computed by more than one version of the code (a resume by
+    other code), naming each version and its cases; None when one code computed them all."""
+    by_code: dict[tuple[str, str], list[str]] = {}
+    for case in cases:
+        by_code.setdefault((case.bookkeeping.version, case.bookkeeping.git_hash), []).append(case.case_id)
+    if len(by_code) < 2:
+        return None
+    versions = "; ".join(f"{version or '?'} (git {commit or '?'}): {_case_list(ids)}"
+                         for (version, commit), ids in by_code.items())
+    return f"{str(path)!r}: its cases were computed by {len(by_code)} versions of the code: {versions}"
+
+
+def finish_time(case: CaseResult) -> datetime.datetime | None:
+    """When the case was written (its ``finished_utc``), None when it does not say."""
+    try:
+        when = datetime.datetime.fromisoformat(case.bookkeeping.finished_utc)
+    except ValueError:
+        return None
+    return when if when.tzinfo else when.replace(tzinfo=datetime.timezone.utc)
+
+
+def later_case(earlier: CaseResult, given_later: CaseResult) -> tuple[CaseResult, str]:
+    """Which of two cases with the same parameters report keeps, and the note's words for why: the one that
+    finished later by ``finished_utc``; when that does not tell, the one of the file given later."""
+    times = finish_time(earlier), finish_time(given_later)
+    if None not in times and times[0] != times[1]:
+        kept = given_later if times[1] > times[0] else earlier
+        return kept, (f"keeping the one that finished later ({kept.file!r}, {kept.case_id}, finished "
+                      f"{kept.bookkeeping.finished_utc})")
+    why = (f"both finished at {given_later.bookkeeping.finished_utc}" if None not in times
+           else "no finish time to tell which ran later")
+    return given_later, (f"keeping the one of the file given later ({given_later.file!r}, {given_later.case_id}): "
+                         f"{why}")
+
+
 def load_cases(paths: Sequence[str | Path]) -> tuple[list[CaseResult], list[str]]:
     """Pool the complete cases of ``paths`` (in order) and return them with note lines.
 
     Cases with identical parameters (including ``ranks`` and ``scaling``) are
-    kept once: the later one by file order (then by case order) wins.
+    kept once: the one that finished later (:func:`later_case`) wins. A file
+    whose cases were computed by several versions of the code gets a note
+    (:func:`code_note`).
     """
     if isinstance(paths, (str, Path)):
         paths = [paths]
@@ -253,12 +312,17 @@ def load_cases(paths: Sequence[str | Path]) -> tuple[list[CaseResult], list[str]
         if skipped:
             notes.append(f"{str(path)!r}: {skipped} incomplete case(s) skipped (unfinished or unreadable)")
         notes += output_notes(path)              # complete cases whose saved output is lost or damaged
+        notes += [note for note in (code_note(path, cases),) if note]
         for case in cases:
             key = params_key(case.params)
-            old = pooled.pop(key, None)
+            old = pooled.get(key)
             if old is not None:
+                kept, why = later_case(old, case)
                 notes.append(f"case {case.case_id} of {case.file!r} has the parameters of case {old.case_id} of "
-                             f"{old.file!r}; keeping the later one ({case.file!r}, {case.case_id})")
+                             f"{old.file!r}; {why}")
+                if kept is old:
+                    continue
+                del pooled[key]
             pooled[key] = case
     return list(pooled.values()), notes
 

@@ -175,7 +175,7 @@ def cases_table(cases: Sequence[CaseResult]) -> list[dict[str, Any]]:
             "attention_share": att[0] / tot[0] if tot[0] > 0 else math.nan,
             "tokens_per_s": tokens / tot[0] if tot[0] > 0 else math.nan,
             "tflops": c.metrics.useful_flops / att[0] / 1e12 if att[0] > 0 else math.nan,
-            **rec.columns(c.setup, c.metrics, c.accuracy),
+            **rec.columns(c.setup, c.bookkeeping, c.metrics, c.accuracy),
             "repeats": c.repeats, "spread": att[2] / att[1] if att[1] > 0 else math.nan,
             **(_backward_columns(c) if c.backward else {}),
         })

@@ -39,7 +39,7 @@ from hilbert_hpc.study.output_files import (IO_ERRORS, OutputError, OutputLock, 
                                             refuse_protected, replace_hdf5)
 from hilbert_hpc.study.parts import (PARTS_SUFFIX, check_parts_are_ours, make_parts_dir, parts_dir,
                                      refuse_foreign_parts)
-from hilbert_hpc.study.provenance import utc_now
+from hilbert_hpc.study.provenance import code_of, utc_now
 from hilbert_hpc.study.results_read import READ_ERRORS, is_results_file
 from hilbert_hpc.study.resume import input_digests, job_fingerprint, plan_resume
 
@@ -89,6 +89,9 @@ class ResultsFile:
         self.results_id = new_results_id()
         #: SHA-256 of each input data file of the job (path -> digest), recorded with the cases that read it
         self.inputs: dict[str, str] = {}
+        #: the code of this run (``provenance.code_of``), recorded with each case it computes and in its
+        #: ``resumes`` entry: a resume may run other code than the run that began the file
+        self.code: dict[str, str] = {}
         #: makes the new file (header, fresh parts folder) when the run first has a case to commit
         self._start: Callable[[], None] | None = None
         self.started = False
@@ -111,6 +114,7 @@ class ResultsFile:
         refuse_protected(path, protected, derived=[PARTS_SUFFIX])
         make_parent(path)
         results = cls(path, OutputLock(path).acquire())
+        results.code = code_of(provenance)
         try:
             exists = existing_output(path, is_results_file, cls.KIND)
             parts = parts_dir(path)
@@ -182,7 +186,7 @@ class ResultsFile:
             if old_id:
                 self.results_id = str(old_id)
                 refuse_foreign_parts(parts_dir(self.path), self.path, self.results_id)
-            keep, notes = plan_resume(src, self.path, job, self.inputs)
+            keep, notes = plan_resume(src, self.path, job, self.inputs, provenance.get("ranks"))
 
             def fill(h5: h5py.File) -> None:
                 for key, value in src.attrs.items():
@@ -193,7 +197,7 @@ class ResultsFile:
                 resumes.append({"started_utc": provenance.get("started_utc"),
                                 "command_line": provenance.get("command_line"),
                                 "ranks": provenance.get("ranks"), "hosts": provenance.get("hosts"),
-                                "left_out": provenance.get("left_out", [])})
+                                "left_out": provenance.get("left_out", []), **self.code})
                 h5.attrs["resumes"] = json.dumps(resumes)
                 cases = h5.create_group("cases")
                 for cid in keep:
@@ -232,7 +236,7 @@ class ResultsFile:
         self.begin()
         input_sha256 = self.inputs.get(str(case.input), "") if case.input else None
         self._replace(lambda h5: _write_case(h5, case, record, output_parts, output_shape, shard, part_digests,
-                                             input_sha256),
+                                             input_sha256, self.code),
                       "write results file", start_from_current=True,
                       hint="its complete cases are kept; free some space and continue with --resume")
 
@@ -273,7 +277,7 @@ def _write_header(h5: h5py.File, job: Job, provenance: dict[str, Any], results_i
 def _write_case(h5: h5py.File, case: Case, record: rec.CaseRecord, output_parts: list[str] | None,
                 output_shape: tuple[int, ...] | None, shard: int | None,
                 part_digests: dict[str, list[str]] | None = None,
-                input_sha256: str | None = None) -> None:
+                input_sha256: str | None = None, code: dict[str, str] | None = None) -> None:
     """One case group (see :meth:`ResultsFile.write_case`), field by field of the record (``record.py``).
 
     The setup is written after the parameters: its ``transport`` (used) replaces the one requested.
@@ -297,8 +301,10 @@ def _write_case(h5: h5py.File, case: Case, record: rec.CaseRecord, output_parts:
         for name in rec.SAVED:
             if name in digests:
                 _saved_dataset(group, name, case, files, output_shape, shard, digests[name])
-    kept = rec.Bookkeeping(params_json=params_json(case), input_sha256=input_sha256, finished_utc=utc_now(),
-                           complete=True)
+    code = code or {}
+    kept = rec.Bookkeeping(params_json=params_json(case), input_sha256=input_sha256,
+                           version=code.get("version", ""), git_hash=code.get("git_hash", ""),
+                           finished_utc=utc_now(), complete=True)
     for key, value in rec.values(kept):
         if value is not None:                     # input_sha256: only cases with an input file
             group.attrs[key] = value

@@ -15,9 +15,11 @@ import h5py
 import numpy as np
 
 from hilbert_hpc.core.precision import precision
-from hilbert_hpc.study.jobfile import Case, Job
+from hilbert_hpc.errors import UserError
+from hilbert_hpc.study.jobfile import Case, Job, load_job
 from hilbert_hpc.study.output_files import OutputError, io_error
 from hilbert_hpc.study.parts import CHUNK_BYTES, output_problem
+from hilbert_hpc.study.record import saved_datasets
 from hilbert_hpc.study.results_read import READ_ERRORS, case_groups
 
 
@@ -81,13 +83,16 @@ def first_difference(old: Any, new: Any, where: str = "") -> str | None:
     return None if old == new else f"{where} is {old!r} in the file, {new!r} here"
 
 
-def plan_resume(src: h5py.File, path: Path, job: Job, inputs: dict[str, str]) -> tuple[list[str], list[str]]:
+def plan_resume(src: h5py.File, path: Path, job: Job, inputs: dict[str, str],
+                ranks: int | None = None) -> tuple[list[str], list[str]]:
     """The complete, sound cases of ``src`` to keep, and notes on what runs again; OutputError if not this job.
 
     Refused (nothing changes on disk): a file of another program, of another job
     (name or content, naming the first difference), whose complete cases have
-    other parameters than this run's (naming the parameter), or whose complete
-    cases read an input file that has changed since (``inputs``: its SHA-256 now).
+    other parameters than this run's (naming the parameter, ``ranks`` first; and
+    naming the rank count when this run's, ``ranks``, gives the job other cases
+    than the file's last run had), or whose complete cases read an input file
+    that has changed since (``inputs``: its SHA-256 now).
     """
     where = f"cannot resume {str(path)!r}"
     if src.attrs.get("program") != "hilbert-hpc" or not isinstance(src.get("cases"), h5py.Group):
@@ -125,6 +130,7 @@ def plan_resume(src: h5py.File, path: Path, job: Job, inputs: dict[str, str]) ->
                          f"is kept")
             continue
         if case is None:
+            _refuse_other_rank_count(src, job, ranks, where, f"it holds case {cid}, which this run does not have")
             raise OutputError(f"{where}: it holds case {cid}, which this run of job {job.name!r} does not have "
                               f"(another rank count?); resume with the same job and ranks, or write to another "
                               f"file with -o", "output")
@@ -132,12 +138,14 @@ def plan_resume(src: h5py.File, path: Path, job: Job, inputs: dict[str, str]) ->
         theirs.setdefault("pass", "forward")         # files from before the backward were forward-only
         theirs.setdefault("placement", "auto")       # files from before placements: the job asked for nothing
         ours = case.params()
-        differ = [k for k in sorted(set(theirs) | set(ours)) if theirs.get(k) != ours.get(k)]
+        differ = sorted((k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k)),
+                        key=lambda k: (k != "ranks", k))
         if differ:
             k = differ[0]
-            raise OutputError(f"{where}: case {cid} has {k} = {theirs.get(k)!r} in the file, {ours.get(k)!r} in "
-                              f"this run; resume only with the same job and ranks, or write to another file "
-                              f"with -o", "output")
+            found = f"case {cid} has {k} = {theirs.get(k)!r} in the file, {ours.get(k)!r} in this run"
+            _refuse_other_rank_count(src, job, ranks, where, found)
+            raise OutputError(f"{where}: {found}; resume only with the same job and ranks, or write to another "
+                              f"file with -o", "output")
         _refuse_changed_input(group, case, inputs, where)
         problem = _case_problem(group, case, job, path, src.attrs.get("results_id"))
         if problem:
@@ -145,6 +153,37 @@ def plan_resume(src: h5py.File, path: Path, job: Job, inputs: dict[str, str]) ->
             continue
         keep.append(cid)
     return keep, notes
+
+
+def last_run_ranks(src: h5py.File) -> int | None:
+    """The rank count of the last run that wrote ``src`` (its last ``resumes`` entry, else the root's ``ranks``)."""
+    try:
+        runs = [src.attrs.get("ranks")] + [entry.get("ranks") for entry in json.loads(src.attrs.get("resumes", "[]"))]
+        found = [int(r) for r in runs if r is not None]
+    except (TypeError, ValueError, AttributeError):
+        return None
+    return found[-1] if found else None
+
+
+def _rank_text(count: int) -> str:
+    return f"{count} rank" + ("" if count == 1 else "s")
+
+
+def _refuse_other_rank_count(src: h5py.File, job: Job, ranks: int | None, where: str, found: str) -> None:
+    """Refuse, naming the rank count, a resume on ``ranks`` ranks where the file's last run had another count that
+    gives the job other cases (``ranks = "pow2"`` or ``"all"``: the case ids shift with the rank count)."""
+    before = last_run_ranks(src)
+    if ranks is None or before is None or before == ranks:
+        return
+    try:
+        then, now = (load_job(job.path, text=job.text, world_size=size).cases for size in (before, ranks))
+    except UserError:
+        return
+    if [(c.case_id, c.params()) for c in then] == [(c.case_id, c.params()) for c in now]:
+        return                                  # the same cases on either rank count: not the cause
+    raise OutputError(f"{where}: it was run on {_rank_text(before)}, this run has {ranks}, which gives job "
+                      f"{job.name!r} other cases ({found}); resume on {_rank_text(before)}, or write to another "
+                      f"file with -o", "output")
 
 
 def _refuse_changed_input(group: h5py.Group, case: Case, inputs: dict[str, str], where: str) -> None:
@@ -159,8 +198,14 @@ def _refuse_changed_input(group: h5py.Group, case: Case, inputs: dict[str, str],
 
 
 def _case_problem(group: h5py.Group, case: Case, job: Job, path: Path, results_id: str | None) -> str | None:
-    """Why a complete case cannot be trusted (missing data, an input or output that cannot be verified, missing
-    or wrong output parts), or None."""
+    """Why a complete case cannot be trusted, or None: the one definition of a case complete enough to keep.
+
+    It has its timings, metrics and accuracy; the checksum of its input file, if
+    it reads one; and, when the job saves outputs, every dataset its pass saves
+    (``record.saved_datasets``: the output, and the gradients of a
+    forward+backward case) with the case's shape and dtype, checksummed, and
+    passing :func:`parts.output_problem`.
+    """
     try:
         for name in ("timings", "metrics", "accuracy"):
             if name not in group:
@@ -170,15 +215,16 @@ def _case_problem(group: h5py.Group, case: Case, job: Job, path: Path, results_i
             return "it recorded no checksum of its input file (an earlier version wrote it)"
         if not job.save_output:
             return None
-        if "output" not in group:
-            return "its output is missing"
-        ds = group["output"]
         shape = (case.batch, case.tokens, case.heads, case.head_dim)
         stored = np.dtype(precision(case.dtype).file_dtype)
-        if ds.shape != shape or ds.dtype != stored:
-            return f"its output is {ds.shape} {ds.dtype}, expected {shape} {stored}"
-        if not results_id or not json.loads(ds.attrs.get("part_sha256", "[]")):
-            return "its output parts carry no checksum (an earlier version wrote them)"
+        for name in saved_datasets(case.pass_):
+            if name not in group:
+                return f"its saved {name} is missing"
+            ds = group[name]
+            if ds.shape != shape or ds.dtype != stored:
+                return f"its {name} is {ds.shape} {ds.dtype}, expected {shape} {stored}"
+            if not results_id or not json.loads(ds.attrs.get("part_sha256", "[]")):
+                return f"its {name} parts carry no checksum (an earlier version wrote them)"
         return output_problem(group, path, results_id)
     except READ_ERRORS as exc:
         return f"it is unreadable ({exc})"
