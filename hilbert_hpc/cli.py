@@ -20,7 +20,10 @@ def _world() -> Any:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    import signal
+
     from hilbert_hpc.distributed.mpi import collectively
+    from hilbert_hpc.study.signals import StoppedForRequeue, held_signal
     from hilbert_hpc.study.jobfile import load_job
     from hilbert_hpc.study.runner import check_case, run_job
     from hilbert_hpc.study.setup import runnable_here
@@ -41,8 +44,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return {case.case_id: check_case(case) for case in job.cases}
 
     setups = collectively(comm, check_all)
-    run_job(job, output=args.output, comm=comm, resume=args.resume, overwrite=args.overwrite, setups=setups,
-            left_out=left_out)
+    path = run_job(job, output=args.output, comm=comm, resume=args.resume, overwrite=args.overwrite,
+                   setups=setups, left_out=left_out)
+    late = max(comm.allgather(held_signal()))    # any rank's signal since the last case boundary (collective)
+    if late:                                      # the run is complete, and it was asked to stop
+        raise StoppedForRequeue(f"stopped by {signal.Signals(late).name} as the run ended; every case is complete in "
+                                f"{path}", "run")
     return 0
 
 
@@ -329,12 +336,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     A UserError (bad input, a file that cannot be written, an environment that
     cannot run the job) prints one line on the first rank and exits with its
-    code; such errors are agreed by all ranks before they are raised. A second
+    code; such errors are agreed by all ranks before they are raised. A run
+    stopped by a signal says so in one line (not an error) and exits with
+    ``REQUEUE_EXIT``, however many signals came and whenever: ``run`` holds
+    SIGUSR1 and SIGTERM (``signals.HeldStops``), to the end of the process when
+    ``argv`` is None (the program's own command line). A second
     Ctrl-C ends the run at once, on every rank. When standard output goes away
     (``| head``) the command stops quietly with exit code 141, as a program
     killed by SIGPIPE would; when it cannot be written (a full device) it stops
     with one line and exit code 2.
     """
+    import contextlib
+
+    from hilbert_hpc.study.signals import HeldStops, StoppedForRequeue
+
     stdout = sys.stdout
     sys.stdout = _GuardedStdout(stdout)
     command = None
@@ -345,9 +360,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout.flush()          # --version or --help: their text reaches stdout, or fails as one line
             raise
         command = args.command
-        code = args.func(args)
-        sys.stdout.flush()
+        with HeldStops(to_exit=argv is None) if command == "run" else contextlib.nullcontext():
+            code = args.func(args)
+            sys.stdout.flush()
         return code
+    except StoppedForRequeue as exc:
+        if _is_rank0():
+            print(f"hilbert-hpc: {exc.message}", file=sys.stderr)    # not an error: the run stopped as asked
+        return exc.exit_code
     except UserError as exc:
         if _is_rank0():
             print(f"hilbert-hpc: error: {exc}", file=sys.stderr)

@@ -119,12 +119,21 @@ def bind_gpu(comm: Any) -> tuple[int, str]:
 
 
 def abort_on_exception(comm: Any) -> None:
-    """Make an unhandled exception on any rank print once for that rank and abort every rank."""
+    """Make an unhandled exception on any rank print once for that rank and abort every rank.
+
+    Only the end of the program is a crash: Python calls the hook with no frame
+    left running. A call while code still runs is a report of an error the
+    program goes on from (Cython prints an error of a finalizer, such as h5py
+    closing a dataset, through the hook, then hands it to ``sys.unraisablehook``,
+    which says it was ignored): it aborts nothing.
+    """
     if comm.Get_size() == 1:
         return
     previous: Callable = sys.excepthook
 
     def hook(exc_type, exc, tb) -> None:
+        if sys._getframe().f_back is not None:
+            return
         if issubclass(exc_type, KeyboardInterrupt):
             previous(exc_type, exc, tb)
         else:

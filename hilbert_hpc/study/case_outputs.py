@@ -18,7 +18,7 @@ import numpy as np
 from hilbert_hpc.errors import UserError
 from hilbert_hpc.study.jobfile import Case, Job
 from hilbert_hpc.distributed.mpi import agree
-from hilbert_hpc.study.output_files import IO_ERRORS, io_error
+from hilbert_hpc.study.output_files import IO_ERRORS, hdf5_image, io_error, remove_quietly, write_synced
 from hilbert_hpc.core.precision import precision
 from hilbert_hpc.study.parts import block_digest, parts_dir, refuse_foreign_parts
 from hilbert_hpc.study.results import ResultsFile
@@ -50,9 +50,11 @@ def write_output_part(case: Case, comm: Any, layout: Layout, outputs: dict[str, 
     Rank ``r`` receives the natural positions ``[r*L, (r+1)*L)`` by one all-to-all
     exchange per array. With parallel HDF5 all ranks write their blocks into one file,
     ``<results>.parts/<case-id>/output.h5`` (collective MPI-IO); otherwise each
-    rank writes ``<results>.parts/<case-id>/rank<r>.h5``; the datasets lie side by
-    side in it. The parts folder must belong to the results file ``results_id``
-    (rank 0 made it, holding the file's lock); each dataset records that
+    rank writes ``<results>.parts/<case-id>/rank<r>.h5``, made in memory (each
+    block moves into it in turn) and written out with plain file I/O, so that a
+    full disk is an ordinary OSError (:func:`output_files.hdf5_image`); the
+    datasets lie side by side in it. The parts folder must belong to the
+    results file ``results_id`` (rank 0 made it, holding the file's lock); each dataset records that
     identity, the case and the SHA-256 of the block(s) it holds. Returns this
     rank's file, relative to the results file, and the SHA-256 of its block of
     each dataset.
@@ -85,11 +87,17 @@ def write_output_part(case: Case, comm: Any, layout: Layout, outputs: dict[str, 
                 ds.attrs["first_token"] = 0
                 _output_attrs(ds, case, results_id, [d[name] for d in digests])
     else:
-        with h5py.File(target, "w") as f:
-            for name, b in blocks.items():
-                ds = f.create_dataset(name, data=b)
+        def fill(f: Any) -> None:
+            for name in list(blocks):
+                ds = f.create_dataset(name, data=blocks.pop(name))     # each block leaves memory once copied
                 ds.attrs["first_token"] = rank * layout.shard
                 _output_attrs(ds, case, results_id, [digest[name]])
+
+        try:
+            write_synced(hdf5_image(fill), target)
+        except BaseException:
+            remove_quietly(target)                 # a part cut short by a full disk is of no use
+            raise
     return str(rel), digest
 
 

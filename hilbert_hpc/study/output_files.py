@@ -196,27 +196,43 @@ def move_into_place(tmp: Path, path: Path) -> None:
         os.close(fd)
 
 
+def hdf5_image(fill: Callable[[Any], None], current: bytes | None = None) -> io.BytesIO:
+    """An HDF5 file made in memory: ``fill(h5)`` writes into an empty file, or into a copy of ``current``.
+
+    HDF5 never writes to disk here, so a full disk shows up later as an ordinary
+    OSError of plain file I/O: HDF5 does not recover from a failed write of its
+    own (h5py reports it from a finalizer, and closing the object again can crash
+    the process).
+    """
+    import h5py
+
+    image = io.BytesIO(current if current is not None else b"")
+    with h5py.File(image, "a" if current is not None else "w") as h5:
+        fill(h5)
+    return image
+
+
+def write_synced(image: io.BytesIO, path: Path) -> None:
+    """Write ``image`` to ``path`` and sync it to disk; raises what the file system raised."""
+    with open(path, "wb") as fh:
+        fh.write(image.getbuffer())
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
 def replace_hdf5(path: Path, fill: Callable[[Any], None], start_from_current: bool = False) -> None:
     """Write a new version of the HDF5 file ``path``: under a temporary name, synced, then renamed over it.
 
     ``fill(h5)`` writes into the new version: an empty file, or the current file
-    with ``start_from_current``. HDF5 works on a copy in memory (our outputs are
-    small: bulk output data lives in separate part files) and plain file I/O
-    writes it out, so a full disk is an ordinary OSError that leaves ``path`` as
-    it was; HDF5 itself does not recover from a failed flush. Raises what the
-    file system or h5py raised (``IO_ERRORS``), after removing the temporary file.
+    with ``start_from_current``. HDF5 works on a copy in memory (:func:`hdf5_image`;
+    our outputs are small: bulk output data lives in separate part files) and plain
+    file I/O writes it out, so a full disk is an ordinary OSError that leaves
+    ``path`` as it was. Raises what the file system or h5py raised
+    (``IO_ERRORS``), after removing the temporary file.
     """
-    import h5py
-
     tmp = temporary_name(path)
     try:
-        image = io.BytesIO(path.read_bytes() if start_from_current else b"")
-        with h5py.File(image, "a" if start_from_current else "w") as h5:
-            fill(h5)
-        with open(tmp, "wb") as fh:
-            fh.write(image.getbuffer())
-            fh.flush()
-            os.fsync(fh.fileno())
+        write_synced(hdf5_image(fill, path.read_bytes() if start_from_current else None), tmp)
         move_into_place(tmp, path)
     except BaseException:
         remove_quietly(tmp)

@@ -99,6 +99,11 @@ class SubComms:
         self.subs = {}
 
 
+#: where the last boundary of a run is: a stop signal that came during the last case still ends the run with
+#: the requeue code, on every rank
+LAST_BOUNDARY = "after the last case"
+
+
 class CaseLoop:
     """The boundaries of a run's case loop, agreed by every rank of the run: stop requests, errors, progress.
 
@@ -180,7 +185,7 @@ def run_in_turn(job: Job, setups: dict[str, CaseSetup], loop: CaseLoop, subs: "S
             loop.attempt(lambda: run_case(setups[case.case_id], job, sub, results, table, loop.path,
                                           loop.results_id))
         loop.finished(case)
-    loop.errors()
+    loop.boundary(LAST_BOUNDARY)
 
 
 def interleave_groups(cases: list[Case]) -> list[list[Case]]:
@@ -241,7 +246,7 @@ def run_interleaved(job: Job, setups: dict[str, CaseSetup], loop: CaseLoop, subs
                                               loop.results_id, measured=measured.pop(case.case_id)))
             loop.finished(case)
         del runs, measured
-    loop.errors()
+    loop.boundary(LAST_BOUNDARY)
 
 
 def run_job(job: Job, output: str | None = None, stream: TextIO | None = None, comm: Any = None,

@@ -7,6 +7,12 @@ stop together after the same case, with the results file flushed, and exit with
 ``scontrol requeue``; ``run --resume`` then continues the file. A second Ctrl-C
 stops at once (complete cases stay intact).
 
+Any number of SIGUSR1 or SIGTERM, at any moment of a ``run`` process, ends it
+with ``REQUEUE_EXIT``: :class:`HeldStops` records them from the start of the
+command to the process's end (their default action would kill it with 138 or
+143: before the case loop, after it, during the final flush or MPI's finalize),
+and ignores them once the interpreter shuts down.
+
 Launchers differ in how long they let ranks run after a signal: SLURM's srun
 forwards SIGTERM and kills only after ``KillWait`` (30 s by default); Open MPI 5's
 ``mpiexec`` forwards SIGUSR1, but on SIGTERM or Ctrl-C it kills its ranks about
@@ -24,6 +30,7 @@ that follows within a second can swallow it.
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import sys
@@ -120,8 +127,74 @@ class LauncherNotice:
         os.close(self.target)
 
 
+#: the stop signals held for the whole of a ``run`` process (outside the case loop Ctrl-C stays Python's
+#: KeyboardInterrupt: the run stops at once, with its complete cases kept)
+HELD_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+#: the :class:`HeldStops` of this process while it is held
+_held: "HeldStops | None" = None
+
+
+class HeldStops:
+    """Context manager: SIGUSR1 and SIGTERM are recorded, never fatal, while a ``run`` command works.
+
+    Python's default action for both ends the process (exit 138 or 143, -10 or
+    -15 for its parent): a signal before the case loop began, a second one after
+    it stopped, or one during the final flush of the results file or MPI's
+    finalize would turn a run that stops with ``REQUEUE_EXIT`` into a killed one.
+    :class:`StopRequests` takes over during the case loop and starts from the
+    signal recorded here; ``received`` is the first stop signal of either (0:
+    none). With ``to_exit`` (the program itself, which ends when the command
+    does) the handlers stay to the process's end, and its last exit handler
+    ignores the signals (``SIG_IGN``, which Python's shutdown keeps, unlike a
+    handler of its own); otherwise the old handlers come back on exit.
+    """
+
+    def __init__(self, to_exit: bool = False) -> None:
+        self.received = 0
+        self.to_exit = to_exit
+        self._old: dict[int, Any] = {}
+
+    def _record(self, signum: int, frame: Any) -> None:
+        self.received = self.received or signum
+
+    def __enter__(self) -> "HeldStops":
+        global _held
+        for sig in HELD_SIGNALS:
+            try:
+                self._old[sig] = signal.signal(sig, self._record)
+            except ValueError:          # not the main thread: nothing to hold
+                pass
+        _held = self
+        if self.to_exit:
+            atexit.register(_ignore_held)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        global _held
+        if self.to_exit:
+            return                      # held until the process ends
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        _held = None
+
+
+def _ignore_held() -> None:
+    """At exit: the held stop signals are ignored from now on (the exit status is decided)."""
+    if _held is not None and _held.to_exit:
+        for sig in _held._old:
+            signal.signal(sig, signal.SIG_IGN)
+
+
+def held_signal() -> int:
+    """The first stop signal this ``run`` process received (0: none, or no :class:`HeldStops` is held)."""
+    return _held.received if _held is not None else 0
+
+
 class StopRequests:
     """Context manager: records stop signals while a job runs, restores the old handlers after.
+
+    A signal that a :class:`HeldStops` recorded before counts as received here,
+    and one received here is recorded there too.
 
     ``status`` (optional) says what is kept so far and how to go on, e.g. "2 of
     4 cases are complete in r.h5; continue with 'run --resume'": with it, rank 0 under Open MPI's launcher tells the
@@ -137,6 +210,8 @@ class StopRequests:
     def _handler(self, signum: int, frame: Any) -> None:
         if signum == signal.SIGINT and self.received == signal.SIGINT:
             raise KeyboardInterrupt          # Ctrl-C twice: stop now
+        if _held is not None:
+            _held.received = _held.received or signum
         if self.received is None:
             self.received = signum
             if signum == signal.SIGINT and _prints():
@@ -144,6 +219,7 @@ class StopRequests:
                       file=sys.stderr, flush=True)
 
     def __enter__(self) -> "StopRequests":
+        self.received = self.received or held_signal() or None
         for sig in STOP_SIGNALS:
             try:
                 self._old[sig] = signal.signal(sig, self._handler)
