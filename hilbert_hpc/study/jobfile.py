@@ -41,7 +41,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from hilbert_hpc.errors import ConfigError, JobFileError
-from hilbert_hpc.core.ordering import ORDERINGS
+from hilbert_hpc.core.ordering import ORDERINGS, resolve_ordering
 from hilbert_hpc.core.work import PLACEMENTS
 from hilbert_hpc.distributed.transports import TRANSPORTS
 from hilbert_hpc.core.patterns import Pattern, check_problem, check_serializable, parse_grid, parse_patterns
@@ -371,21 +371,14 @@ def _resolve_case(values: dict[str, Any], where: str, case_id: str, name: str) -
         check_problem(math.prod(grid), patterns, f"{where}.patterns")
     except ConfigError as exc:
         raise JobFileError(exc.message, exc.param) from None
-    ordering = values.get("ordering", "natural")
-    segment = values.get("segment")
-    if ordering == "hilbert-segment":
-        segment = segment or min(p.segment for p in patterns)
-        if math.prod(grid) % segment:
-            raise JobFileError(f"segment {segment} does not divide the sequence length {math.prod(grid)}",
-                               f"{where}.segment")
-    elif segment is not None:
-        raise JobFileError("'segment' only applies to ordering = \"hilbert-segment\"", f"{where}.segment")
     try:
+        ordering, segment = resolve_ordering(values.get("ordering", "natural"), patterns, values.get("segment"),
+                                             math.prod(grid))
         check_serializable(tuple(grid), ordering, segment, f"{where}.grid", f"{where}.segment")
         check_backend(values.get("dtype", "float32"), values.get("backend", "numpy"), f"{where}.dtype")
         check_pass(values.get("pass", "forward"), values.get("backend", "numpy"), f"{where}.pass")
     except ConfigError as exc:
-        raise JobFileError(exc.message, exc.param) from None
+        raise JobFileError(exc.message, exc.param if "." in exc.param else f"{where}.{exc.param}") from None
     kwargs = {CASE_FIELDS.get(k, k): v for k, v in values.items()
               if k not in ("grid", "tokens", "patterns", "segment")}
     return Case(case_id=case_id, name=name, grid=tuple(grid), patterns=patterns, segment=segment, **kwargs)
