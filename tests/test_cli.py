@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import json
 import re
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
 
+from clirun import run_in_process
 from jobtext import JobSpec
-
-ROOT = Path(__file__).resolve().parents[1]
 
 CLI_JOB = JobSpec({"name": "cli", "repeats": 2, "warmup": 0, "accuracy_rows": 8, "save_output": True},
                   defaults={"heads": 3, "head_dim": 16},
@@ -26,9 +23,7 @@ JOB = CLI_JOB.text()
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "hilbert_hpc", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=240)
+    return run_in_process(args, cwd)
 
 
 def test_run_writes_a_self_describing_results_file(tmp_path):

@@ -13,6 +13,7 @@ from hilbert_hpc.study.jobfile import load_job
 from hilbert_hpc.distributed.mpi import SingleProcessComm
 from hilbert_hpc.distributed.sharding import Layout
 
+from clirun import run_in_process
 from jobtext import QUICK, job_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,20 +70,17 @@ def test_job_takes_shape_from_the_file_and_refuses_contradictions(tmp_path):
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("grid,ordering", [((24, 16), "hilbert"), ((32, 32), "hilbert"), ((8, 8, 8), "hilbert"),
                                            ((384,), "natural")])
-def test_parallel_redistribution_matches_the_permutation(grid, ordering):
+def test_parallel_redistribution_matches_the_permutation(tmp_path_factory, grid, ordering):
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     n = int(np.prod(grid))
     q, k, v = _arrays(n, batch=2)
-    path = None
+    path = comm.bcast(str(tmp_path_factory.mktemp("redistribution") / "in.h5") if rank == 0 else None)
     if rank == 0:
-        import tempfile
-
-        path = str(Path(tempfile.mkdtemp()) / "in.h5")
         write_input(path, q, k, v, grid=grid)
-    path = comm.bcast(path)
+    comm.Barrier()
     layout = Layout(grid, ordering, size)
     for b in range(2):
         got = read_shard(path, "q", b, layout, comm, np.float64)
@@ -285,13 +283,8 @@ BAD_INPUT_JOB = job_text(name="bad-input", **QUICK,
 
 def _run_bad_input_job(folder: Path):
     """``hilbert-hpc run`` of BAD_INPUT_JOB in ``folder`` (its in.h5 made by the caller): exit 2, no traceback."""
-    import os
-    import subprocess
-    import sys
-
     (folder / "job.toml").write_text(BAD_INPUT_JOB)
-    res = subprocess.run([sys.executable, "-m", "hilbert_hpc", "run", "job.toml", "-o", "out.h5"], cwd=folder,
-                         env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=240)
+    res = run_in_process(["run", "job.toml", "-o", "out.h5"], folder)
     assert res.returncode == 2, res.stderr
     assert "Traceback" not in res.stderr
     return res

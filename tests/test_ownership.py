@@ -1,7 +1,9 @@
 """Results are never lost or mixed: output ownership, the lock, trusted resume, one-line I/O errors.
 
 Every refusal is checked for one line on stderr, exit code 2, no traceback,
-and not one byte changed in the files that were there before.
+and not one byte changed in the files that were there before. A single-process command runs inside the test
+process (``run``); runs that are signalled, killed or stopped, several ranks and a changed environment keep a
+process of their own.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import h5py
 import numpy as np
 import pytest
 
+from clirun import run_in_process
 from jobtext import DROP, QUICK, JobSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,8 +35,9 @@ OWN_JOB = JobSpec({"name": "own", **QUICK, "save_output": True},
                           "sweep": {"scale": [0.1, 0.2, 0.3, 0.4]}}])
 JOB = OWN_JOB.text()
 
-#: long enough (several seconds) that a second run arrives while the first works
-SLOW_JOB = OWN_JOB.but(repeats=12, case={"grid": [192, 192], "patterns": [[96, 1], [1152, 4], [36864, 16]]}).text()
+#: four cases of about a second each: a test that reads the first one's line acts (signals the run, or stops it
+#: with SIGSTOP) while the second one works
+SLOW_JOB = OWN_JOB.but(repeats=4, case={"grid": [192, 192], "patterns": [[96, 1], [1152, 4], [36864, 16]]}).text()
 
 
 def _env(**extra: str) -> dict:
@@ -42,6 +46,10 @@ def _env(**extra: str) -> dict:
 
 
 def run(args: list[str], cwd: Path, mpi: int = 0, **env: str) -> subprocess.CompletedProcess:
+    """``hilbert-hpc ARGS`` in ``cwd``: in this process, or under ``mpiexec -n MPI`` or with ``env`` added in a
+    process of its own."""
+    if not mpi and not env:
+        return run_in_process(args, cwd)
     cmd = [sys.executable, "-m", "hilbert_hpc", *args]
     if mpi:
         cmd = ["mpiexec", "-n", str(mpi), "--oversubscribe", *cmd]
@@ -51,6 +59,20 @@ def run(args: list[str], cwd: Path, mpi: int = 0, **env: str) -> subprocess.Comp
 def start(args: list[str], cwd: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "hilbert_hpc", *args], cwd=cwd, env=_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@contextlib.contextmanager
+def stopped_in_its_second_case(proc: subprocess.Popen):
+    """``proc`` (a run of SLOW_JOB) held with SIGSTOP once its first case is done, so that it still owns its
+    file, however long the caller takes; continued (SIGCONT) afterwards."""
+    for line in proc.stdout:
+        if line.startswith("0000-g"):           # the run is working on its second case
+            proc.send_signal(signal.SIGSTOP)
+            break
+    try:
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGCONT)
 
 
 def one_error_line(res: subprocess.CompletedProcess, *needles: str) -> str:
@@ -114,10 +136,8 @@ def done(tmp_path: Path, job: Path) -> Path:
 def test_a_second_run_on_a_file_in_use_is_refused_and_the_first_is_unharmed(tmp_path, first, second):
     (tmp_path / "job.toml").write_text(SLOW_JOB)
     a = start(["run", "job.toml", "-o", "c.h5", *first], tmp_path)
-    for line in a.stdout:
-        if line.startswith("0000-g"):           # the first run is working on its second case
-            break
-    b = run(["run", "job.toml", "-o", "c.h5", *second], tmp_path)
+    with stopped_in_its_second_case(a):
+        b = run(["run", "job.toml", "-o", "c.h5", *second], tmp_path)
     out, err = a.communicate(timeout=600)
     one_error_line(b, "'c.h5' is in use by another run", f"pid {a.pid}")
     assert a.returncode == 0, err
@@ -129,10 +149,8 @@ def test_a_second_run_on_a_file_in_use_is_refused_and_the_first_is_unharmed(tmp_
 def test_a_second_run_under_mpiexec_is_refused_once(tmp_path):
     (tmp_path / "job.toml").write_text(SLOW_JOB)
     a = start(["run", "job.toml", "-o", "c.h5"], tmp_path)
-    for line in a.stdout:
-        if line.startswith("0000-g"):
-            break
-    b = run(["run", "job.toml", "-o", "c.h5"], tmp_path, mpi=2)
+    with stopped_in_its_second_case(a):
+        b = run(["run", "job.toml", "-o", "c.h5"], tmp_path, mpi=2)
     a.communicate(timeout=600)
     one_error_line(b, "in use by another run")
     assert a.returncode == 0 and len(complete_cases(tmp_path / "c.h5")) == 4

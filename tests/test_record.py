@@ -17,6 +17,7 @@ import h5py
 import pytest
 
 from hilbert_hpc.study import record as rec
+from clirun import run_in_process
 from jobtext import JobSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -140,9 +141,7 @@ def test_the_writer_stores_every_field_of_the_record(tmp_path):
     from hilbert_hpc.study.results_read import case_groups
 
     (tmp_path / "job.toml").write_text(TINY.text())
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HDF5_USE_FILE_LOCKING="FALSE")
-    done = subprocess.run([sys.executable, "-m", "hilbert_hpc", "run", "job.toml", "-o", "r.h5"], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=300)
+    done = run_in_process(["run", "job.toml", "-o", "r.h5"], tmp_path, env={"HDF5_USE_FILE_LOCKING": "FALSE"})
     assert done.returncode == 0, done.stderr
     with h5py.File(tmp_path / "r.h5") as f:
         ((_, group, _),) = list(case_groups(f["cases"]))

@@ -19,6 +19,7 @@ import h5py
 import numpy as np
 import pytest
 
+from clirun import run_in_process
 from hilbert_hpc.errors import UserError
 from hilbert_hpc.study.output_files import OutputLock
 from hilbert_hpc.study.report import report
@@ -34,6 +35,9 @@ def _env() -> dict:
 
 
 def cli(args: list[str], cwd: Path, mpi: int = 0) -> subprocess.CompletedProcess:
+    """``hilbert-hpc ARGS`` in ``cwd``: in this process, or under ``mpiexec -n MPI``."""
+    if not mpi:
+        return run_in_process(args, cwd)
     cmd = [sys.executable, "-m", "hilbert_hpc", *args]
     if mpi:
         cmd = ["mpiexec", "-n", str(mpi), "--oversubscribe", *cmd]

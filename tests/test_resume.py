@@ -11,6 +11,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from clirun import run_in_process
 from jobtext import JobSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,8 +29,7 @@ def _env() -> dict:
 
 
 def _run(args, cwd) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hilbert_hpc", *args], cwd=cwd, env=_env(), capture_output=True,
-                          text=True, timeout=600)
+    return run_in_process(args, cwd, env={"HDF5_USE_FILE_LOCKING": "FALSE"})
 
 
 def test_kill_then_resume_equals_uninterrupted(tmp_path):

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,9 +12,9 @@ from hilbert_hpc.errors import JobFileError
 from hilbert_hpc.core.inputs import MAX_SEED, random_rows
 from hilbert_hpc.study.jobfile import load_job
 
+from clirun import run_in_process
 from jobtext import job_text
 
-ROOT = Path(__file__).resolve().parents[1]
 
 def seed_job(seed: int) -> str:
     """A one-case job with ``seed``."""
@@ -76,8 +73,7 @@ def load_job_ok(tmp_path: Path, seed: int):
 
 def test_job_file_seed_out_of_range_is_one_line(tmp_path):
     (tmp_path / "job.toml").write_text(seed_job(2**62))
-    res = subprocess.run([sys.executable, "-m", "hilbert_hpc", "run", "job.toml", "-o", "r.h5"], cwd=tmp_path,
-                         env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=120)
+    res = run_in_process(["run", "job.toml", "-o", "r.h5"], tmp_path)
     assert res.returncode == 2 and "Traceback" not in res.stderr
     lines = [line for line in res.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "job.seed" in lines[0] and "2**62" in lines[0], res.stderr

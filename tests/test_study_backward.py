@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
 
+from clirun import run_in_process
 from jobtext import JobSpec, run_on_every_rank
-
-ROOT = Path(__file__).resolve().parents[1]
 
 JOB = JobSpec({"name": "bwd", "repeats": 2, "warmup": 1, "accuracy_rows": 8},
               defaults={"heads": 4, "head_dim": 16, "backend": "numpy"},
@@ -25,9 +22,7 @@ JOB = JobSpec({"name": "bwd", "repeats": 2, "warmup": 1, "accuracy_rows": 8},
 
 
 def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HDF5_USE_FILE_LOCKING="FALSE")
-    done = subprocess.run([sys.executable, "-m", "hilbert_hpc", *args], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=300)
+    done = run_in_process(args, tmp_path, env={"HDF5_USE_FILE_LOCKING": "FALSE"})
     assert done.returncode == 0, done.stderr
     return done
 
