@@ -42,6 +42,7 @@ else:  # pragma: no cover
 
 from hilbert_hpc.errors import ConfigError, JobFileError
 from hilbert_hpc.core.ordering import ORDERINGS, resolve_ordering
+from hilbert_hpc.distributed.schedule import SCHEDULES
 from hilbert_hpc.core.work import PLACEMENTS
 from hilbert_hpc.distributed.transports import TRANSPORTS
 from hilbert_hpc.core.patterns import Pattern, check_problem, check_serializable, parse_grid, parse_patterns
@@ -236,6 +237,7 @@ CASE_KEYS: dict[str, Callable[[Any, str], Any]] = {
     "scaling": _choice(SCALINGS),
     "pass": _choice(PASSES),
     "placement": _choice(PLACEMENT_CHOICES),
+    "long_schedule": _choice(SCHEDULES),
 }
 #: the Case field of a key whose name is a Python keyword
 CASE_FIELDS = {"pass": "pass_"}
@@ -266,6 +268,8 @@ class Case:
     pass_: str = "forward"
     #: which serialized positions each rank holds: "auto", "contiguous" or "zigzag" (``setup.case_placement``)
     placement: str = "auto"
+    #: how long patterns move their K/V rows: "auto", "gather" or "ring" (``distributed.schedule``)
+    long_schedule: str = "auto"
 
     @property
     def tokens(self) -> int:

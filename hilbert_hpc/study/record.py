@@ -63,6 +63,7 @@ class Parameters:
     scaling: str = entry("-", "scaling series the case belongs to (strong or weak)")
     pass_: str = entry("-", "forward, or forward+backward (files without it: forward)", key="pass")
     placement: str = entry("-", "placement requested: auto, contiguous or zigzag (files without it: auto)")
+    long_schedule: str = entry("-", "long-pattern schedule requested: auto, gather or ring (files without it: auto)")
 
     @classmethod
     def of(cls, case: Any) -> "Parameters":
@@ -72,7 +73,7 @@ class Parameters:
                    head_dim=case.head_dim, causal=case.causal, ordering=case.ordering, segment=case.segment or 0,
                    dtype=case.dtype, backend=case.backend, scale=case.softmax_scale, transport=case.transport,
                    input=case.input or "", ranks=case.ranks, scaling=case.scaling, pass_=case.pass_,
-                   placement=case.placement)
+                   placement=case.placement, long_schedule=case.long_schedule)
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,8 @@ class Setup:
     transport_reason: str = entry("-", "why that transport was used")
     placement: str = entry("-", "serialized positions per rank: contiguous, or zigzag (chunks p and 2P-1-p of 2P; "
                                 "files without it: contiguous)")
+    long_schedules: str = entry("-", "schedule of each long pattern, '(w, r) over g ranks: gather' or ': ring', "
+                                     "joined by '; ' (empty: none; files without it: ring)")
     wall_s: float = entry("s", "wall time of the case's own work on rank 0 (inputs, calls, writing its output)")
 
 

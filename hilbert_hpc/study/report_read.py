@@ -159,7 +159,8 @@ def _case_params(group: h5py.Group, where: str) -> dict[str, Any]:
     params["ranks"] = int(params["ranks"])
     params["tokens"] = int(params["tokens"])
     for key, default in (("name", ""), ("backend", ""), ("ordering", "natural"), ("transport", ""), ("batch", 1),
-                         ("segment", 0), ("pass", "forward"), ("placement", "auto")):
+                         ("segment", 0), ("pass", "forward"), ("placement", "auto"),
+                         ("long_schedule", "auto")):
         params.setdefault(key, default)
     return params
 

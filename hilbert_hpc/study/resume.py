@@ -137,6 +137,7 @@ def plan_resume(src: h5py.File, path: Path, job: Job, inputs: dict[str, str],
         theirs = json.loads(params) if isinstance(params, str) else {}
         theirs.setdefault("pass", "forward")         # files from before the backward were forward-only
         theirs.setdefault("placement", "auto")       # files from before placements: the job asked for nothing
+        theirs.setdefault("long_schedule", "auto")   # files from before long-pattern schedules: likewise
         ours = case.params()
         differ = sorted((k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k)),
                         key=lambda k: (k != "ranks", k))

@@ -63,6 +63,7 @@ def run_case(setup: CaseSetup, job: Job, comm: Any, results: ResultsFile | None,
         setup=Setup(ranks=run.ranks, transport=setup.transport.name, kernel=setup.kernel_name,
                     backward_kernel=setup.backward_kernel_name,
                     transport_reason=setup.transport.reason, placement=run.layout.placement,
+                    long_schedules="; ".join(s.describe() for s in setup.schedules),
                     wall_s=time.perf_counter() - t0),
         timings=Timings(**stacked), metrics=Metrics(**derive_metrics(case, stacked)), accuracy=Accuracy(**accuracy))
     results.write_case(case, record, parts, (case.batch, case.tokens, case.heads, case.head_dim), run.layout.shard,

@@ -19,6 +19,7 @@ from hilbert_hpc.core.ordering import resolve_ordering
 from hilbert_hpc.core.precision import Precision, precision
 from hilbert_hpc.core.work import imbalance, rank_useful_flops
 from hilbert_hpc.distributed.sharding import Layout, check_distribution, zigzag_possible
+from hilbert_hpc.distributed.schedule import LongSchedule, choose_schedules
 from hilbert_hpc.distributed.transports import TransportChoice, choose_transport
 from hilbert_hpc.errors import ConfigError
 from hilbert_hpc.kernels.selection import KernelChoice
@@ -56,6 +57,13 @@ def case_layout(case: Case, ranks: int) -> Layout:
     return Layout(case.grid, ordering, ranks, segment, placement)
 
 
+def case_schedules(case: Case, layout: Layout) -> tuple[LongSchedule, ...]:
+    """The schedule of each long pattern of ``case`` on ``layout``'s ranks (``distributed.schedule``), for the
+    elements the ring moves (16 bits as 2 bytes)."""
+    return choose_schedules(case.patterns, layout.shards, case.heads, case.head_dim, case.head_dim,
+                            precision(case.dtype).itemsize, case.long_schedule, case.pass_ != "forward")
+
+
 @dataclass(frozen=True)
 class CaseSetup:
     """The decisions of one case on ``ranks`` ranks."""
@@ -75,6 +83,8 @@ class CaseSetup:
     decided: bool = True
     #: the backward kernel of a forward+backward case (``Backend.backward_kernel_choice``); None: none of its own
     backward_kernel: KernelChoice | None = None
+    #: how each long pattern moves its K/V rows on these ranks (``distributed.schedule``; empty: none spans ranks)
+    schedules: tuple[LongSchedule, ...] = ()
 
     @property
     def kernel_name(self) -> str:
@@ -115,7 +125,7 @@ def check_case(case: Case, ranks: int | None = None) -> CaseSetup:
         raise ConfigError(f"backend {case.backend!r} is the single-process baseline; run it with one rank "
                           f"or choose numpy/cupy", f"{case.case_id}.backend")
     return CaseSetup(case, ranks, layout, precision(case.dtype), be, kernel, transport,
-                     backward_kernel=backward_kernel)
+                     backward_kernel=backward_kernel, schedules=case_schedules(case, layout))
 
 
 def runnable_here(job: Job) -> tuple[Job, list[str]]:
@@ -139,8 +149,10 @@ def plan_setup(case: Case, cc: int | None = None) -> CaseSetup:
     kernel is the one ``run`` chooses there."""
     be = find_backend(case.backend, f"{case.case_id}.backend")
     if be.usable() is not None:
-        return CaseSetup(case, case.ranks, case_layout(case, case.ranks), precision(case.dtype), be,
-                         be.kernel_choice(case.head_dim, case.dtype, gpu_here=False, cc=cc), None, decided=False)
+        layout = case_layout(case, case.ranks)
+        return CaseSetup(case, case.ranks, layout, precision(case.dtype), be,
+                         be.kernel_choice(case.head_dim, case.dtype, gpu_here=False, cc=cc), None, decided=False,
+                         schedules=case_schedules(case, layout))
     setup = dataclasses.replace(check_case(case), transport=None)
     if cc is None:
         return setup
