@@ -46,8 +46,9 @@ def _shard_inputs(case: dict, layout: Layout, rank: int, dtype) -> list[np.ndarr
     return [random_rows(11, t, nat, case["heads"], case["head_dim"], dtype) for t in ("q", "k", "v")]
 
 
+@pytest.mark.parametrize("schedule", ["ring", "gather"])
 @pytest.mark.parametrize("seed", range(12))
-def test_ring_equals_single_rank_float64(seed):
+def test_ring_equals_single_rank_float64(seed, schedule):
     comm = _comm()
     rank, size = comm.Get_rank(), comm.Get_size()
     case = _random_case(np.random.default_rng(seed + 1000 * size), size)
@@ -56,7 +57,7 @@ def test_ring_equals_single_rank_float64(seed):
     qs, ks, vs = _shard_inputs(case, layout, rank, np.float64)
     stats = RingStats()
     got = ring_dilated_attention(qs, ks, vs, patterns=case["patterns"], comm=comm, causal=case["causal"],
-                                 stats=stats)
+                                 stats=stats, schedule=schedule)
     assert got.shape == qs.shape
     # the single-rank result of the same global problem, built on every rank from natural order
     nat = np.arange(case["n"])
@@ -65,12 +66,13 @@ def test_ring_equals_single_rank_float64(seed):
                                causal=case["causal"], grid=case["grid"], ordering=case["ordering"])
     want = single[layout.shard_natural(rank)]
     err = np.abs(got - want).max() / np.abs(want).max()
-    assert err < 1e-12, f"rank {rank}: relative error {err:.2e} for {case}"
-    assert stats.ring_steps > 0
+    assert err < 1e-12, f"rank {rank}: relative error {err:.2e} for {case} ({schedule})"
+    assert (stats.ring_steps > 0) == (schedule == "ring")
 
 
+@pytest.mark.parametrize("schedule", ["ring", "gather"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_ring_float32_and_bytes(causal):
+def test_ring_float32_and_bytes(causal, schedule):
     comm = _comm()
     rank, size = comm.Get_rank(), comm.Get_size()
     shard, heads, d = 64, 4, 16
@@ -80,15 +82,20 @@ def test_ring_float32_and_bytes(causal):
     case = {"heads": heads, "head_dim": d}
     q32, k32, v32 = _shard_inputs(case, layout, rank, np.float32)
     stats = RingStats()
-    got = ring_dilated_attention(q32, k32, v32, patterns=patterns, comm=comm, causal=causal, stats=stats)
+    got = ring_dilated_attention(q32, k32, v32, patterns=patterns, comm=comm, causal=causal, stats=stats,
+                                 schedule=schedule)
     assert got.dtype == np.float32
     q64, k64, v64 = (x.astype(np.float64) for x in (q32, k32, v32))
-    want = ring_dilated_attention(q64, k64, v64, patterns=patterns, comm=comm, causal=causal)
+    want = ring_dilated_attention(q64, k64, v64, patterns=patterns, comm=comm, causal=causal, schedule="ring")
     assert np.abs(got - want).max() / np.abs(want).max() < 1e-5
-    # the long pattern sends L/r rows of K and V per head-offset group: traffic / dilation
+    # the long pattern sends L/r rows of K and V per head-offset group: traffic / dilation; the ring forwards
+    # blocks hop by hop, the gather sends this rank's block to each rank that needs it (causal: the later ones)
     per_block = (shard // 4) * heads * 2 * d * 4
-    sends = sum(send for _, send, _ in ring_schedule(rank, size, causal))
-    assert stats.bytes_sent == sends * per_block
+    if schedule == "ring":
+        sends = sum(send for _, send, _ in ring_schedule(rank, size, causal))
+    else:
+        sends = size - 1 - rank if causal else size - 1
+    assert stats.bytes_sent == sends * per_block and stats.messages == sends
 
 
 def _peak_bytes(comm, shard: int, heads: int, d: int) -> int:
@@ -101,14 +108,15 @@ def _peak_bytes(comm, shard: int, heads: int, d: int) -> int:
                                                                                                comm.Get_size())
     tracemalloc.start()
     qs, ks, vs = _shard_inputs({"heads": heads, "head_dim": d}, layout, comm.Get_rank(), np.float32)
-    ring_dilated_attention(qs, ks, vs, patterns=[Pattern(1024, 1), Pattern(n, 8)], comm=comm)
+    ring_dilated_attention(qs, ks, vs, patterns=[Pattern(1024, 1), Pattern(n, 8)], comm=comm, schedule="ring")
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     return peak
 
 
 def test_memory_per_rank_does_not_grow_with_the_sequence():
-    """Same shard length on 1 rank and on all ranks: the peak stays O(L), it does not follow N = P*L."""
+    """Same shard length on 1 rank and on all ranks: the ring's peak stays O(L), it does not follow N = P*L (the
+    gather schedule holds the group's selected rows, within its budget: tests/test_schedule.py)."""
     from mpi4py import MPI
 
     comm = _comm()

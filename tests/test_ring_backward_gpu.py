@@ -45,7 +45,7 @@ def _skip_unless_runs(dtype: str) -> None:
         pytest.skip("the 16-bit kernels need compute capability 8.0 or newer")
 
 
-def ring_errors(backend: str, dtype: str, causal: bool, placement: str) -> dict[str, float]:
+def ring_errors(backend: str, dtype: str, causal: bool, placement: str, schedule: str = "ring") -> dict[str, float]:
     """This rank's max relative error of dQ, dK, dV against its rows of the float64 single-rank backward (local,
     two-chunk and global patterns, Hilbert order, the staged transport); checks the gradients' dtype and the
     ring's counters on the way."""
@@ -72,17 +72,19 @@ def ring_errors(backend: str, dtype: str, causal: bool, placement: str) -> dict[
     qs, ks, vs = (be.ring_view(x) for x in dev[:3])
     transport, _ = resolve_transport("staged", True, comm)
     transport.chunk_bytes = 16384              # several chunks per block in the staged pipeline
+    kept = {}
     out, lse = ring_dilated_forward(qs, ks, vs, patterns=patterns, comm=comm, causal=causal, scale=scale,
                                     transport=transport, kernels=be.ring_kernels(be.kernel_choice(d, dtype)),
-                                    placement=placement)
+                                    placement=placement, schedule=schedule, gathered=kept)
     out = be.ring_output(out, dtype)
     stats = RingStats()
     kernels = be.ring_backward_kernels(be.backward_kernel_choice(d, dtype))
     grads = be.ring_gradients(ring_dilated_backward(qs, ks, vs, out, lse, dev[3], patterns=patterns, comm=comm,
                                                     causal=causal, scale=scale, transport=transport,
-                                                    kernels=kernels, stats=stats, placement=placement), dtype)
+                                                    kernels=kernels, stats=stats, placement=placement,
+                                                    schedule=schedule, gathered=kept), dtype)
     be.synchronize()
-    assert stats.ring_steps > 0 and stats.bytes_sent > 0
+    assert (stats.ring_steps > 0) == (schedule == "ring") and stats.bytes_sent > 0
 
     prec = precision(dtype)
     whole = [cupy.asarray(prec.round(random_rows(5, t, Layout(grid, "hilbert", 1).shard_natural(0), heads, d,
@@ -100,22 +102,24 @@ def ring_errors(backend: str, dtype: str, causal: bool, placement: str) -> dict[
     return errors
 
 
+@pytest.mark.parametrize("schedule", ["ring", "gather"])
 @pytest.mark.parametrize("placement", ["contiguous", "zigzag"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("backend,dtype", list(CASES))
-def test_gpu_ring_backward_equals_single_rank_float64(backend, dtype, causal, placement):
+def test_gpu_ring_backward_equals_single_rank_float64(backend, dtype, causal, placement, schedule):
     from mpi4py import MPI
 
     _skip_unless_runs(dtype)
     if MPI.COMM_WORLD.Get_size() % 2:
         pytest.skip("a segment of 2 zigzag chunks needs an even rank count")
-    for name, err in ring_errors(backend, dtype, causal, placement).items():
+    for name, err in ring_errors(backend, dtype, causal, placement, schedule).items():
         assert err <= CASES[backend, dtype], f"rank {MPI.COMM_WORLD.Get_rank()}: {name} relative error {err:.2e}"
 
 
 def _study_job() -> str:
     """forward+backward on 1, 2, 4 ... ranks: cuda-fp32 in float32 and cuda in bfloat16, causal or not, staged."""
-    case = {"grid": [32, 64], "ranks": "pow2", "ordering": "hilbert", "sweep": {"causal": [False, True]},
+    case = {"grid": [32, 64], "ranks": "pow2", "ordering": "hilbert",
+            "sweep": {"causal": [False, True], "long_schedule": ["gather", "ring"]},
             "patterns": [[256, 1], [1024, 2], ["N", "N/512"]]}
     return job_text(name="ringbwd-gpu", repeats=1, warmup=0, accuracy_rows=32, save_output=True,
                     defaults={"heads": 4, "head_dim": 64, "pass": "forward+backward", "transport": "staged"},
@@ -151,10 +155,11 @@ def test_study_forward_backward_on_several_gpu_ranks_matches_one_rank(tmp_path_f
             assert a["complete"] and acc["within_tolerance"] and acc["nonfinite"] == 0, dict(a)
             assert (g["timings"]["backward"][()] > 0).all()
             errs = {t: float(acc[f"grad_{t}_max_rel_err"]) for t in "qkv"}
-            groups.setdefault((str(a["backend"]), str(a["dtype"]), bool(a["causal"])), []).append(
+            groups.setdefault((str(a["backend"]), str(a["dtype"]), bool(a["causal"]), str(a["long_schedule"])),
+                              []).append(
                 (int(a["ranks"]), errs, {t: g[f"grad_{t}"][...] for t in "qkv"}))
-    assert len(groups) == 2 * 2
-    for (backend, dtype, causal), cases in groups.items():
+    assert len(groups) == 2 * 2 * 2
+    for (backend, dtype, causal, _), cases in groups.items():
         cases.sort(key=lambda c: c[0])
         assert [c[0] for c in cases] == [p for p in (1, 2, 4, 8) if p <= comm.Get_size()]
         _, errs1, grads1 = cases[0]

@@ -136,7 +136,8 @@ def test_local_backward_equals_the_exact_backward(dtype, causal):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("placement", ["contiguous", "zigzag"])
-def test_ring_blocks_give_the_single_rank_gradients(placement, causal, dtype):
+@pytest.mark.parametrize("schedule", ["ring", "gather"])
+def test_ring_blocks_give_the_single_rank_gradients(schedule, placement, causal, dtype):
     """Local, two-chunk and global patterns, Hilbert order: the provider's ring blocks (dQ in the shard, dK/dV in
     the accumulator block) give every rank its rows of the single-rank float64 gradients (the same rounded
     inputs and output)."""
@@ -159,7 +160,8 @@ def test_ring_blocks_give_the_single_rank_gradients(placement, causal, dtype):
                                     placement=placement)
     out_held = _held(out, dtype)
     got = ring_dilated_backward(q, k, v, out_held, lse.astype(np.float32), do, patterns=patterns, comm=comm,
-                                causal=causal, scale=scale, kernels=provider(dtype), placement=placement)
+                                causal=causal, scale=scale, kernels=provider(dtype), placement=placement,
+                                schedule=schedule)
 
     whole = [values(x) for x in _inputs(Layout(grid, "hilbert", 1).shard_natural(0), heads, dtype)]
     w_out, w_lse = local_dilated_forward(*whole[:3], patterns, causal, scale)

@@ -20,9 +20,10 @@ pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.gpu,
               pytest.mark.skipif(not HAVE_GPU, reason="needs an NVIDIA GPU")]
 
 
+@pytest.mark.parametrize("schedule", ["ring", "gather"])
 @pytest.mark.parametrize("transport_name", ["staged", "cuda-aware"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_gpu_ring_equals_cpu_ring(transport_name, causal):
+def test_gpu_ring_equals_cpu_ring(transport_name, causal, schedule):
     from mpi4py import MPI
 
     from hilbert_hpc.distributed.cuda_aware import cuda_aware_support
@@ -46,11 +47,11 @@ def test_gpu_ring_equals_cpu_ring(transport_name, causal):
     stats = RingStats()
     dev = [cupy.asarray(x) for x in host]
     got = ring_dilated_attention(*dev, patterns=patterns, comm=comm, causal=causal, transport=transport,
-                                 stats=stats)
+                                 stats=stats, schedule=schedule)
     assert isinstance(got, cupy.ndarray)
     err = float(np.abs(cupy.asnumpy(got) - want).max() / np.abs(want).max())
-    assert err < 1e-12, f"rank {rank}: {err:.2e}"
-    assert stats.ring_steps > 0
+    assert err < 1e-12, f"rank {rank}: {err:.2e} ({schedule})"
+    assert (stats.ring_steps > 0) == (schedule == "ring")
 
 
 def _ring_job(transports: list[str]) -> str:
@@ -60,7 +61,7 @@ def _ring_job(transports: list[str]) -> str:
                     cases=[{"name": "g", "grid": [32, 64], "ranks": "pow2", "ordering": "hilbert",
                             "patterns": [[256, 1], [1024, 2], ["N", "N/512"]],
                             "sweep": {"dtype": ["float32", "bfloat16", "float16"], "causal": [False, True],
-                                      "transport": ["staged", *transports]}}])
+                                      "transport": ["staged", *transports], "long_schedule": ["gather", "ring"]}}])
 
 
 def _sm80() -> bool:
@@ -105,12 +106,12 @@ def test_fused_ring_in_every_dtype_agrees_with_one_gpu(tmp_path_factory, monkeyp
         for g in f["cases"].values():
             a, acc = g.attrs, g["accuracy"].attrs
             assert g.attrs["complete"] and acc["within_tolerance"] and acc["nonfinite"] == 0, dict(a)
-            key = (str(a["dtype"]), bool(a["causal"]))
+            key = (str(a["dtype"]), bool(a["causal"]), str(a["long_schedule"]))
             groups.setdefault(key, {}).setdefault(int(a["ranks"]), []).append(
                 (str(a["transport"]), float(acc["max_rel_err"]), g["output"][...]))
-    assert len(groups) == 3 * 2
+    assert len(groups) == 3 * 2 * 2
     transports = 2 if second == "cuda-aware" else 1
-    for (dtype, causal), by_ranks in groups.items():
+    for (dtype, causal, _), by_ranks in groups.items():
         assert sorted(by_ranks) == [p for p in (1, 2, 4, 8) if p <= comm.Get_size()]
         assert all(len(cases) == transports for cases in by_ranks.values())
         err1 = max(err for _, err, _ in by_ranks[1])

@@ -105,7 +105,8 @@ def _inputs(positions: np.ndarray, heads: int, d: int) -> list[np.ndarray]:
 @pytest.mark.parametrize("ordering", ["natural", "hilbert"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("kind", ["local", "pair", "half", "global", "all"])
-def test_zigzag_ring_equals_single_rank(kind, causal, ordering):
+@pytest.mark.parametrize("schedule", ["ring", "gather-kept"])
+def test_zigzag_ring_equals_single_rank(schedule, kind, causal, ordering):
     comm = _comm()
     rank, size = comm.Get_rank(), comm.Get_size()
     chunk, heads, d = 16, 3, 8
@@ -122,10 +123,11 @@ def test_zigzag_ring_equals_single_rank(kind, causal, ordering):
     q, k, v, do = _inputs(layout.shard_natural(rank), heads, d)
     scale = 1.0 / math.sqrt(d)
     stats = RingStats()
+    name, kept = schedule.removesuffix("-kept"), {}
     out, lse = ring_dilated_forward(q, k, v, patterns=patterns, comm=comm, causal=causal, scale=scale, stats=stats,
-                                    placement="zigzag")
+                                    placement="zigzag", schedule=name, gathered=kept)
     grads = ring_dilated_backward(q, k, v, out, lse, do, patterns=patterns, comm=comm, causal=causal, scale=scale,
-                                  stats=stats, placement="zigzag")
+                                  stats=stats, placement="zigzag", schedule=name, gathered=kept)
     whole = _inputs(Layout(grid, ordering, 1).shard_natural(0), heads, d)
     w_out, w_lse = local_dilated_forward(*whole[:3], patterns, causal, scale)
     want = local_dilated_backward(*whole[:3], w_out, w_lse, whole[3], patterns, causal, scale)
@@ -135,8 +137,8 @@ def test_zigzag_ring_equals_single_rank(kind, causal, ordering):
         assert (np.isfinite(got) == finite).all(), name
         err = np.abs(np.where(finite, got, 0) - np.where(finite, ref[mine], 0)).max() / \
             np.abs(np.where(np.isfinite(ref), ref, 0)).max()
-        assert err <= 1e-12, f"rank {rank}: {name} relative error {err:.2e} ({kind}, causal={causal})"
-    assert (stats.ring_steps > 0) == (kind != "local")
+        assert err <= 1e-12, f"rank {rank}: {name} relative error {err:.2e} ({kind}, causal={causal}, {schedule})"
+    assert (stats.ring_steps > 0) == (kind != "local" and schedule == "ring")
 
 
 def test_auto_placement_takes_zigzag_only_where_contiguous_shards_are_unbalanced():

@@ -211,10 +211,54 @@ class RingPattern:
         return k, v
 
 
+class HostBlockForward:
+    """The forward provider built on a block attention function (``AttendFn``, heads-first arrays): gathers each
+    block's rows, calls it, and merges the result by log-sum-exp in place. Works on any NumPy-like module (the
+    fused kernels' providers have the same methods: ``kernels.launch.FusedKernels``)."""
+
+    def __init__(self, attend_fn: AttendFn = attend) -> None:
+        self.attend_fn = attend_fn
+
+    def accumulators(self, xp: Any, n: int, heads: int, dv: int, dtype: Any) -> tuple[Array, Array]:
+        """Running output zeros (n, H, Dv) and log-sum-exp -inf (n, H) in the accumulator dtype of ``dtype``."""
+        return empty_accumulators(xp, n, heads, dv, dtype)
+
+    def local_patterns(self, qs: Array, ks: Array, vs: Array, patterns: Sequence[Pattern], causal: bool,
+                       scale: float, out: Array, lse: Array) -> None:
+        """Patterns whose segments lie inside the shard, merged into ``out``/``lse``."""
+        accumulate_patterns(qs, ks, vs, patterns, causal, scale, out, lse, self.attend_fn)
+
+    def _merge(self, qs: Array, k: Array, v: Array, rows: slice, hs: slice, shift: int | None, scale: float,
+               out: Array, lse: Array) -> None:
+        """Queries ``qs[rows, hs]`` against heads-first ``k``/``v``, merged into their rows of ``out``/``lse``."""
+        xp = array_module(qs)
+        q = xp.ascontiguousarray(qs[rows, hs].transpose(1, 0, 2))
+        if q.shape[1] == 0 or k.shape[1] == 0:
+            return
+        part_out, part_lse = self.attend_fn(q, xp.ascontiguousarray(k), xp.ascontiguousarray(v), scale, shift)
+        merge_lse(out[rows, hs], lse[rows, hs], part_out.transpose(1, 0, 2), part_lse.transpose(1, 0))
+
+    def ring_block(self, qs: Array, block: Array, geom: "RingPattern", pos: int, src: int, pair: "PiecePair",
+                   scale: float, out: Array, lse: Array) -> None:
+        """This rank's selected queries of piece ``pair.query`` against piece ``pair.key`` of ``src``'s packed
+        block, merged in place."""
+        for i, o in enumerate(geom.offsets):
+            k, v = geom.unpack(block, src, i, pair.key)
+            self._merge(qs, k, v, geom.rows(pos, pair.query, o), geom.heads_of(o), pair.shift, scale, out, lse)
+
+    def gathered(self, qs: Array, sequence: Array, gather: Any, scale: float, out: Array, lse: Array) -> None:
+        """This rank's selected queries against a gathered pattern's rows in sequence order
+        (``distributed.gather.GatherPattern``), merged in place."""
+        for _, region, rows, _, mk, shift in gather.problems():
+            k, v = gather.keys(sequence, region, mk)
+            self._merge(qs, k, v, rows, gather.ring.heads_of(region.offset), shift, scale, out, lse)
+
+
 def ring_attention(qs: Array, ks: Array, vs: Array, geom: RingPattern, causal: bool, scale: float,
-                   out: Array, lse: Array, comm: Any, transport: Any, tag: int,
-                   attend_fn: AttendFn = attend, compute: bool = True, kernels: Any = None) -> RingStats:
-    """One long pattern around its ring; merges into ``out``/``lse`` in place. Returns the counters.
+                   out: Array, lse: Array, comm: Any, transport: Any, tag: int, kernels: Any = None,
+                   compute: bool = True) -> RingStats:
+    """One long pattern around its ring; merges into ``out``/``lse`` in place with the forward provider
+    ``kernels`` (:class:`HostBlockForward` or a backend's fused kernels). Returns the counters.
 
     With ``compute=False`` only the blocks travel (the same schedule and sizes):
     the communication-only time that overlap is measured against.
@@ -228,10 +272,6 @@ def ring_attention(qs: Array, ks: Array, vs: Array, geom: RingPattern, causal: b
 
     t0 = time.perf_counter()
     cur = geom.pack(ks, vs, bufs[0])
-    queries = {}          # (offset index, piece) -> queries heads first (nh, m, d)
-    for p in geom.layout(pos) if (compute and kernels is None) else ():
-        rows, hs = geom.rows(pos, p.piece, p.offset), geom.heads_of(p.offset)
-        queries[p.index, p.piece] = xp.ascontiguousarray(qs[rows, hs].transpose(1, 0, 2))
     synchronize(xp)
     stats.pack_s += time.perf_counter() - t0
 
@@ -245,18 +285,7 @@ def ring_attention(qs: Array, ks: Array, vs: Array, geom: RingPattern, causal: b
             stats.messages += 1
         t1 = time.perf_counter()
         for pair in geom.pairs(pos, src, causal) if compute else ():
-            if kernels is not None:
-                kernels.ring_block(qs, cur, geom, pos, src, pair, scale, out, lse)
-                continue
-            for i, o in enumerate(geom.offsets):
-                q = queries[i, pair.query]
-                k, v = geom.unpack(cur, src, i, pair.key)
-                if q.shape[1] == 0 or k.shape[1] == 0:
-                    continue
-                part_out, part_lse = attend_fn(q, xp.ascontiguousarray(k), xp.ascontiguousarray(v), scale,
-                                               pair.shift)
-                rows, hs = geom.rows(pos, pair.query, o), geom.heads_of(o)
-                merge_lse(out[rows, hs], lse[rows, hs], part_out.transpose(1, 0, 2), part_lse.transpose(1, 0))
+            kernels.ring_block(qs, cur, geom, pos, src, pair, scale, out, lse)
         if compute:
             progress_until_done(xp, [exchange])
         t2 = time.perf_counter()
@@ -271,12 +300,13 @@ def ring_attention(qs: Array, ks: Array, vs: Array, geom: RingPattern, causal: b
 
 
 def long_rings(patterns: Sequence[Pattern], shards: Shards, comm: Any, heads: int, dk: int, dv: int,
-               barrier: RingStats | None) -> Iterator[tuple[int, RingPattern]]:
+               barrier: RingStats | None, kinds: dict[int, str] | None = None) -> Iterator[tuple[int, RingPattern]]:
     """``(index, geometry)`` of each pattern of ``patterns`` that spans ranks, as this rank's
-    :class:`RingPattern`. With ``barrier``, every rank first meets at a barrier, whose time is added to its
+    :class:`RingPattern`; with ``kinds`` (``distributed.schedule.schedule_kinds``) only those whose schedule is
+    ``ring``. With ``barrier``, every rank first meets at a barrier, whose time is added to its
     ``imbalance_s`` (the load imbalance, kept out of the ring's waits)."""
     for i, p in enumerate(patterns):
-        if p.segment <= shards.chunk:
+        if p.segment <= shards.chunk or (kinds is not None and kinds.get(i) != "ring"):
             continue
         if barrier is not None:
             t0 = time.perf_counter()
@@ -285,21 +315,74 @@ def long_rings(patterns: Sequence[Pattern], shards: Shards, comm: Any, heads: in
         yield i, RingPattern(p, shards, comm.Get_rank(), heads, dk, dv)
 
 
+def gather_patterns(patterns: Sequence[Pattern], shards: Shards, rank: int, heads: int, dk: int, dv: int,
+                    causal: bool, kinds: dict[int, str]) -> list[tuple[int, Any]]:
+    """``(index, distributed.gather.GatherPattern)`` of each long pattern whose schedule is ``gather``."""
+    from hilbert_hpc.distributed.gather import GatherPattern
+
+    return [(i, GatherPattern(RingPattern(p, shards, rank, heads, dk, dv), causal)) for i, p in enumerate(patterns)
+            if kinds.get(i) == "gather"]
+
+
+def post_gathers(ks: Array, vs: Array, gathers: Sequence[tuple[int, Any]], transport: Any, tag0: int,
+                 stats: RingStats) -> list[tuple[int, Any, Array, Any]]:
+    """Pack this rank's block of each gathered pattern into its slot of a rank-order buffer and post the
+    exchanges (tag ``tag0 + index``); returns ``(index, gather, buffer, exchange)`` each."""
+    xp = array_module(ks)
+    t0 = time.perf_counter()
+    posted = []
+    for i, gp in gathers:
+        buf = xp.empty(gp.total, dtype=ks.dtype)
+        gp.ring.pack(ks, vs, gp.block(buf, gp.ring.pos))
+        if gp.targets:
+            synchronize(xp)                       # the packed block is written before it is sent
+        posted.append((i, gp, buf, gp.start_gather(buf, transport, tag0 + i)))
+        stats.bytes_sent += len(gp.targets) * gp.sizes[gp.ring.pos] * buf.dtype.itemsize
+        stats.messages += len(gp.targets)
+    stats.pack_s += time.perf_counter() - t0
+    return posted
+
+
+def finish_gathers(posted: Sequence[tuple[int, Any, Array, Any]], stats: RingStats) -> dict[int, tuple[Any, Array]]:
+    """Wait for each posted gather (``wait_s``) and put its rows in sequence order (``compute_s``):
+    ``{index: (gather, sequence buffer)}``."""
+    out = {}
+    for i, gp, buf, exchange in posted:
+        t0 = time.perf_counter()
+        exchange.wait()
+        t1 = time.perf_counter()
+        stats.wait_s += t1 - t0
+        xp = array_module(buf)
+        out[i] = (gp, gp.to_sequence(buf, xp.empty(gp.sequence_elements, dtype=buf.dtype)))
+        stats.compute_s += time.perf_counter() - t1
+    return out
+
+
+def meet(comm: Any, stats: RingStats, when: bool) -> None:
+    """A barrier whose time is this rank's load imbalance (``imbalance_s``), when ``when``."""
+    if when:
+        t0 = time.perf_counter()
+        comm.Barrier()
+        stats.imbalance_s += time.perf_counter() - t0
+
+
 def ring_dilated_attention(qs: Array, ks: Array, vs: Array, *, patterns: Sequence[Pattern], comm: Any,
                            causal: bool = False, scale: float | None = None, transport: Any = None,
                            attend_fn: AttendFn = attend, stats: RingStats | None = None,
-                           sync_rings: bool = False, kernels: Any = None, placement: str = "contiguous") -> Array:
+                           sync_rings: bool = False, kernels: Any = None, placement: str = "contiguous",
+                           schedule: Any = "auto") -> Array:
     """The output shard (L, H, Dv) of :func:`ring_dilated_forward`, without its log-sum-exp."""
     return ring_dilated_forward(qs, ks, vs, patterns=patterns, comm=comm, causal=causal, scale=scale,
                                 transport=transport, attend_fn=attend_fn, stats=stats, sync_rings=sync_rings,
-                                kernels=kernels, placement=placement)[0]
+                                kernels=kernels, placement=placement, schedule=schedule)[0]
 
 
 def ring_dilated_forward(qs: Array, ks: Array, vs: Array, *, patterns: Sequence[Pattern], comm: Any,
                          causal: bool = False, scale: float | None = None, transport: Any = None,
                          attend_fn: AttendFn = attend, stats: RingStats | None = None,
                          sync_rings: bool = False, kernels: Any = None,
-                         placement: str = "contiguous") -> tuple[Array, Array]:
+                         placement: str = "contiguous", schedule: Any = "auto",
+                         gathered: dict | None = None) -> tuple[Array, Array]:
     """Dilated attention of this rank's serialized shard (L, H, D): its output shard (L, H, Dv) and merged
     log-sum-exp (L, H), the ``L`` that :func:`hilbert_hpc.distributed.ring_backward.ring_dilated_backward` needs.
 
@@ -311,12 +394,16 @@ def ring_dilated_forward(qs: Array, ks: Array, vs: Array, *, patterns: Sequence[
     plain MPI on the arrays as given (host arrays, or a CUDA-aware MPI).
     Counters are added to ``stats`` when given. ``sync_rings`` puts a barrier
     before each ring (timing studies: waits then measure communication, and the
-    barrier time, ``imbalance_s``, the load imbalance). ``kernels`` (a backend's
-    ``ring_kernels``: ``accumulators``, ``local_patterns``, ``ring_block``) replaces ``attend_fn`` + merge
-    with fused kernels.
+    barrier time, ``imbalance_s``, the load imbalance). ``kernels`` is the forward provider (a backend's
+    ``ring_kernels``: fused kernels), by default :class:`HostBlockForward` of ``attend_fn``.
+    ``schedule``: how each long pattern moves its rows (``distributed.schedule``): a name of ``SCHEDULES``,
+    decided here, or a case's decided ``LongSchedule`` sequence. The gathered patterns' exchanges are posted
+    before the local patterns run; ``gathered``, a dict, receives their rows in sequence order, which
+    ``ring_dilated_backward`` then reuses instead of gathering again.
     """
     import math
 
+    from hilbert_hpc.distributed.schedule import schedule_kinds
     from hilbert_hpc.distributed.transports import HostTransport
 
     xp = array_module(qs)
@@ -325,36 +412,52 @@ def ring_dilated_forward(qs: Array, ks: Array, vs: Array, *, patterns: Sequence[
     scale = 1.0 / math.sqrt(dk) if scale is None else scale
     transport = transport or HostTransport(comm)
     stats = stats if stats is not None else RingStats()
+    kernels = kernels if kernels is not None else HostBlockForward(attend_fn)
     shards = Shards(shard * comm.Get_size(), comm.Get_size(), placement)
-    if kernels is not None:
-        out, lse = kernels.accumulators(xp, shard, heads, dv, qs.dtype)   # the kernels' own output dtype
-    else:
-        out, lse = empty_accumulators(xp, shard, heads, dv, qs.dtype)
+    kinds = schedule_kinds(schedule, patterns, shards, heads, dk, dv, ks.dtype.itemsize, False)
+    out, lse = kernels.accumulators(xp, shard, heads, dv, qs.dtype)
+    gathers = gather_patterns(patterns, shards, comm.Get_rank(), heads, dk, dv, causal, kinds)
+    posted = post_gathers(ks, vs, gathers, transport, 100, stats)
     local = [p for p in patterns if p.segment <= shards.chunk]
     t0 = time.perf_counter()
-    if local and kernels is not None:
+    if local:
         kernels.local_patterns(qs, ks, vs, local, causal, scale, out, lse)
-    elif local:
-        accumulate_patterns(qs, ks, vs, local, causal, scale, out, lse, attend_fn)
+    progress_until_done(xp, [p[3] for p in posted])
     synchronize(xp)
     stats.local_s += time.perf_counter() - t0
-    for i, geom in long_rings(patterns, shards, comm, heads, dk, dv, stats if sync_rings else None):
+    meet(comm, stats, sync_rings and bool(posted))
+    rows = finish_gathers(posted, stats)
+    t1 = time.perf_counter()
+    for gp, sequence in rows.values():
+        kernels.gathered(qs, sequence, gp, scale, out, lse)
+    synchronize(xp)
+    stats.compute_s += time.perf_counter() - t1
+    if gathered is not None:
+        gathered.update(rows)
+    del rows
+    for i, geom in long_rings(patterns, shards, comm, heads, dk, dv, stats if sync_rings else None, kinds):
         stats.add(ring_attention(qs, ks, vs, geom, causal, scale, out, lse, comm, transport, tag=100 + i,
-                                 attend_fn=attend_fn, kernels=kernels))
+                                 kernels=kernels))
     return out, lse
 
 
 def ring_transfer_only(ks: Array, vs: Array, *, patterns: Sequence[Pattern], comm: Any, causal: bool,
-                       transport: Any, placement: str = "contiguous") -> RingStats:
-    """Move the K/V blocks of every long pattern exactly as the ring does, without computing.
+                       transport: Any, placement: str = "contiguous", schedule: Any = "auto") -> RingStats:
+    """Move the K/V blocks of every long pattern exactly as the forward does, without computing.
 
     ``wait_s`` of the result is then the time in the transfers themselves (packing excluded).
     """
     shard, heads, dk = ks.shape
+    dv = vs.shape[-1]
     shards = Shards(shard * comm.Get_size(), comm.Get_size(), placement)
+    from hilbert_hpc.distributed.schedule import schedule_kinds
+
+    kinds = schedule_kinds(schedule, patterns, shards, heads, dk, dv, ks.dtype.itemsize, False)
     stats = RingStats()
-    for i, geom in long_rings(patterns, shards, comm, heads, dk, vs.shape[-1], RingStats()):
+    gathers = gather_patterns(patterns, shards, comm.Get_rank(), heads, dk, dv, causal, kinds)
+    meet(comm, RingStats(), bool(gathers))
+    finish_gathers(post_gathers(ks, vs, gathers, transport, 100, RingStats()), stats)
+    for i, geom in long_rings(patterns, shards, comm, heads, dk, dv, RingStats(), kinds):
         stats.add(ring_attention(ks, ks, vs, geom, causal, 1.0, None, None, comm, transport, tag=100 + i,
                                  compute=False))
     return stats
-

@@ -66,9 +66,16 @@ class HostBlockBackward:
         return row_delta(dout, out, accumulator_dtype(dout.dtype))
 
     def local_backward(self, qs: Array, ks: Array, vs: Array, out: Array, lse: Array, dout: Array, delta: Array,
-                       patterns: Sequence[Pattern], causal: bool, scale: float) -> Grads:
-        """Gradients (dQ, dK, dV) of the shard's local patterns, in the accumulator dtype (zeros without any)."""
-        return local_dilated_backward(qs, ks, vs, out, lse, dout, patterns, causal, scale, delta)
+                       patterns: Sequence[Pattern], causal: bool, scale: float, into: Grads | None = None) -> Grads:
+        """Gradients (dQ, dK, dV) of the shard's local patterns, in the accumulator dtype (zeros without any);
+        added into ``into`` when given (returned)."""
+        grads = local_dilated_backward(qs, ks, vs, out, lse, dout, patterns, causal, scale, delta)
+        if into is None:
+            return grads
+        if patterns:
+            for total, g in zip(into, grads):
+                total += g
+        return into
 
     def ring_block(self, qs: Array, dout: Array, lse: Array, delta: Array, block: Array, partial: Array,
                    geom: RingPattern, pos: int, src: int, pair: PiecePair, scale: float, dq: Array) -> None:
@@ -86,6 +93,24 @@ class HostBlockBackward:
                                                 xp.ascontiguousarray(v), *gathered, scale, pair.shift)
             dq[rows, hs] += xp.moveaxis(dq_o, 0, 1)
             dk_acc, dv_acc = geom.unpack(partial, src, i, pair.key)
+            dk_acc += dk_o
+            dv_acc += dv_o
+
+    def gathered(self, qs: Array, dout: Array, lse: Array, delta: Array, sequence: Array, terms: Array,
+                 gather: Any, scale: float, dq: Array) -> None:
+        """Terms of this rank's queries against a gathered pattern's rows in sequence order
+        (``distributed.gather.GatherPattern``): dQ into the shard's ``dq``, dK/dV into ``terms`` (the layout of
+        ``sequence``, in the accumulator dtype)."""
+        xp = array_module(qs)
+        for _, region, rows, _, mk, shift in gather.problems():
+            hs = gather.ring.heads_of(region.offset)
+            k, v = gather.keys(sequence, region, mk)
+            q, lse_q, delta_q, dout_q = (xp.ascontiguousarray(xp.moveaxis(x[rows, hs], 0, 1))
+                                         for x in (qs, lse, delta, dout))
+            dq_o, dk_o, dv_o = self.backward_fn(q, xp.ascontiguousarray(k), xp.ascontiguousarray(v), lse_q,
+                                                delta_q, dout_q, scale, shift)
+            dq[rows, hs] += xp.moveaxis(dq_o, 0, 1)
+            dk_acc, dv_acc = gather.keys(terms, region, mk)
             dk_acc += dk_o
             dv_acc += dv_o
 
@@ -167,13 +192,58 @@ def ring_backward(qs: Array, ks: Array, vs: Array, lse: Array, delta: Array, dou
     stats.wait_s += time.perf_counter() - t4
     stats.bytes_sent += outgoing.size * outgoing.dtype.itemsize
     stats.messages += 1
+    add_home(geom, home, grads)
+    return stats
+
+
+def add_home(geom: RingPattern, home: Array, grads: Grads) -> None:
+    """Add this rank's block of dK/dV terms (``home``, the packed block layout) into its rows of ``grads``."""
+    xp = array_module(home)
     _, dk_all, dv_all = grads
-    for p in geom.layout(pos):
-        rows, hs = geom.rows(pos, p.piece, p.offset), geom.heads_of(p.offset)
-        dk_home, dv_home = geom.unpack(home, pos, p.index, p.piece)
+    for p in geom.layout(geom.pos):
+        rows, hs = geom.rows(geom.pos, p.piece, p.offset), geom.heads_of(p.offset)
+        dk_home, dv_home = geom.unpack(home, geom.pos, p.index, p.piece)
         dk_all[rows, hs] += xp.moveaxis(dk_home, 0, 1)
         dv_all[rows, hs] += xp.moveaxis(dv_home, 0, 1)
-    return stats
+
+
+def gathered_backward(qs: Array, lse: Array, delta: Array, dout: Array, rows: dict[int, tuple[Any, Array]],
+                      scale: float, grads: Grads, transport: Any, kernels: Any, stats: RingStats) -> list:
+    """The terms of each gathered pattern (``rows``: ``{index: (GatherPattern, sequence-order K/V)}``): dQ into
+    ``grads``, dK/dV terms of the other ranks' rows posted home (tag ``301 + 2 * index``). Returns what
+    :func:`finish_home` completes."""
+    xp = array_module(qs)
+    acc = kernels.accumulator_dtype(qs.dtype)
+    t0 = time.perf_counter()
+    posted = []
+    for i, (gp, sequence) in rows.items():
+        terms = xp.zeros(gp.sequence_elements, dtype=acc)
+        kernels.gathered(qs, dout, lse, delta, sequence, terms, gp, scale, grads[0])
+        by_rank = gp.to_rank_order(terms, xp.empty(gp.total, dtype=acc))
+        del terms
+        size = gp.sizes[gp.ring.pos]
+        home = xp.empty(len(gp.targets) * size, dtype=acc)
+        if gp.sources:
+            synchronize(xp)                       # the terms are written before they are sent
+        posted.append((gp, by_rank, home, gp.start_home(by_rank, home, transport, 301 + 2 * i)))
+        stats.bytes_sent += len(gp.sources) * size * home.dtype.itemsize
+        stats.messages += len(gp.sources)
+    stats.compute_s += time.perf_counter() - t0
+    return posted
+
+
+def finish_home(posted: list, grads: Grads, stats: RingStats) -> None:
+    """Wait for the terms of this rank's rows (``wait_s``) and add them, its own first then the other ranks' in
+    rank order, into ``grads``."""
+    for gp, by_rank, home, exchange in posted:
+        t0 = time.perf_counter()
+        exchange.wait()
+        stats.wait_s += time.perf_counter() - t0
+        own = gp.block(by_rank, gp.ring.pos)
+        size = own.size
+        for j in range(len(gp.targets)):
+            own += home[j * size:(j + 1) * size]
+        add_home(gp.ring, own, grads)
 
 
 def ring_dilated_backward(qs: Array, ks: Array, vs: Array, out: Array, lse: Array, dout: Array, *,
@@ -181,7 +251,8 @@ def ring_dilated_backward(qs: Array, ks: Array, vs: Array, out: Array, lse: Arra
                           scale: float | None = None, transport: Any = None,
                           backward_fn: BackwardFn = attend_backward, kernels: Any = None,
                           stats: RingStats | None = None, sync_rings: bool = False,
-                          placement: str = "contiguous") -> Grads:
+                          placement: str = "contiguous", schedule: Any = "auto",
+                          gathered: dict | None = None) -> Grads:
     """Gradients (dQ, dK, dV) of this rank's serialized shard of distributed dilated attention.
 
     Every rank of ``comm`` calls this with its shards (placed by ``placement``, as in the forward) of the
@@ -189,9 +260,13 @@ def ring_dilated_backward(qs: Array, ks: Array, vs: Array, out: Array, lse: Arra
     :func:`hilbert_hpc.distributed.ring.ring_dilated_forward` (the merged ones), and of the output gradient
     ``dout`` (L, H, Dv). The results, in the provider's accumulator dtype, equal the shard's rows of the
     single-rank :func:`hilbert_hpc.core.backward.local_dilated_backward` of the whole sequence.
-    ``transport``, ``stats`` and ``sync_rings`` as in the forward; ``kernels`` is the block provider (a
-    backend's ``ring_backward_kernels``), by default :class:`HostBlockBackward` of ``backward_fn``.
+    ``transport``, ``stats``, ``sync_rings`` and ``schedule`` as in the forward; ``kernels`` is the block provider
+    (a backend's ``ring_backward_kernels``), by default :class:`HostBlockBackward` of ``backward_fn``.
+    ``gathered``: the forward's gathered rows (its ``gathered`` dict); a gathered pattern found there is not
+    gathered again, its terms are computed first and go home while the local patterns' gradients are computed.
     """
+    from hilbert_hpc.distributed.ring import finish_gathers, gather_patterns, meet, post_gathers
+    from hilbert_hpc.distributed.schedule import schedule_kinds
     from hilbert_hpc.distributed.transports import HostTransport
 
     xp = array_module(qs)
@@ -202,13 +277,32 @@ def ring_dilated_backward(qs: Array, ks: Array, vs: Array, out: Array, lse: Arra
     stats = stats if stats is not None else RingStats()
     kernels = kernels if kernels is not None else HostBlockBackward(backward_fn)
     shards = Shards(shard * comm.Get_size(), comm.Get_size(), placement)
+    kinds = schedule_kinds(schedule, patterns, shards, heads, dk, dv, ks.dtype.itemsize, True)
+    local = [p for p in patterns if p.segment <= shards.chunk]
+    have = dict(gathered or {})
+    missing = [(i, gp) for i, gp in gather_patterns(patterns, shards, comm.Get_rank(), heads, dk, dv, causal, kinds)
+               if i not in have]
+    posted = post_gathers(ks, vs, missing, transport, 500, stats)
     t0 = time.perf_counter()
     delta = kernels.row_delta(dout, out)
-    grads = kernels.local_backward(qs, ks, vs, out, lse, dout, delta,
-                                   [p for p in patterns if p.segment <= shards.chunk], causal, scale)
+    grads = kernels.local_backward(qs, ks, vs, out, lse, dout, delta, local if posted else [], causal, scale)
+    progress_until_done(xp, [p[3] for p in posted])
     synchronize(xp)
     stats.local_s += time.perf_counter() - t0
-    for i, geom in long_rings(patterns, shards, comm, heads, dk, dv, stats if sync_rings else None):
+    meet(comm, stats, sync_rings and bool(posted))
+    have.update(finish_gathers(posted, stats))
+    homes = gathered_backward(qs, lse, delta, dout, have, scale, grads, transport, kernels, stats)
+    del have
+    if not posted:                        # the local patterns' gradients while the terms go home
+        t0 = time.perf_counter()
+        if local:
+            kernels.local_backward(qs, ks, vs, out, lse, dout, delta, local, causal, scale, into=grads)
+        progress_until_done(xp, [h[3] for h in homes])
+        synchronize(xp)
+        stats.local_s += time.perf_counter() - t0
+    meet(comm, stats, sync_rings and bool(homes))
+    finish_home(homes, grads, stats)
+    for i, geom in long_rings(patterns, shards, comm, heads, dk, dv, stats if sync_rings else None, kinds):
         stats.add(ring_backward(qs, ks, vs, lse, delta, dout, geom, causal, scale, grads, comm, transport,
                                 tag=300 + 2 * i, kernels=kernels))
     return grads

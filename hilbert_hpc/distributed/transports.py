@@ -1,7 +1,8 @@
 """How K/V blocks move between ranks: host, cuda-aware and staged transports (docs/distributed.md, "Transports").
 
 A transport starts one non-blocking exchange (send one buffer to a rank, receive
-another from a rank) and later waits for it:
+another from a rank: ``start``; or any number of each, all posted together:
+``start_many``) and later waits for it:
 
 ``host``        NumPy arrays straight to mpi4py ``Isend``/``Irecv``.
 ``cuda-aware``  CuPy device arrays straight to mpi4py (the stream is synchronized
@@ -18,7 +19,7 @@ another from a rank) and later waits for it:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -62,12 +63,16 @@ class HostTransport:
 
     def start(self, send: Any | None, dest: int, recv: Any | None, source: int, tag: int) -> Exchange:
         """Post ``Irecv(recv <- source)`` and ``Isend(send -> dest)``; ``None`` skips a side."""
-        self.prepare(send)
-        reqs = []
-        if recv is not None and recv.size:
-            reqs.append(self.comm.Irecv(recv, source=source, tag=tag))
-        if send is not None and send.size:
-            reqs.append(self.comm.Isend(send, dest=dest, tag=tag))
+        return self.start_many([(send, dest)], [(recv, source)], tag)
+
+    def start_many(self, sends: Sequence[tuple[Any, int]], recvs: Sequence[tuple[Any, int]], tag: int) -> Exchange:
+        """Post every ``Irecv(buffer <- source)`` of ``recvs``, then every ``Isend(buffer -> dest)`` of ``sends``
+        (one buffer may go to several ranks); ``None`` or empty buffers are skipped."""
+        sends = [(b, d) for b, d in sends if b is not None and b.size]
+        if sends:
+            self.prepare(sends[0][0])
+        reqs = [self.comm.Irecv(b, source=src, tag=tag) for b, src in recvs if b is not None and b.size]
+        reqs += [self.comm.Isend(b, dest=d, tag=tag) for b, d in sends]
         return Exchange(reqs)
 
 
@@ -106,38 +111,56 @@ class StagedTransport:
         self.copy_stream = cupy.cuda.Stream(non_blocking=True)
         self._pinned: dict[tuple[str, str], np.ndarray] = {}
 
-    def _host(self, role: str, like: Any, tag: int) -> np.ndarray:
-        """Pinned host buffer (reused, grown on demand) with the dtype and size of ``like``; one per role and
-        tag, so exchanges of different tags may be in flight together."""
+    def _host(self, role: str, like: Any, tag: int, size: int) -> np.ndarray:
+        """Pinned host buffer (reused, grown on demand) of ``size`` elements of the dtype of ``like``; one per
+        role and tag, so exchanges of different tags may be in flight together."""
         key = (role, like.dtype.str, tag)
         buf = self._pinned.get(key)
-        if buf is None or buf.size < like.size:
-            mem = self.cupy.cuda.alloc_pinned_memory(like.size * like.dtype.itemsize)
-            buf = np.frombuffer(mem, dtype=like.dtype, count=like.size)
+        if buf is None or buf.size < size:
+            mem = self.cupy.cuda.alloc_pinned_memory(size * like.dtype.itemsize)
+            buf = np.frombuffer(mem, dtype=like.dtype, count=size)
             self._pinned[key] = buf
-        return buf[: like.size]
+        return buf[:size]
 
     def _chunks(self, n: int, itemsize: int) -> list[slice]:
         step = max(1, self.chunk_bytes // itemsize)
         return [slice(i, min(n, i + step)) for i in range(0, n, step)]
 
     def start(self, send: Any | None, dest: int, recv: Any | None, source: int, tag: int) -> "StagedExchange":
-        """Post the receives and queue the chunked copy of ``send`` to pinned memory; returns at once."""
+        """Post the receive and queue the chunked copy of ``send`` to pinned memory; returns at once."""
+        return self.start_many([(send, dest)], [(recv, source)], tag)
+
+    def start_many(self, sends: Sequence[tuple[Any, int]], recvs: Sequence[tuple[Any, int]],
+                   tag: int) -> "StagedExchange":
+        """Post the receives of ``recvs`` and queue the chunked copies of the buffers of ``sends`` to pinned
+        memory (a buffer going to several ranks is copied once); returns at once."""
         cp = self.cupy
         exchange = StagedExchange(self)
-        if recv is not None and recv.size:
-            host_in = self._host("recv", recv, tag)
-            flat_in = recv.reshape(-1)
-            for sl in self._chunks(recv.size, recv.dtype.itemsize):
-                exchange.incoming.append((self.comm.Irecv(host_in[sl], source=source, tag=tag), flat_in[sl],
-                                          host_in[sl]))
-        if send is not None and send.size:
-            host_out = self._host("send", send, tag)
-            flat = send.reshape(-1)
-            self.copy_stream.wait_event(cp.cuda.get_current_stream().record())   # the block is written
-            for sl in self._chunks(send.size, send.dtype.itemsize):
-                flat[sl].get(out=host_out[sl], stream=self.copy_stream, blocking=False)
-                exchange.outgoing.append((self.copy_stream.record(), host_out[sl], dest, tag))
+        recvs = [(b, src) for b, src in recvs if b is not None and b.size]
+        sends = [(b, d) for b, d in sends if b is not None and b.size]
+        if recvs:
+            host_in = self._host("recv", recvs[0][0], tag, sum(b.size for b, _ in recvs))
+            at = 0
+            for recv, source in recvs:
+                flat_in, pinned = recv.reshape(-1), host_in[at:at + recv.size]
+                at += recv.size
+                for sl in self._chunks(recv.size, recv.dtype.itemsize):
+                    exchange.incoming.append((self.comm.Irecv(pinned[sl], source=source, tag=tag), flat_in[sl],
+                                              pinned[sl]))
+        distinct: dict[tuple[int, int], tuple[Any, list[int]]] = {}
+        for send, dest in sends:                   # one copy of a buffer that goes to several ranks
+            distinct.setdefault((send.data.ptr, send.size), (send, []))[1].append(dest)
+        if distinct:
+            host_out = self._host("send", sends[0][0], tag, sum(b.size for b, _ in distinct.values()))
+            self.copy_stream.wait_event(cp.cuda.get_current_stream().record())   # the blocks are written
+            at = 0
+            for send, dests in distinct.values():
+                flat, pinned = send.reshape(-1), host_out[at:at + send.size]
+                at += send.size
+                for sl in self._chunks(send.size, send.dtype.itemsize):
+                    flat[sl].get(out=pinned[sl], stream=self.copy_stream, blocking=False)
+                    event = self.copy_stream.record()
+                    exchange.outgoing.extend((event, pinned[sl], dest, tag) for dest in dests)
         exchange.test()
         return exchange
 

@@ -139,11 +139,12 @@ class RingBackwardKernels:
         return row_dot(dout, out, self.kernels.choice.dtype)
 
     def local_backward(self, qs: Any, ks: Any, vs: Any, out: Any, lse: Any, dout: Any, delta: Any,
-                       patterns: Sequence[Any], causal: bool, scale: float) -> tuple[Any, Any, Any]:
+                       patterns: Sequence[Any], causal: bool, scale: float,
+                       into: tuple[Any, Any, Any] | None = None) -> tuple[Any, Any, Any]:
         """float32 gradients (dQ, dK, dV) of the shard's local ``patterns`` (zeros without any), arrays of the
-        module of ``qs`` (CuPy; the shard's bits for 16 bits)."""
+        module of ``qs`` (CuPy; the shard's bits for 16 bits); added into ``into`` when given (returned)."""
         xp = array_module(qs)
-        grads = tuple(xp.zeros(tuple(x.shape), dtype=np.float32) for x in (qs, ks, vs))
+        grads = into or tuple(xp.zeros(tuple(x.shape), dtype=np.float32) for x in (qs, ks, vs))
         if patterns:
             self.kernels.local_patterns(qs, ks, vs, dout, lse, delta, *grads, patterns, causal, scale)
         return grads
@@ -156,6 +157,15 @@ class RingBackwardKernels:
         n, heads, d = (int(x) for x in qs.shape)
         for geometry in ring_launches(geom, pos, src, pair, scale, heads, d):
             self.kernels.launch(qs, block, block, dout, lse, delta, dq, partial, partial, **geometry)
+
+    def gathered(self, qs: Any, dout: Any, lse: Any, delta: Any, sequence: Any, terms: Any, gather: Any,
+                 scale: float, dq: Any) -> None:
+        """Terms of this rank's queries against a gathered pattern's rows in sequence order
+        (``distributed.gather.GatherPattern``): dQ into the shard's ``dq``, dK/dV into ``terms`` (float32, the
+        layout of ``sequence``)."""
+        n, heads, d = (int(x) for x in qs.shape)
+        for geometry in gather.launches(scale, heads, d):
+            self.kernels.launch(qs, sequence, sequence, dout, lse, delta, dq, terms, terms, **geometry)
 
 
 def row_dot(a: Any, b: Any, dtype: str | None = None) -> Any:

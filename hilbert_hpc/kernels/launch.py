@@ -132,3 +132,10 @@ class FusedKernels:
         n, heads, d = qs.shape
         for geometry in ring_launches(geom, pos, src, pair, scale, heads, d):
             self.launch(qs, block, block, out, lse, **geometry)
+
+    def gathered(self, qs: Array, sequence: Array, gather: Any, scale: float, out: Array, lse: Array) -> None:
+        """This rank's selected queries against a gathered pattern's rows in sequence order
+        (``distributed.gather.GatherPattern``): one launch per query piece and head offset; merge in place."""
+        n, heads, d = qs.shape
+        for geometry in gather.launches(scale, heads, d):
+            self.launch(qs, sequence, sequence, out, lse, **geometry)

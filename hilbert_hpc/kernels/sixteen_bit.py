@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 import hilbert_hpc.kernels.tma as tma
-from hilbert_hpc.kernels.launch import FusedKernels, local_launches, query_chunks, segment_dilation
+from hilbert_hpc.kernels.launch import FusedKernels, local_launches, query_chunks, ring_launches, segment_dilation
 from hilbert_hpc.kernels.program import Program, compiled, load
 from hilbert_hpc.kernels.registry import SIXTEEN_BIT_ALIGN, SIXTEEN_BIT_TYPES, Variant, dtype_name
 from hilbert_hpc.kernels.selection import KernelChoice, choose
@@ -348,9 +348,27 @@ class SixteenBitKernels:
         """Running output zeros (n, H, Dv), 16-bit (int16 bits), and log-sum-exp -inf (n, H) float32."""
         return self.rounding.accumulators(xp, n, heads, dv, dtype)
 
-    def ring_block(self, *args: Any, **kwargs: Any) -> None:
-        """A packed ring block merged into the 16-bit running output (``FusedKernels.ring_block``)."""
-        self.rounding.ring_block(*args, **kwargs)
+    def ring_block(self, qs: Any, block: Any, geom: Any, pos: int, src: int, pair: Any, scale: float, out: Any,
+                   lse: Any) -> None:
+        """A packed ring block merged into the 16-bit running output (the geometry of
+        ``FusedKernels.ring_block``), its head offsets in one launch where the kernel allows
+        (:func:`head_offset_parts`)."""
+        n, heads, d = (int(x) for x in qs.shape)
+        self._merged(qs, block, out, lse, ring_launches(geom, pos, src, pair, scale, heads, d), checked=True)
+
+    def gathered(self, qs: Any, sequence: Any, gather: Any, scale: float, out: Any, lse: Any) -> None:
+        """A gathered pattern's rows in sequence order merged into the 16-bit running output (the geometry of
+        ``FusedKernels.gathered``), its head offsets in one launch where the kernel allows."""
+        n, heads, d = (int(x) for x in qs.shape)
+        self._merged(qs, sequence, out, lse, gather.launches(scale, heads, d), checked=False)
+
+    def _merged(self, qs: Any, keys: Any, out: Any, lse: Any, launches: Sequence[dict], checked: bool) -> None:
+        """``launches`` of queries in ``qs`` against K/V in ``keys``, merged into ``out`` (16-bit) and ``lse``;
+        ``checked``: the arrays were checked already (a ring's later hops)."""
+        if not checked:
+            check_arrays(qs, keys, keys, out, lse)
+        for run in head_offset_parts(launches):
+            launch_parts(self.choice, qs, keys, keys, out, lse, run)
 
     def local_patterns(self, qs: Any, ks: Any, vs: Any, patterns: Sequence, causal: bool, scale: float, out: Any,
                        lse: Any, shape: Sequence[int] | None = None) -> None:

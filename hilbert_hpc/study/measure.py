@@ -185,6 +185,8 @@ class CaseRun:
         self.ring_kernels = self.be.ring_kernels(setup.kernel)
         #: calls made so far, and the seconds this case's own work took (inputs and calls)
         self.rep, self.elapsed_s = 0, 0.0
+        #: the forward's gathered long-pattern rows, for the backward of the same call (ring_dilated_forward)
+        self.gathered: dict | None = None
 
     def attention(self, qs: Any, ks: Any, vs: Any, stats: RingStats) -> Any:
         """Dilated attention of this rank's shard (the whole sequence on one rank); with a backward, the
@@ -195,10 +197,12 @@ class CaseRun:
         if self.ranks == 1:
             return self.be.serialized_attention(qs, ks, vs, c.patterns, c.causal, c.softmax_scale,
                                                 self.setup.kernel)
+        self.gathered = {} if backward_pass(c) else None
         out, lse = ring_dilated_forward(qs, ks, vs, patterns=c.patterns, comm=self.comm, causal=c.causal,
                                         scale=c.softmax_scale, transport=self.transport,
                                         attend_fn=self.be.attend_fn, stats=stats, sync_rings=True,
-                                        kernels=self.ring_kernels, placement=self.layout.placement)
+                                        kernels=self.ring_kernels, placement=self.layout.placement,
+                                        schedule=self.setup.schedules, gathered=self.gathered)
         out = self.be.ring_output(out, c.dtype)
         return (out, lse) if backward_pass(c) else out
 
@@ -213,7 +217,9 @@ class CaseRun:
         grads = ring_dilated_backward(qs, ks, vs, out, lse, dout, patterns=c.patterns, comm=self.comm,
                                       causal=c.causal, scale=c.softmax_scale, transport=self.transport,
                                       kernels=self.be.ring_backward_kernels(self.setup.backward_kernel),
-                                      stats=stats, sync_rings=True, placement=self.layout.placement)
+                                      stats=stats, sync_rings=True, placement=self.layout.placement,
+                                      schedule=self.setup.schedules, gathered=self.gathered)
+        self.gathered = None
         return self.be.ring_gradients(grads, c.dtype)
 
     def run(self) -> tuple[dict, dict[str, list[np.ndarray]], dict]:
@@ -311,7 +317,8 @@ class CaseRun:
                 self.comm.Barrier()
                 transfer_only += ring_transfer_only(ks, vs, patterns=c.patterns, comm=self.comm,
                                                     causal=c.causal, transport=self.transport,
-                                                    placement=self.layout.placement).wait_s
+                                                    placement=self.layout.placement,
+                                                    schedule=self.setup.schedules).wait_s
         if rep == 0:
             self.accuracy["nonfinite"] = nonfinite
         if rep >= job.warmup:
