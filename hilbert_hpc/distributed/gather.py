@@ -1,7 +1,7 @@
 """The gather schedule of a long pattern: every rank of its group holds the group's selected K/V rows at once.
 
 docs/distributed.md, "Long-pattern schedules". Each rank packs its selected K/V
-rows once (the ring's block, :class:`~hilbert_hpc.distributed.ring.RingPattern`)
+rows once (the ring's block, ``distributed.ring.RingPattern``)
 and exchanges it with the ranks of its group that need it, every message posted
 together (before the local patterns run, so the exchange hides behind them).
 The received blocks lie side by side in rank order; one copy
@@ -14,7 +14,7 @@ of its segment's rows. In the backward the dK/dV terms of the sequence-order
 rows go back to rank order (the inverse copy) and home to their owners in one
 exchange, where they are summed in rank order.
 
-Which blocks a rank needs is decided once (:meth:`RingPattern.pairs`): under a
+Which blocks a rank needs is decided once (``RingPattern.pairs``): under a
 contiguous causal mask only those of earlier ranks, so no more bytes move than
 in the ring.
 """
@@ -27,7 +27,6 @@ from typing import Any
 
 import numpy as np
 
-from hilbert_hpc.distributed.ring import RingPattern
 from hilbert_hpc.distributed.sharding import count
 
 Array = Any
@@ -48,9 +47,10 @@ class Region:
 
 
 class GatherPattern:
-    """The gather geometry of one long pattern on this rank (``ring``: its :class:`RingPattern`)."""
+    """The gather geometry of one long pattern on this rank (``ring``: its ``distributed.ring.RingPattern``, the
+    packing of every rank's block)."""
 
-    def __init__(self, ring: RingPattern, causal: bool) -> None:
+    def __init__(self, ring: Any, causal: bool) -> None:
         self.ring = ring
         self.causal = causal
         g, pos = ring.group, ring.pos
