@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Iterator, Sequence
+
+import numpy as np
 
 from hilbert_hpc.core.blockwise import array_module, attend, merge_lse
 from hilbert_hpc.core.dilated import AttendFn, accumulate_patterns, empty_accumulators
@@ -128,6 +131,7 @@ class RingPattern:
         self.dk, self.dv = dk, dv
         self.offsets = list(range(min(pattern.dilation, heads)))
         self._layouts: dict[int, list[BlockPart]] = {}
+        self._index: dict[tuple[str, int], Array] = {}
 
     def rank_of(self, pos: int) -> int:
         """The rank at ring position ``pos``."""
@@ -152,18 +156,20 @@ class RingPattern:
         return len(range(offset, self.heads, self.pattern.dilation))
 
     def layout(self, pos: int) -> list[BlockPart]:
-        """The parts of ring position ``pos``'s packed block: every head offset, then every piece."""
+        """The parts of ring position ``pos``'s packed block, every head offset then every piece: all their K rows
+        first, then all their V rows (so that packing is one gather of K rows and one of V rows)."""
         pos %= self.group
         if pos in self._layouts:
             return self._layouts[pos]
-        parts, cursor = [], 0
         npieces = len(self.pieces(pos))
-        for i, o in enumerate(self.offsets):
-            nh = self.nheads(o)
-            for piece in range(npieces):
-                m = count(self.rows(pos, piece, o))
-                parts.append(BlockPart(i, o, piece, m, cursor, cursor + m * nh * self.dk))
-                cursor += m * nh * (self.dk + self.dv)
+        counts = [(i, o, piece, count(self.rows(pos, piece, o)), self.nheads(o))
+                  for i, o in enumerate(self.offsets) for piece in range(npieces)]
+        v_start = sum(m * nh for *_, m, nh in counts) * self.dk
+        parts, k_cursor, v_cursor = [], 0, v_start
+        for i, o, piece, m, nh in counts:
+            parts.append(BlockPart(i, o, piece, m, k_cursor, v_cursor))
+            k_cursor += m * nh * self.dk
+            v_cursor += m * nh * self.dv
         self._layouts[pos] = parts
         return parts
 
@@ -193,13 +199,26 @@ class RingPattern:
         return ring_schedule(self.pos, self.group, causal and self.shards.placement == "contiguous")
 
     def pack(self, ks: Array, vs: Array, out: Array) -> Array:
-        """Copy this rank's selected K/V rows into the flat buffer ``out``; returns the used part."""
-        for p in self.layout(self.pos):
-            rows, hs = self.rows(self.pos, p.piece, p.offset), self.heads_of(p.offset)
-            nh = self.nheads(p.offset)
-            out[p.k0:p.k0 + p.rows * nh * self.dk].reshape(p.rows, nh, self.dk)[...] = ks[rows, hs]
-            out[p.v0:p.v0 + p.rows * nh * self.dv].reshape(p.rows, nh, self.dv)[...] = vs[rows, hs]
-        return out[: self.block_size(self.pos)]
+        """Copy this rank's selected K/V rows into the flat buffer ``out``; returns the used part. Two gathers of
+        (row, head) vectors, by an index made once per array module (:meth:`pack_index`)."""
+        xp = array_module(ks)
+        index = self.pack_index(xp, ks.shape[1])
+        nk = index.size * self.dk
+        block = out[: self.block_size(self.pos)]
+        xp.take(ks.reshape(-1, self.dk), index, axis=0, out=block[:nk].reshape(-1, self.dk))
+        xp.take(vs.reshape(-1, self.dv), index, axis=0, out=block[nk:].reshape(-1, self.dv))
+        return block
+
+    def pack_index(self, xp: Any, heads: int) -> Array:
+        """The (row, head) vectors of this rank's block in order (row * heads + head of the shard), as an array
+        of ``xp``, made once."""
+        key = (xp.__name__, heads)
+        if key not in self._index:
+            rows = [np.arange(r.start, r.stop, r.step)[:, None] * heads + np.arange(heads)[self.heads_of(p.offset)]
+                    for p in self.layout(self.pos) for r in [self.rows(self.pos, p.piece, p.offset)]]
+            flat = np.concatenate([x.reshape(-1) for x in rows]) if rows else np.zeros(0, dtype=np.int64)
+            self._index[key] = xp.asarray(flat.astype(np.int64))
+        return self._index[key]
 
     def unpack(self, block: Array, pos: int, index: int, piece: int) -> tuple[Array, Array]:
         """K (nh, m, dk) and V (nh, m, dv) views of one offset and piece inside a block of ring position
@@ -312,15 +331,28 @@ def long_rings(patterns: Sequence[Pattern], shards: Shards, comm: Any, heads: in
             t0 = time.perf_counter()
             comm.Barrier()
             barrier.imbalance_s += time.perf_counter() - t0
-        yield i, RingPattern(p, shards, comm.Get_rank(), heads, dk, dv)
+        yield i, ring_geometry(p, shards, comm.Get_rank(), heads, dk, dv)
+
+
+@lru_cache(maxsize=64)
+def ring_geometry(pattern: Pattern, shards: Shards, rank: int, heads: int, dk: int, dv: int) -> RingPattern:
+    """The :class:`RingPattern` of ``pattern`` on ``rank``, made once per case (its layouts and pack index are
+    then reused by every call)."""
+    return RingPattern(pattern, shards, rank, heads, dk, dv)
+
+
+@lru_cache(maxsize=64)
+def gather_geometry(pattern: Pattern, shards: Shards, rank: int, heads: int, dk: int, dv: int, causal: bool) -> Any:
+    """The ``distributed.gather.GatherPattern`` of ``pattern`` on ``rank``, made once per case."""
+    from hilbert_hpc.distributed.gather import GatherPattern
+
+    return GatherPattern(ring_geometry(pattern, shards, rank, heads, dk, dv), causal)
 
 
 def gather_patterns(patterns: Sequence[Pattern], shards: Shards, rank: int, heads: int, dk: int, dv: int,
                     causal: bool, kinds: dict[int, str]) -> list[tuple[int, Any]]:
     """``(index, distributed.gather.GatherPattern)`` of each long pattern whose schedule is ``gather``."""
-    from hilbert_hpc.distributed.gather import GatherPattern
-
-    return [(i, GatherPattern(RingPattern(p, shards, rank, heads, dk, dv), causal)) for i, p in enumerate(patterns)
+    return [(i, gather_geometry(p, shards, rank, heads, dk, dv, causal)) for i, p in enumerate(patterns)
             if kinds.get(i) == "gather"]
 
 
@@ -334,8 +366,6 @@ def post_gathers(ks: Array, vs: Array, gathers: Sequence[tuple[int, Any]], trans
     for i, gp in gathers:
         buf = xp.empty(gp.total, dtype=ks.dtype)
         gp.ring.pack(ks, vs, gp.block(buf, gp.ring.pos))
-        if gp.targets:
-            synchronize(xp)                       # the packed block is written before it is sent
         posted.append((i, gp, buf, gp.start_gather(buf, transport, tag0 + i)))
         stats.bytes_sent += len(gp.targets) * gp.sizes[gp.ring.pos] * buf.dtype.itemsize
         stats.messages += len(gp.targets)

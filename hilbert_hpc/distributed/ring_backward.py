@@ -223,8 +223,6 @@ def gathered_backward(qs: Array, lse: Array, delta: Array, dout: Array, rows: di
         del terms
         size = gp.sizes[gp.ring.pos]
         home = xp.empty(len(gp.targets) * size, dtype=acc)
-        if gp.sources:
-            synchronize(xp)                       # the terms are written before they are sent
         posted.append((gp, by_rank, home, gp.start_home(by_rank, home, transport, 301 + 2 * i)))
         stats.bytes_sent += len(gp.sources) * size * home.dtype.itemsize
         stats.messages += len(gp.sources)

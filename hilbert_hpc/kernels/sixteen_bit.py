@@ -367,8 +367,16 @@ class SixteenBitKernels:
         ``checked``: the arrays were checked already (a ring's later hops)."""
         if not checked:
             check_arrays(qs, keys, keys, out, lse)
-        for run in head_offset_parts(launches):
+        for run in merged_runs(self.choice, tuple(tuple(sorted(kw.items())) for kw in launches)):
             launch_parts(self.choice, qs, keys, keys, out, lse, run)
+
+
+@lru_cache(maxsize=512)
+def merged_runs(choice: KernelChoice, launches: tuple[tuple[tuple[str, Any], ...], ...]) -> tuple[LaunchRun, ...]:
+    """The checked runs of ``launches`` (each as its sorted items) merging into a 16-bit output, head offsets
+    together (:func:`head_offset_parts`), made once per geometry: a ring's hops and a gathered pattern repeat the
+    same launches at every call, and a run's tma16 arguments are cached with it (:func:`_tma_arguments`)."""
+    return tuple(LaunchRun(choice, parts) for parts in head_offset_parts([dict(kw) for kw in launches]))
 
     def local_patterns(self, qs: Any, ks: Any, vs: Any, patterns: Sequence, causal: bool, scale: float, out: Any,
                        lse: Any, shape: Sequence[int] | None = None) -> None:
