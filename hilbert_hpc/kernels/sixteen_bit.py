@@ -371,13 +371,6 @@ class SixteenBitKernels:
             launch_parts(self.choice, qs, keys, keys, out, lse, run)
 
 
-@lru_cache(maxsize=512)
-def merged_runs(choice: KernelChoice, launches: tuple[tuple[tuple[str, Any], ...], ...]) -> tuple[LaunchRun, ...]:
-    """The checked runs of ``launches`` (each as its sorted items) merging into a 16-bit output, head offsets
-    together (:func:`head_offset_parts`), made once per geometry: a ring's hops and a gathered pattern repeat the
-    same launches at every call, and a run's tma16 arguments are cached with it (:func:`_tma_arguments`)."""
-    return tuple(LaunchRun(choice, parts) for parts in head_offset_parts([dict(kw) for kw in launches]))
-
     def local_patterns(self, qs: Any, ks: Any, vs: Any, patterns: Sequence, causal: bool, scale: float, out: Any,
                        lse: Any, shape: Sequence[int] | None = None) -> None:
         """Patterns whose segments lie inside these (n, H, D) arrays, merged into ``out`` (16-bit) and ``lse``."""
@@ -404,6 +397,14 @@ def merged_runs(choice: KernelChoice, launches: tuple[tuple[tuple[str, Any], ...
                 _convert("narrow_16", self.choice.dtype, scratch_ptr, first, lse_ptr, src_stride=group * d,
                          dst_stride=heads * d, **rows)
         del scratch
+
+
+@lru_cache(maxsize=512)
+def merged_runs(choice: KernelChoice, launches: tuple[tuple[tuple[str, Any], ...], ...]) -> tuple[LaunchRun, ...]:
+    """The checked runs of ``launches`` (each as its sorted items) merging into a 16-bit output, head offsets
+    together (:func:`head_offset_parts`), made once per geometry: a ring's hops and a gathered pattern repeat the
+    same launches at every call, and a run's tma16 arguments are cached with it (:func:`_tma_arguments`)."""
+    return tuple(LaunchRun(choice, parts) for parts in head_offset_parts([dict(kw) for kw in launches]))
 
 
 @lru_cache(maxsize=64)
