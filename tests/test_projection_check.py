@@ -49,6 +49,18 @@ def test_the_ring_step_cost_is_what_the_ring_took_beyond_the_model(tmp_path):
     assert hop_from_results("cuda", results, slow_link(results)) is None
 
 
+def test_a_file_of_earlier_versions_ran_rings_over_the_transport_it_asked_for(tmp_path):
+    """Without ``long_schedules`` and the transport used, a multi-rank case ran rings, here over the host
+    transport (transport = "auto" on a CPU backend)."""
+    ring = {"compute_s": np.full((2, 3), RING_S), "wait_s": np.zeros((2, 3))}
+    path = write_results(tmp_path / "old.h5", [make_case("0000-t", np.ones((1, 3)), **KERNEL),
+                                               make_case("0001-t", np.ones((2, 3)), counters=ring, **KERNEL)])
+    results, _ = load_cases([path])
+    figures = Figures(results=results)
+    assert figures.hop_of("numpy").source.startswith(f"{path}, ring case(s) 0001-t:")
+    assert [key for key in figures.used] == ["alpha host", "B host"]
+
+
 @pytest.mark.parametrize("attention_s, within", [(700.0, True), (500.0, False)])
 def test_a_measured_case_is_checked_against_its_projection(tmp_path, attention_s, within):
     """The ring's projected forward is RING_S (the step cost comes from that case); the case's forward took

@@ -270,7 +270,7 @@ class Figures:
         ``auto`` cuda-aware on a GPU backend (as the measured runs) and host on a CPU one."""
         from hilbert_hpc.backends import find_backend
 
-        if result is not None and result.transport not in ("", "none"):
+        if result is not None and result.transport not in ("", "none", "auto"):   # old files: the one asked for
             return result.transport
         if case.transport != "auto":
             return case.transport
