@@ -98,9 +98,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     device = parse_size(args.device_memory) if args.device_memory else model.memory if model else None
     if args.project is not None:
         return _project(args, device, model.cc if model else None)
-    if args.rate_tflops is not None or args.bandwidth_gbs is not None or args.from_:
-        raise UserError("only apply to a projection: add --project P1,P2,...",
-                        "--rate-tflops/--bandwidth-gbs/--from")
+    if any(value is not None for value in (args.rate_tflops, args.bandwidth_gbs, args.latency_us, args.hop_us,
+                                           args.launch_us, args.from_)):
+        raise UserError("only apply to a projection: add --project P1,P2,...", PROJECTION_FLAGS)
     ranks = _at_least(args.ranks, 1, "-n/--ranks", "a number of ranks")
     host = parse_size(args.host_memory, "--host-memory") if args.host_memory else None
     job = load_job(args.job, world_size=ranks)
@@ -114,26 +114,41 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return 3 if "NO" in verdicts or (verdicts and all(v == LEFT_OUT for v in verdicts)) else 0
 
 
+#: the flags of plan that only a projection takes
+PROJECTION_FLAGS = "--rate-tflops/--bandwidth-gbs/--latency-us/--hop-us/--launch-us/--from"
+
+
 def _project(args: argparse.Namespace, device: int | None, cc: int | None) -> int:
-    """``plan --project``: every case of the job on each of the GPU counts (study.projection)."""
+    """``plan --project``: every case of the job on each of the GPU counts (study.projection), and with results
+    files among ``--from`` their multi-rank cases projected against their measured times."""
     from hilbert_hpc.study.jobfile import load_job
-    from hilbert_hpc.study.projection import (built_in_notes, parse_bandwidth, parse_counts, parse_rate,
-                                              print_projection)
+    from hilbert_hpc.study.projection import check_results, print_checks, print_projection, project_job
+    from hilbert_hpc.study.step_figures import Figures, parse_counts, parse_fixed_us, parse_positive, parse_rate
 
     counts = parse_counts(args.project)
-    rate = parse_rate(args.rate_tflops) if args.rate_tflops is not None else None
-    bandwidth = parse_bandwidth(args.bandwidth_gbs) if args.bandwidth_gbs is not None else None
+    figures = Figures(
+        rate=parse_rate(args.rate_tflops) if args.rate_tflops is not None else None,
+        gb_per_s=parse_positive(args.bandwidth_gbs, "--bandwidth-gbs") if args.bandwidth_gbs is not None else None,
+        alpha_s=parse_positive(args.latency_us, "--latency-us") / 1e6 if args.latency_us is not None else None,
+        hop=parse_fixed_us(args.hop_us, "--hop-us") if args.hop_us is not None else None,
+        launch=parse_fixed_us(args.launch_us, "--launch-us") if args.launch_us is not None else None)
     if args.host_memory or args.transport:
         raise UserError("a projection is for GPUs: leave out --host-memory and --transport", "--project")
     job = load_job(args.job)
-    results = []
+    notes: list[str] = []
     if args.from_:
-        from hilbert_hpc.study.report_read import load_cases
+        from hilbert_hpc.study.bandwidth import read_link
+        from hilbert_hpc.study.report_read import load_files
 
-        results, notes = load_cases(args.from_)
-        for note in notes + built_in_notes(job, counts, results, rate, bandwidth):
-            print(f"hilbert-hpc: note: {note}", file=sys.stderr)
-    print_projection(job, counts, sys.stdout, device, rate, bandwidth, cc, results)
+        loaded = load_files(args.from_)
+        figures.results, figures.links, notes = loaded.cases, [read_link(s.file) for s in loaded.sweeps], loaded.notes
+    table = project_job(job, counts, figures, device, cc)
+    checks = check_results(figures.results, figures, cc)
+    for note in notes + (figures.notes() if args.from_ else []):
+        print(f"hilbert-hpc: note: {note}", file=sys.stderr)
+    print_projection(job, counts, table, figures, sys.stdout, device)
+    if checks:
+        print_checks(checks, sys.stdout)
     return 0
 
 
@@ -212,8 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
     size.add_argument("-n", "--ranks", type=int, help="ranks of the planned run (at least 1)")
     size.add_argument("--project", metavar="P1,P2,...",
                       help="project each case's tokens onto these GPU counts instead: memory per GPU, the "
-                           "slowest rank's useful FLOPs, ring bytes and a step time from measured per-GPU rates "
-                           "(docs/performance.md); exit 0 whether or not it fits")
+                           "slowest rank's useful FLOPs, bytes sent, each long pattern's schedule and a step time term "
+                           "by term from measured per-GPU rates, link latency and bandwidth and fixed costs "
+                           "(docs/studies.md); exit 0 whether or not it fits")
     gpu = plan.add_mutually_exclusive_group()
     gpu.add_argument("--device-memory", help="GPU memory per rank, e.g. 80GiB (else fits is '?' for GPU cases; "
                                              f"sizes: {SIZE_HELP}); no GPU is needed here")
@@ -225,10 +241,21 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--rate-tflops", metavar="FWD[,BWD]",
                       help="with --project: useful TFLOP/s of one GPU, forward and backward (default: measured)")
     plan.add_argument("--bandwidth-gbs", metavar="GBS",
-                      help="with --project: ring bandwidth per rank in GB/s (default: measured on 2 GPUs)")
-    plan.add_argument("--from", dest="from_", metavar="RESULTS", action="append",
-                      help="with --project: take the rates from these results files of 1- and 2-rank runs (the "
-                           "1-rank case of the same backend, dtype, mask and D; the 2-rank ring); repeatable")
+                      help="with --project: link bandwidth B per rank in GB/s (default: measured on 2 GPUs)")
+    plan.add_argument("--latency-us", metavar="US",
+                      help="with --project: link latency alpha per message in microseconds (default: fitted to "
+                           "a measured 2-GPU sweep)")
+    plan.add_argument("--hop-us", metavar="FWD[,BWD]",
+                      help="with --project: fixed cost of one ring step in microseconds, forward and backward "
+                           "(default: measured on 4 GPUs, or from the --from files' ring cases)")
+    plan.add_argument("--launch-us", metavar="FWD[,BWD]",
+                      help="with --project: fixed cost of one gathered pattern's launch in microseconds, forward "
+                           "and backward (default: a placeholder, one ring step's)")
+    plan.add_argument("--from", dest="from_", metavar="FILE", action="append",
+                      help="with --project: take the figures from these results files (the 1-rank case of the "
+                           "same backend, dtype, mask and D: rates; the 2-rank ring: B; multi-rank ring cases: "
+                           "the ring step's cost; every multi-rank case is also checked against its projection) "
+                           "and bandwidth files (alpha and B of their transport); repeatable")
     plan.set_defaults(func=_cmd_plan)
     rep = sub.add_parser("report", help="scaling tables (strong, weak, Hilbert vs natural, communication, "
                                         "PyTorch peer, bandwidth) from results and bandwidth files")

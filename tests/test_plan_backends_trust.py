@@ -188,12 +188,18 @@ def test_project_from_a_damaged_case_says_the_built_in_rate_stands_in(small_resu
     captured = capsys.readouterr()
     notes = captured.err.splitlines()
     assert all(line.startswith("hilbert-hpc: note: ") for line in notes), captured.err
-    assert len(notes) == 3, notes
+    assert len(notes) == 5, notes
     assert f"{str(damaged)!r}: 1 incomplete case(s) skipped" in notes[0]
     assert notes[1].startswith("hilbert-hpc: note: case 0001-t: no 1-rank result of backend 'numpy', float32, D = 16, "
                                "not causal in the --from files: its rate is the built-in one (docs/performance.md")
-    assert notes[2].startswith("hilbert-hpc: note: no 2-rank result in the --from files: the ring bandwidth is the "
-                               "built-in one (docs/performance.md")
+    # on 2 GPUs the (256, 4) pattern is gathered over the host transport: no bandwidth file or 2-rank case gives
+    # its figures, nor any file the launch's
+    assert notes[2].startswith("hilbert-hpc: note: no bandwidth file of transport 'host' in the --from files: its "
+                               "latency alpha is the built-in one (placeholder, not measured")
+    assert notes[3].startswith("hilbert-hpc: note: no bandwidth file or 2-rank result of transport 'host' in the "
+                               "--from files: its bandwidth B is the built-in one (placeholder, not measured")
+    assert notes[4].startswith("hilbert-hpc: note: the fixed cost of a gathered pattern's launch is the built-in "
+                               "one (placeholder, not measured")
     assert f"({damaged}, case 0000-s, medians of 2)" in captured.out
 
 

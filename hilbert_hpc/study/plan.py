@@ -4,8 +4,10 @@
 anything; ``run`` applies the same check to every case before it starts, so a
 case that cannot fit is refused with the numbers instead of dying mid-job.
 Memory counts what the code allocates: the Q, K, V shards of every batch
-element, the output and log-sum-exp, the two ring buffers of the largest
-packed K/V block, and the backend's working memory (``Backend.workspace_bytes``:
+element, the output and log-sum-exp, the buffers of the long patterns by their
+schedule (``CaseSetup.schedules``: the two ring buffers of the largest packed
+K/V block of the ring patterns; every gathered pattern's rows,
+``LongSchedule.gather_bytes``), and the backend's working memory (``Backend.workspace_bytes``:
 score tiles; for the PyTorch peer its gathered copies, measured at 1.25x the
 Q/K/V/O bytes; tma16's float32 running output). The kernel counted is the one
 ``run`` chooses (``setup.plan_setup``, the same choice as the results' ``kernel``).
@@ -17,8 +19,7 @@ import dataclasses
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, TextIO
-
+from typing import Any, Sequence, TextIO
 
 from hilbert_hpc.errors import ConfigError
 from hilbert_hpc.study.gradients import backward_pass
@@ -26,6 +27,7 @@ from hilbert_hpc.study.jobfile import DEFAULT_ACCURACY_ROWS, Case, Job
 from hilbert_hpc.core.reference_backward import reference_bytes
 from hilbert_hpc.core.patterns import useful_flops
 from hilbert_hpc.distributed.ring import RingPattern
+from hilbert_hpc.distributed.schedule import LongSchedule, block_elements
 from hilbert_hpc.distributed.sharding import Shards
 from hilbert_hpc.study.setup import CaseSetup, plan_setup
 from hilbert_hpc.backends import Backend
@@ -52,13 +54,28 @@ class Estimate:
         return self.flops / self.ranks
 
 
-def _rank_ring_sends(case: Case, shards: Shards, itemsize: int, backward: bool) -> tuple[int, list[int]]:
-    """(largest packed K/V block in bytes, bytes each rank sends in one forward ring, or with ``backward`` one
-    ring backward) over the case's long patterns, per batch element."""
+def _rank_sends(case: Case, shards: Shards, itemsize: int, backward: bool,
+                schedules: Sequence[LongSchedule]) -> tuple[int, list[int]]:
+    """(largest packed K/V block of the ring patterns in bytes, bytes each rank sends in one forward, or with
+    ``backward`` one backward) over the case's long patterns, per batch element, each by its schedule
+    (``schedules``; a long pattern without one: ring). A ring pattern's rank forwards its blocks along the
+    ring and, in the backward, the blocks again and the dK/dV accumulators the full ring (the last hop home); a
+    gathered pattern's rank sends its block once to the ``g - 1`` others and, in the backward, each of them
+    the terms of its rows (the accumulator dtype) home."""
     acc = max(itemsize, 4)
+    kinds = {s.index: s.kind for s in schedules}
     largest, sent = 0, [0] * shards.ranks
-    for p in case.patterns:
+    for index, p in enumerate(case.patterns):
         if p.segment <= shards.chunk:
+            continue
+        if kinds.get(index, "ring") == "gather":
+            group = shards.ring_ranks(p)
+            blocks = [block_elements(p, shards, rank, case.heads, case.head_dim, case.head_dim)
+                      for rank in range(shards.ranks)]
+            for rank in range(shards.ranks):
+                base = rank - rank % group
+                others = sum(blocks[base:base + group]) - blocks[rank]
+                sent[rank] += others * acc if backward else (group - 1) * blocks[rank] * itemsize
             continue
         for rank in range(shards.ranks):
             geom = RingPattern(p, shards, rank, case.heads, case.head_dim, case.head_dim)
@@ -70,26 +87,31 @@ def _rank_ring_sends(case: Case, shards: Shards, itemsize: int, backward: bool) 
     return largest, sent
 
 
-def ring_bytes(case: Case, shards: Shards, itemsize: int) -> tuple[int, int]:
-    """(largest packed K/V block in bytes, bytes the busiest rank sends per call) over the case's rings."""
-    largest, sent = _rank_ring_sends(case, shards, itemsize, False)
+def ring_bytes(case: Case, shards: Shards, itemsize: int,
+               schedules: Sequence[LongSchedule] = ()) -> tuple[int, int]:
+    """(largest packed K/V block of the ring patterns in bytes, bytes the busiest rank sends per forward call)
+    over the case's long patterns by their ``schedules`` (a long pattern without one: ring)."""
+    largest, sent = _rank_sends(case, shards, itemsize, False, schedules)
     return largest, max(sent) * case.batch
 
 
-def ring_backward_bytes(case: Case, shards: Shards, itemsize: int) -> int:
-    """Bytes the busiest rank sends in one ring backward (``distributed.ring_backward``): its K/V blocks again,
-    as the forward (:func:`ring_bytes`), and next to them the dK/dV accumulator blocks of the same layout in the
-    accumulator dtype, which make the full ring (the last hop home)."""
-    return max(_rank_ring_sends(case, shards, itemsize, True)[1]) * case.batch
+def ring_backward_bytes(case: Case, shards: Shards, itemsize: int, schedules: Sequence[LongSchedule] = ()) -> int:
+    """Bytes the busiest rank sends in one backward by the ``schedules`` of the long patterns: for a ring
+    pattern (``distributed.ring_backward``) its K/V blocks again, as the forward (:func:`ring_bytes`), and
+    next to them the dK/dV accumulator blocks of the same layout in the accumulator dtype, which make the full
+    ring (the last hop home); for a gathered one the gradient terms of the other ranks' rows, sent home once
+    (the forward's gathered rows are reused)."""
+    return max(_rank_sends(case, shards, itemsize, True, schedules)[1]) * case.batch
 
 
 def backward_bytes(case: Case, shards: Shards, itemsize: int, accuracy_rows: int = DEFAULT_ACCURACY_ROWS,
-                   be: Backend | None = None) -> int:
+                   be: Backend | None = None, schedules: Sequence[LongSchedule] = ()) -> int:
     """What a forward+backward case holds beyond the forward's Q, K, V, O and L (0 for pass = forward): dO of
     every batch element, dQ, dK, dV as ``be`` holds them (``Backend.gradient_bytes``), rowsum(dO * O) of one,
     the backend's backward working memory (``Backend.backward_workspace_bytes``), the ring backward's three
-    accumulator blocks
-    (outgoing, incoming and this step's terms: the size of the largest packed K/V block, in the accumulator dtype), and the first call's float64 gradient
+    accumulator blocks (outgoing, incoming and this step's terms: the size of the largest packed K/V block of
+    the ring patterns by their ``schedules``, in the accumulator dtype; the gathered patterns' terms are
+    counted with their rows, ``LongSchedule.gather_bytes``), and the first call's float64 gradient
     check of ``accuracy_rows`` sampled rows (``core.reference_backward.reference_bytes``; 0: a training step,
     without the study's check)."""
     if not backward_pass(case):
@@ -99,9 +121,15 @@ def backward_bytes(case: Case, shards: Shards, itemsize: int, accuracy_rows: int
     be = be or plan_setup(case).backend
     grads = (case.batch * shard * row * itemsize + be.gradient_bytes(shard, row, itemsize, case.patterns, case.ranks)
              + shard * heads * acc + be.backward_workspace_bytes(shard, heads, case.head_dim, itemsize, case.patterns))
-    largest = ring_bytes(case, shards, itemsize)[0] if case.ranks > 1 else 0
+    largest = ring_bytes(case, shards, itemsize, schedules)[0] if case.ranks > 1 else 0
     check = reference_bytes(case.tokens, heads, case.head_dim, case.patterns, accuracy_rows) if accuracy_rows else 0
     return grads + 3 * largest // itemsize * acc + check
+
+
+def gathered_bytes(schedules: Sequence[LongSchedule], itemsize: int, backward: bool) -> int:
+    """What the gathered long patterns of ``schedules`` hold together (``LongSchedule.gather_bytes``): their
+    exchanges are all posted before the local patterns, and the backward reuses the forward's rows."""
+    return sum(s.gather_bytes(itemsize, backward) for s in schedules if s.kind == "gather")
 
 
 def estimate(case: Case, torch_on_gpu: bool | None = None, setup: CaseSetup | None = None,
@@ -123,9 +151,9 @@ def estimate(case: Case, torch_on_gpu: bool | None = None, setup: CaseSetup | No
     floor = case.batch * shard * row * (3 * itemsize + be.output_itemsize(itemsize))
     memory = floor + shard * case.heads * acc
     memory += be.workspace_bytes(shard, case.heads, case.head_dim, itemsize, floor, setup.kernel)
-    memory += backward_bytes(case, setup.layout.shards, itemsize, accuracy_rows, be)
-    largest, sent = ring_bytes(case, setup.layout.shards, itemsize) if ranks > 1 else (0, 0)
-    memory += 2 * largest
+    memory += backward_bytes(case, setup.layout.shards, itemsize, accuracy_rows, be, setup.schedules)
+    largest, sent = ring_bytes(case, setup.layout.shards, itemsize, setup.schedules) if ranks > 1 else (0, 0)
+    memory += 2 * largest + gathered_bytes(setup.schedules, itemsize, backward_pass(case))
     on_gpu = be.plan_on_gpu(torch_on_gpu)
     flops = useful_flops(case.tokens, case.heads, case.head_dim, case.patterns, case.causal, case.batch)
     return Estimate(case.case_id, ranks, shard, on_gpu, int(memory), int(floor), int(sent), int(flops))
@@ -183,14 +211,16 @@ def print_plan(job: Job, world_size: int, stream: TextIO, device_memory: int | N
     print(head, file=stream)
     print("-" * len(head), file=stream)
     for case in job.cases:
-        est = estimate(case, True if device_memory is not None else None, setups.get(case.case_id),
-                       job.accuracy_rows)
+        setup = setups.get(case.case_id) or plan_setup(case)
+        est = estimate(case, True if device_memory is not None else None, setup, job.accuracy_rows)
         limit = device_memory if est.on_gpu else host_memory
         verdict = "?" if limit is None else "yes" if memory_shortfall(est, limit) is None else \
             LEFT_OUT if case.backend in job.optional_backends else "NO"
         print(f"{case.case_id[:28]:<28} {case.backend:<9} {case.dtype:<8} {est.ranks:>5} {est.tokens_per_rank:>12,} "
               f"{est.memory_bytes / GIB:>12.3f} {est.floor_bytes / GIB:>11.3f} {est.sent_bytes / 1e6:>12.1f} "
               f"{est.flops_per_rank / 1e9:>11.1f}  {verdict}", file=stream)
+        if setup.schedules:
+            print(f"{'':<4}{schedules_line(setup.schedules)}", file=stream)
         rows.append((est, verdict))
     verdicts = {v for _, v in rows}
     if "NO" in verdicts:
@@ -199,6 +229,12 @@ def print_plan(job: Job, world_size: int, stream: TextIO, device_memory: int | N
         print(f"cases marked '{LEFT_OUT}' are on optional backends (job.optional_backends): run leaves them out "
               "with a note", file=stream)
     return rows
+
+
+def schedules_line(schedules: Sequence[LongSchedule]) -> str:
+    """The schedule of each long pattern (``LongSchedule.describe``) on one line, for ``plan`` and the
+    projection."""
+    return "long patterns: " + "; ".join(s.describe() for s in schedules)
 
 
 #: plan's verdict on a case of an optional backend that does not fit: run leaves it out

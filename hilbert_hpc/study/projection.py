@@ -1,30 +1,26 @@
-"""Projection: a job's cases on P GPUs, from per-GPU rates measured on one and two GPUs (``plan --project``).
+"""Projection: a job's cases on P GPUs from measured per-GPU rates, link latency and bandwidth (``plan --project``).
 
 For each case and GPU count P (the case's tokens split over P ranks) it reports
 the memory per rank of a training step (``plan.estimate`` without the study's
 float64 gradient check), whether it fits the GPU, the useful FLOPs of the
 slowest rank (``core.work.rank_useful_flops`` of the case's placement: the
 causal imbalance of contiguous shards included, zigzag's balance; the backward's are ``BACKWARD_FLOPS`` times the
-forward's), the bytes the busiest rank sends around its rings (the forward's
-K/V blocks, and for forward+backward the ring backward's, ``plan.ring_backward_bytes``)
-and a projected step time:
+forward's), the bytes the busiest rank sends (``plan.ring_bytes`` and ``plan.ring_backward_bytes``, each long
+pattern by its schedule), the schedule of each long pattern (``CaseSetup.schedules``),
+and the step time of the slowest rank by the step model (``study.step_model``: local compute, long compute,
+exposed exchange, fixed per-step and per-launch costs) on the figures of ``study.step_figures`` (given, from
+the ``--from`` files, or built in, each with its source), with the term that dominates.
 
-    compute = F_fwd / R_fwd (+ BACKWARD_FLOPS * F_fwd / R_bwd),  comm = bytes / B,
-    step between max(compute, comm) (the exchanges hidden behind the kernels)
-    and compute + comm (none hidden),
+Given results files of multi-rank cases (``--from``), :func:`check_results` projects each of
+them onto its own ranks with the same figures and :func:`print_checks` sets the projected forward and
+backward beside the measured medians (slowest rank), with the deviation, against ``TOLERANCE``.
 
-with ``R`` the measured useful TFLOP/s of one GPU (``RATES``) and ``B`` the
-measured ring bandwidth (``BANDWIDTH``), both overridable, or read from the
-results files of 1- and 2-rank runs (``plan --from``: the medians of the
-1-rank case of the same backend, dtype, mask and D; the ring bandwidth of the
-2-rank case that sent the most; a note names each figure the files do not give,
-for which the built-in one stands in: :func:`built_in_notes`). It is a
-projection from single-GPU rates and a 2-GPU ring, not a measurement: the rates
-are those of the benchmark problem's kernels, the bandwidth that of NVLink
-between two GPUs of one host, and the overlap of many GPUs is not measured.
-The largest N is the largest power of two whose memory per rank, scaled
-linearly from the case's bytes per token of a rank, fits the GPU (exact for
-every term but the ring's blocks, which grow no faster than the shard).
+It is a projection, not a measurement: the rates are those of the benchmark
+problem's kernels on one GPU, the link's figures those of two GPUs of one host,
+and the overlap of many GPUs is not measured. The largest N is the largest
+power of two whose memory per rank, scaled linearly from the case's bytes per
+token of a rank, fits the GPU (exact for every term but the long patterns'
+buffers, which grow no faster than the shard).
 """
 
 from __future__ import annotations
@@ -32,48 +28,27 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Sequence, TextIO
+from typing import Iterator, Sequence, TextIO, TypeVar
 
 from hilbert_hpc.core.patterns import BACKWARD_FLOPS
 from hilbert_hpc.core.work import imbalance, rank_useful_flops
+from hilbert_hpc.distributed.schedule import LongSchedule
 from hilbert_hpc.errors import ConfigError
 from hilbert_hpc.study.gradients import backward_pass
 from hilbert_hpc.study.jobfile import Case, Job
-from hilbert_hpc.study.plan import GIB, estimate, ring_backward_bytes, ring_bytes
+from hilbert_hpc.study.plan import GIB, estimate, ring_backward_bytes, ring_bytes, schedules_line
 from hilbert_hpc.study.report_read import CaseResult
 from hilbert_hpc.study.setup import plan_setup
+from hilbert_hpc.study.step_figures import Figures, result_case, ring_result
+from hilbert_hpc.study.step_model import TERM_NAMES, FixedCost, Link, StepGeometry, Terms, slowest_rank
 
+T = TypeVar("T")
 
-@dataclass(frozen=True)
-class Rate:
-    """Useful TFLOP/s of one GPU, forward and backward, and where the figures come from."""
-
-    forward_tflops: float
-    backward_tflops: float
-    source: str
-
-
-_FINAL_22 = "docs/performance.md, '1 GPU: forward and backward ..., final kernels of issue 22', H200, code 492e50d"
-#: measured useful TFLOP/s of one H200 by (dtype, causal): the benchmark problem (N = 262,144, H = 12, D = 64,
-#: patterns (2048,1) (4096,2) (8192,4)), its useful FLOPs over the medians 9.96 / 31.01 ms (bf16), 7.25 /
-#: 21.81 ms (bf16 causal), 45.00 / 221.80 ms (float32)
-RATES = {("bfloat16", False): Rate(290.0, 233.0, _FINAL_22),
-         ("bfloat16", True): Rate(199.0, 165.0, _FINAL_22),
-         ("float32", False): Rate(64.1, 32.5, _FINAL_22)}
-
-
-@dataclass(frozen=True)
-class Bandwidth:
-    """Bytes per second one rank sends around its ring, and where the figure comes from."""
-
-    gbs: float
-    source: str
-
-
-#: the K/V ring's measured bandwidth between two H200s of one host (cuda-aware, 67 MB blocks; raw exchanges of
-#: 256 MiB reach 359 GB/s)
-BANDWIDTH = Bandwidth(150.4, "docs/performance.md, '2 GPUs: the K/V ring', 'Ring study vs raw bandwidth', "
-                             "global-r8-262k cuda-aware, code 7ee8411")
+#: ``plan --project --from``'s check: a projected time within this share of the measured one
+TOLERANCE = 0.15
+#: the link and fixed costs of a case whose patterns are all local (none is used)
+_NO_LINK = Link("none", 0.0, math.inf, "", "")
+_NO_COST = FixedCost(0.0, 0.0, "")
 
 
 @dataclass(frozen=True)
@@ -88,121 +63,28 @@ class Projection:
     #: useful FLOPs of the slowest rank, forward (and backward when the case has one)
     flops: float
     imbalance: float
-    ring_bytes: int
-    compute_s: float
-    comm_s: float
+    #: bytes the busiest rank sends per step (forward, and backward when the case has one)
+    sent_bytes: int
+    #: the slowest rank's step, term by term (the backward's all 0 for pass = forward)
+    forward: Terms
+    backward: Terms
+    schedules: tuple[LongSchedule, ...]
+    #: the figures the long patterns used (None: no pattern of that kind)
+    link: Link | None
+    hop: FixedCost | None
+    launch: FixedCost | None
     #: largest power-of-two sequence length whose memory per rank fits (None: no memory limit given)
     max_tokens: int | None
 
     @property
-    def overlapped_s(self) -> float:
-        """Step time with the exchanges hidden behind the kernels."""
-        return max(self.compute_s, self.comm_s)
+    def terms(self) -> Terms:
+        """Forward and backward together."""
+        return self.forward + self.backward
 
     @property
-    def serial_s(self) -> float:
-        """Step time with no exchange hidden."""
-        return self.compute_s + self.comm_s
-
-
-def parse_counts(text: str, flag: str = "--project") -> list[int]:
-    """'8,16,32' -> [8, 16, 32]: GPU counts, each at least 1; a ConfigError names ``flag``."""
-    try:
-        counts = [int(x) for x in text.split(",")]
-    except ValueError:
-        raise ConfigError(f"expected GPU counts such as 8,16,32,64, got {text!r}", flag) from None
-    if any(p < 1 for p in counts):
-        raise ConfigError(f"expected GPU counts >= 1, got {text!r}", flag)
-    return counts
-
-
-def _positive(text: str, flag: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"expected a positive number, got {text!r}", flag)
-    return value
-
-
-def parse_rate(text: str, flag: str = "--rate-tflops") -> Rate:
-    """'FWD' or 'FWD,BWD' useful TFLOP/s of one GPU (the backward's rate is the forward's when left out)."""
-    parts = text.split(",")
-    if len(parts) > 2:
-        raise ConfigError(f"expected FWD or FWD,BWD useful TFLOP/s, got {text!r}", flag)
-    forward = _positive(parts[0], flag)
-    return Rate(forward, _positive(parts[1], flag) if len(parts) == 2 else forward, flag)
-
-
-def parse_bandwidth(text: str, flag: str = "--bandwidth-gbs") -> Bandwidth:
-    """'150' -> the ring bandwidth in GB/s a rank sends at."""
-    return Bandwidth(_positive(text, flag), flag)
-
-
-def _same_kernel(result: CaseResult, case: Case) -> bool:
-    params = result.params
-    return (params.get("backend"), params.get("dtype"), bool(params.get("causal")), params.get("head_dim")) == (
-        case.backend, case.dtype, case.causal, case.head_dim)
-
-
-def result_rate(case: Case, results: Sequence[CaseResult]) -> Rate | None:
-    """The median useful TFLOP/s of the 1-rank result of ``case``'s backend, dtype, mask and D (the longest
-    one), forward and backward (NaN without a backward); None if there is none. A ConfigError names ``--from``
-    when ``case`` has a backward and the result does not."""
-    same = [r for r in results if r.ranks == 1 and _same_kernel(r, case)]
-    if not same:
-        return None
-    best = max(same, key=lambda r: r.tokens)
-    backward = float(best.metrics.backward_useful_tflops)
-    if backward_pass(case) and not backward > 0:
-        raise ConfigError(f"case {best.case_id} of {best.file!r}, the 1-rank result of {case.case_id}'s kernel, "
-                          f"has no backward: run it with pass = \"forward+backward\"", "--from")
-    return Rate(float(best.metrics.useful_tflops), backward,
-                f"{best.file}, case {best.case_id}, medians of {best.repeats}")
-
-
-def result_bandwidth(results: Sequence[CaseResult]) -> Bandwidth | None:
-    """The ring bandwidth of the 2-rank result that sent the most bytes per call (None if there is none)."""
-    rings = [r for r in results if r.ranks == 2 and float(r.metrics.ring_gb_per_s) > 0]
-    if not rings:
-        return None
-    best = max(rings, key=lambda r: float(r.metrics.bytes_sent_per_rank))
-    return Bandwidth(float(best.metrics.ring_gb_per_s), f"{best.file}, case {best.case_id}, 2 ranks")
-
-
-def rate_for(case: Case, override: Rate | None, results: Sequence[CaseResult] = ()) -> Rate:
-    """``override``, else the rate of ``results`` (:func:`result_rate`), else the measured rate of the case's
-    dtype and mask (``RATES``); a ConfigError names --rate-tflops when there is none."""
-    rate = override or result_rate(case, results) or RATES.get((case.dtype, case.causal))
-    if rate is None:
-        known = ", ".join(f"{d}{' causal' if c else ''}" for d, c in RATES)
-        raise ConfigError(f"no measured rate for {case.dtype}{' causal' if case.causal else ''} "
-                          f"(measured: {known}); give one", "--rate-tflops")
-    return rate
-
-
-def bandwidth_for(override: Bandwidth | None, results: Sequence[CaseResult] = ()) -> Bandwidth:
-    """``override``, else the ring bandwidth of ``results`` (:func:`result_bandwidth`), else ``BANDWIDTH``."""
-    return override or result_bandwidth(results) or BANDWIDTH
-
-
-def built_in_notes(job: Job, counts: Sequence[int], results: Sequence[CaseResult], rate: Rate | None = None,
-                   bandwidth: Bandwidth | None = None) -> list[str]:
-    """What the results files of ``plan --from`` (``results``) do not give, so that a built-in figure stands in
-    (:func:`rate_for`, :func:`bandwidth_for`): one note per case of ``job`` that takes its rate from ``RATES``,
-    one when the ring bandwidth of a projection onto ``counts`` GPUs (more than one) is ``BANDWIDTH``."""
-    notes = []
-    for case in job.cases:
-        built_in = RATES.get((case.dtype, case.causal))
-        if rate_for(case, rate, results) is built_in:      # refuses, as the table would, a case without a rate
-            notes.append(f"case {case.case_id}: no 1-rank result of backend {case.backend!r}, {case.dtype}, "
-                         f"D = {case.head_dim}, {'causal' if case.causal else 'not causal'} in the --from files: "
-                         f"its rate is the built-in one ({built_in.source})")
-    if max(counts) > 1 and bandwidth_for(bandwidth, results) is BANDWIDTH:
-        notes.append(f"no 2-rank result in the --from files: the ring bandwidth is the built-in one "
-                     f"({BANDWIDTH.source})")
-    return notes
+    def step_s(self) -> float:
+        """The step time: forward and backward of the slowest rank."""
+        return self.terms.total_s
 
 
 def max_tokens(memory_bytes: int, shard: int, ranks: int, limit: int) -> int:
@@ -215,9 +97,10 @@ def max_tokens(memory_bytes: int, shard: int, ranks: int, limit: int) -> int:
     return n if n >= ranks and n % ranks == 0 else 0
 
 
-def project(case: Case, ranks: int, rate: Rate, bandwidth: Bandwidth, device_memory: int | None,
+def project(case: Case, ranks: int, figures: Figures, device_memory: int | None = None,
             cc: int | None = None) -> Projection:
-    """``case``'s tokens on ``ranks`` GPUs (the module's model); a ConfigError if they cannot be split so."""
+    """``case``'s tokens on ``ranks`` GPUs (the module's model on ``figures``); a ConfigError if they cannot be
+    split so."""
     case = dataclasses.replace(case, ranks=ranks)
     setup = plan_setup(case, cc)
     est = estimate(case, True, setup, accuracy_rows=0)
@@ -225,62 +108,174 @@ def project(case: Case, ranks: int, rate: Rate, bandwidth: Bandwidth, device_mem
     shards = setup.layout.shards
     per_rank = rank_useful_flops(case.tokens, ranks, case.heads, case.head_dim, case.patterns, case.causal,
                                  case.batch, shards.placement)
-    forward = max(per_rank)
-    compute = forward / (rate.forward_tflops * 1e12)
+    backward = backward_pass(case)
     itemsize = setup.precision.itemsize
-    if ranks == 1:
-        sent = 0
-    elif backward_pass(case):
-        sent = ring_bytes(case, shards, itemsize)[1] + ring_backward_bytes(case, shards, itemsize)
-    else:
-        sent = ring_bytes(case, shards, itemsize)[1]
-    flops = float(forward)
-    if backward_pass(case):
-        compute += BACKWARD_FLOPS * forward / (rate.backward_tflops * 1e12)
-        flops *= 1 + BACKWARD_FLOPS
+    sent = 0
+    if ranks > 1:
+        sent = ring_bytes(case, shards, itemsize, setup.schedules)[1]
+        sent += ring_backward_bytes(case, shards, itemsize, setup.schedules) if backward else 0
+    kinds = {s.kind for s in setup.schedules}
+    rate = figures.rate_of(case)
+    link = figures.link(figures.transport_of(case)) if kinds else None
+    hop = figures.hop_of(case.backend) if "ring" in kinds else None
+    launch = figures.launch_of(case.backend) if "gather" in kinds else None
+    _, fwd, bwd = slowest_rank(StepGeometry.of(case, setup), rate.forward_tflops,
+                               rate.backward_tflops if backward else None, link or _NO_LINK, hop or _NO_COST,
+                               launch or _NO_COST)
+    flops = float(max(per_rank)) * (1 + BACKWARD_FLOPS if backward else 1)
     fits = None if device_memory is None else est.memory_bytes <= device_memory
     top = None if device_memory is None else max_tokens(est.memory_bytes, shard, ranks, device_memory)
-    return Projection(case.case_id, ranks, shard, est.memory_bytes, fits, flops, imbalance(per_rank), sent,
-                      compute, sent / (bandwidth.gbs * 1e9), top)
+    return Projection(case.case_id, ranks, shard, est.memory_bytes, fits, flops, imbalance(per_rank), sent, fwd,
+                      bwd, setup.schedules, link, hop, launch, top)
 
 
-def print_projection(job: Job, counts: Sequence[int], stream: TextIO, device_memory: int | None = None,
-                     rate: Rate | None = None, bandwidth: Bandwidth | None = None,
-                     cc: int | None = None, results: Sequence[CaseResult] = ()) -> list[Projection]:
-    """The projection table of every case of ``job`` on each of ``counts`` GPUs; returns its rows.
+def project_job(job: Job, counts: Sequence[int], figures: Figures, device_memory: int | None = None,
+                cc: int | None = None) -> list[tuple[Case, list[Projection | str]]]:
+    """Every case of ``job`` on each of ``counts`` GPUs: a Projection, or why the case cannot be split so. The
+    rate of every case is resolved first (a ConfigError before anything is printed)."""
+    for case in job.cases:
+        figures.rate_of(case)
+    out = []
+    for case in job.cases:
+        rows: list[Projection | str] = []
+        for p in counts:
+            try:
+                rows.append(project(case, p, figures, device_memory, cc))
+            except ConfigError as exc:
+                rows.append(f"{p:>5} cannot split the case so: {exc.message}")
+        out.append((case, rows))
+    return out
 
-    ``rate`` / ``bandwidth``: overrides of ``RATES`` / ``BANDWIDTH``; ``cc``: the GPU's compute capability;
-    ``results``: cases of results files of 1- and 2-rank runs, whose rates come before the defaults."""
-    bandwidth = bandwidth_for(bandwidth, results)
-    rows = []
+
+def figure_lines(rows: Sequence[Projection]) -> list[str]:
+    """One line per link and fixed cost ``rows`` used, with its source."""
+    lines = {}
+    for row in rows:
+        if row.link is not None:
+            link = row.link
+            lines[f"link {link.transport}"] = (
+                f"link {link.transport}: alpha {link.alpha_s * 1e6:.3g} us ({link.alpha_source}); "
+                f"B {link.gb_per_s:.4g} GB/s per rank ({link.b_source})")
+        for cost, what in ((row.hop, "ring step"), (row.launch, "gathered pattern's launch")):
+            if cost is not None:
+                lines[f"{what} {cost.source}"] = (f"fixed cost of a {what}: forward {cost.forward_s * 1e3:.3g} ms, "
+                                                  f"backward {cost.backward_s * 1e3:.3g} ms ({cost.source})")
+    return list(lines.values())
+
+
+def _table(head: str, rows: Sequence[T | str], stream: TextIO) -> Iterator[T]:
+    """A table's column heads, underlined, then its rows: the lines (why a row is missing) printed as they are,
+    the others yielded for the caller to print."""
+    print(head, file=stream)
+    print("-" * len(head), file=stream)
+    for row in rows:
+        if isinstance(row, str):
+            print(row, file=stream)
+        else:
+            yield row
+
+
+def print_projection(job: Job, counts: Sequence[int], table: list[tuple[Case, list[Projection | str]]],
+                     figures: Figures, stream: TextIO, device_memory: int | None = None) -> None:
+    """The projection table of :func:`project_job`'s rows."""
     print(f"projection: job {job.name!r} on {', '.join(map(str, counts))} GPU(s), {len(job.cases)} case(s); "
           f"a projection from measured per-GPU rates, not a measurement", file=stream)
     if device_memory is not None:
         print(f"memory per GPU: {device_memory / GIB:.2f} GiB", file=stream)
-    print(f"ring bandwidth: {bandwidth.gbs:g} GB/s per rank ({bandwidth.source})", file=stream)
-    print("step: max(compute, comm) with the exchanges hidden .. compute + comm with none hidden", file=stream)
-    for case in job.cases:
-        r = rate_for(case, rate, results)
+    for line in figure_lines([r for _, rows in table for r in rows if isinstance(r, Projection)]):
+        print(line, file=stream)
+    print("step of the slowest rank, forward and backward: local compute + long compute + exposed exchange + "
+          "fixed costs (docs/studies.md, 'The step model'); dominant: its largest term, "
+          + ", ".join(f"{short} ({long})" for short, long in TERM_NAMES.items()), file=stream)
+    for case, rows in table:
+        r = figures.rate_of(case)
         rates = f"forward {r.forward_tflops:g}" + (f" / backward {r.backward_tflops:g}" if backward_pass(case) else "")
         print(f"case {case.case_id}: N = {case.tokens:,}, H = {case.heads}, D = {case.head_dim}, {case.dtype}, "
               f"{'causal, ' if case.causal else ''}{case.pass_}; rate {rates} useful TFLOP/s per GPU "
               f"({r.source})", file=stream)
         head = (f"{'GPUs':>5} {'tokens/rank':>13} {'mem/rank GiB':>12} {'fits':>4} {'TFLOP slowest':>13} "
-                f"{'imbal.':>6} {'ring GB/rank':>12} {'compute s':>9} {'comm ms':>8} {'step s':>17} "
-                f"{'max N (memory)':>15}")
-        print(head, file=stream)
-        print("-" * len(head), file=stream)
-        for p in counts:
-            try:
-                row = project(case, p, r, bandwidth, device_memory, cc)
-            except ConfigError as exc:
-                print(f"{p:>5} cannot split the case so: {exc.message}", file=stream)
-                continue
+                f"{'imbal.':>6} {'sent GB/rank':>12} {'local s':>8} {'long s':>8} {'exch. ms':>8} {'fixed ms':>8} "
+                f"{'fwd s':>8} {'bwd s':>8} {'step s':>8} {'dominant':>8} {'max N (memory)':>15}")
+        for row in _table(head, rows, stream):
             fits = "?" if row.fits is None else "yes" if row.fits else "NO"
             top = "?" if row.max_tokens is None else f"{row.max_tokens:,}"
-            step = f"{row.overlapped_s:.3f}..{row.serial_s:.3f}"
-            print(f"{p:>5} {row.tokens_per_rank:>13,} {row.memory_bytes / GIB:>12.2f} {fits:>4} "
-                  f"{row.flops / 1e12:>13.1f} {row.imbalance:>6.3f} {row.ring_bytes / 1e9:>12.3f} "
-                  f"{row.compute_s:>9.3f} {row.comm_s * 1e3:>8.2f} {step:>17} {top:>15}", file=stream)
-            rows.append(row)
-    return rows
+            t = row.terms
+            print(f"{row.ranks:>5} {row.tokens_per_rank:>13,} {row.memory_bytes / GIB:>12.2f} {fits:>4} "
+                  f"{row.flops / 1e12:>13.1f} {row.imbalance:>6.3f} {row.sent_bytes / 1e9:>12.3f} "
+                  f"{t.local_s:>8.3f} {t.long_s:>8.3f} {t.exposed_s * 1e3:>8.2f} {t.fixed_s * 1e3:>8.2f} "
+                  f"{row.forward.total_s:>8.3f} {row.backward.total_s:>8.3f} {row.step_s:>8.3f} {t.dominant:>8} "
+                  f"{top:>15}", file=stream)
+            if row.schedules:
+                print(f"{'':<6}{schedules_line(row.schedules)}", file=stream)
+
+
+@dataclass(frozen=True)
+class Check:
+    """A measured multi-rank case beside its projection onto its ranks."""
+
+    result: CaseResult
+    projection: Projection
+    #: measured medians of the slowest rank (the backward NaN for pass = forward)
+    forward_s: float
+    backward_s: float
+
+    @property
+    def forward_deviation(self) -> float:
+        """(projected - measured) / measured of the forward."""
+        return self.projection.forward.total_s / self.forward_s - 1.0
+
+    @property
+    def backward_deviation(self) -> float:
+        """(projected - measured) / measured of the backward (NaN without one)."""
+        return self.projection.backward.total_s / self.backward_s - 1.0 if self.backward_s > 0 else math.nan
+
+    @property
+    def within(self) -> bool:
+        """Every deviation at most ``TOLERANCE``."""
+        return all(abs(d) <= TOLERANCE for d in (self.forward_deviation, self.backward_deviation)
+                   if not math.isnan(d))
+
+
+def result_schedule(result: CaseResult) -> str:
+    """The ``long_schedule`` that gives a result's long patterns the schedules they ran with (``long_schedules``):
+    ring for a ring result (:func:`ring_result`), gather when every one gathered, else the one it asked for."""
+    ran = [s for s in result.setup.long_schedules.split("; ") if s]
+    if ring_result(result) or not ran:
+        return "ring"
+    return "gather" if all(s.endswith(": gather") for s in ran) else str(result.params.get("long_schedule", "auto"))
+
+
+def check_results(results: Sequence[CaseResult], figures: Figures, cc: int | None = None) -> list[Check | str]:
+    """Each multi-rank case of ``results`` projected onto its ranks (a :class:`Check`), or why it cannot be."""
+    out: list[Check | str] = []
+    for result in results:
+        if result.ranks < 2:
+            continue
+        case = result_case(result, result_schedule(result))
+        try:
+            projected = project(case, result.ranks, figures, None, cc)
+        except ConfigError as exc:
+            out.append(f"case {result.case_id} of {result.file!r} cannot be projected: {exc.message}")
+            continue
+        backward = result.median("backward") if result.backward else math.nan
+        out.append(Check(result, projected, result.median("attention"), backward))
+    return out
+
+
+def print_checks(checks: Sequence[Check | str], stream: TextIO) -> None:
+    """The projected and measured forward and backward of each checked case, and the deviation."""
+    print(f"check: the --from files' cases on several ranks projected onto their ranks (the figures below) against "
+          f"their medians, slowest rank; deviation = projected / measured - 1; within {TOLERANCE:.0%}: every "
+          f"deviation at most {TOLERANCE:.0%}", file=stream)
+    for line in figure_lines([c.projection for c in checks if isinstance(c, Check)]):
+        print(line, file=stream)
+    head = (f"{'case':<24} {'ranks':>5} {'fwd proj ms':>11} {'fwd meas ms':>11} {'fwd dev':>8} {'bwd proj ms':>11} "
+            f"{'bwd meas ms':>11} {'bwd dev':>8} {'within':>6}  file")
+    for c in _table(head, checks, stream):
+        p = c.projection
+        bwd = (f"{p.backward.total_s * 1e3:>11.3f} {c.backward_s * 1e3:>11.3f} {c.backward_deviation:>+8.1%}"
+               if not math.isnan(c.backward_deviation) else f"{'-':>11} {'-':>11} {'-':>8}")
+        print(f"{c.result.case_id[:24]:<24} {p.ranks:>5} {p.forward.total_s * 1e3:>11.3f} {c.forward_s * 1e3:>11.3f} "
+              f"{c.forward_deviation:>+8.1%} {bwd} {'yes' if c.within else 'NO':>6}  {c.result.file}", file=stream)
+        if p.schedules:
+            print(f"{'':<6}{schedules_line(p.schedules)}; dominant: {TERM_NAMES[p.terms.dominant]}", file=stream)
