@@ -93,7 +93,9 @@ def _backward_ring_cols() -> list[Col]:
             Col("bwd wait ms", _some(need, _key_of("backward_wait_s", _ms)), needs=need),
             Col("bwd pack ms", _some(need, _key_of("backward_pack_s", _ms)), None, needs=need),
             Col("bwd imbalance ms", _some(need, _key_of("backward_imbalance_s", _ms)), None, needs=need),
-            Col("bwd wait share", _some(need, _key_of("backward_wait_share", _fmt(".1%"))), needs=need)]
+            Col("bwd wait share", _some(need, _key_of("backward_wait_share", _fmt(".1%"))), needs=need),
+            Col("bwd long overhead", _some(need, _key_of("backward_long_overhead", _fmt(".1%"))), "bwd long ovh.",
+                needs=need)]
 
 
 def _peer_backward_cols(prefix: str, title: str) -> list[Col]:
@@ -197,7 +199,9 @@ COLUMNS: dict[str, list[Col]] = {
                               Col("compute ms", _key_of("compute_s", _ms)), Col("wait ms", _key_of("wait_s", _ms)),
                               Col("pack ms", _key_of("pack_s", _ms)),
                               Col("imbalance ms", _key_of("imbalance_s", _ms), "imbal. ms"),
-                              Col("wait share", _key_of("wait_share", _fmt(".1%"))), *_backward_ring_cols()],
+                              Col("wait share", _key_of("wait_share", _fmt(".1%"))),
+                              Col("long overhead", _key_of("long_overhead", _fmt(".1%")), "long ovh."),
+                              *_backward_ring_cols()],
     "imbalance": [_CASE, Col("ranks", _key_of("ranks"), "P"),
                   Col("causal", lambda r: "yes" if r["causal"] else "no", text=True),
                   Col("placement", _key_of("placement"), "place", text=True),

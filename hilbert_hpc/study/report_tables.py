@@ -12,7 +12,9 @@ from fractions import Fraction
 from typing import Any, Iterable, Sequence
 
 from hilbert_hpc.study import record as rec
-from hilbert_hpc.core.patterns import BACKWARD_FLOPS
+from hilbert_hpc.core.patterns import BACKWARD_FLOPS, Pattern
+from hilbert_hpc.core.work import rank_useful_flops
+from hilbert_hpc.distributed.sharding import Shards
 from hilbert_hpc.study.report_read import FORWARD_BACKWARD, BandwidthSweep, CaseResult, is_true, params_key
 
 
@@ -317,13 +319,41 @@ def compute_communication_table(cases: Sequence[CaseResult]) -> list[dict[str, A
                                "attention_s": att}
         row.update({name: c.median(name) for name in rec.RING_TIMES})
         row["wait_share"] = row["wait_s"] / att if att > 0 else math.nan
+        local_flops, long_flops = split_flops(c)
+        row["long_overhead"] = long_overhead(att, row["local_s"], row["imbalance_s"], local_flops, long_flops)
         if c.backward and all(name in c.timings for name in rec.RING_BACKWARD_TIMES):
             bwd = c.median("backward")
             row["backward_s"] = bwd
             row.update({name: c.median(name) for name in rec.RING_BACKWARD_TIMES})
             row["backward_wait_share"] = row["backward_wait_s"] / bwd if bwd > 0 else math.nan
+            row["backward_long_overhead"] = long_overhead(bwd, row["backward_local_s"], row["backward_imbalance_s"],
+                                                          local_flops, long_flops)
         rows.append(row)
     return rows
+
+
+def split_flops(c: CaseResult) -> tuple[float, float]:
+    """Useful forward FLOPs of the local patterns and of the long ones (spanning ranks) of the rank with the most
+    useful FLOPs of case ``c``."""
+    patterns = [Pattern(int(w), int(r)) for w, r in c.params["patterns"]]
+    chunk = Shards(c.tokens, c.ranks, c.placement).chunk
+    args = (c.tokens, c.ranks, int(c.params["heads"]), int(c.params["head_dim"]))
+    rest = (is_true(c.params.get("causal")), int(c.params.get("batch", 1)), c.placement)
+    local = rank_useful_flops(*args, [p for p in patterns if p.segment <= chunk], *rest)
+    long = rank_useful_flops(*args, [p for p in patterns if p.segment > chunk], *rest)
+    busiest = max(range(c.ranks), key=lambda i: local[i] + long[i])
+    return float(local[busiest]), float(long[busiest])
+
+
+def long_overhead(total_s: float, local_s: float, imbalance_s: float, local_flops: float,
+                  long_flops: float) -> float:
+    """The long patterns' overhead, a share of ``total_s`` (a pass's time): the time beyond the local patterns
+    and the wait for slower ranks, less the long patterns' useful FLOPs at the local patterns' rate (the same
+    for the backward, whose FLOPs are both ``BACKWARD_FLOPS`` times the forward's); NaN without local work."""
+    if not (total_s > 0 and local_s > 0 and local_flops > 0):
+        return math.nan
+    useful_s = long_flops * local_s / local_flops
+    return (total_s - local_s - imbalance_s - useful_s) / total_s
 
 
 def imbalance_table(cases: Sequence[CaseResult]) -> list[dict[str, Any]]:
