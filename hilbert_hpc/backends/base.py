@@ -26,6 +26,7 @@ from hilbert_hpc.errors import ConfigError
 PASSES = ("forward", "forward+backward")
 
 if TYPE_CHECKING:
+    from hilbert_hpc.distributed.providers import BackwardProvider, ForwardProvider
     from hilbert_hpc.kernels.selection import KernelChoice
 
 
@@ -104,12 +105,12 @@ class Backend:
         (True), or for this machine (None)."""
         return self.on_gpu
 
-    def ring_kernels(self, kernel: KernelChoice | None) -> Any:
+    def ring_kernels(self, kernel: KernelChoice | None) -> ForwardProvider | None:
         """The fused-kernel provider of ``kernel`` (the case's choice) that the ring uses instead of
-        ``attend_fn`` + merge, or None."""
+        ``attend_fn`` + merge (``distributed.ring.HostBlockForward``), or None."""
         return None
 
-    def ring_backward_kernels(self, kernel: KernelChoice | None) -> Any:
+    def ring_backward_kernels(self, kernel: KernelChoice | None) -> BackwardProvider | None:
         """The ring backward's block provider (``distributed.ring_backward``; ``kernel``: the case's backward
         kernel choice, :meth:`backward_kernel_choice`), or None for a backend whose ring has no backward: its
         "forward+backward" cases then run on one rank only."""

@@ -27,6 +27,7 @@ import numpy as np
 from hilbert_hpc.core.blockwise import array_module, attend, merge_lse
 from hilbert_hpc.core.dilated import AttendFn, accumulate_patterns, empty_accumulators
 from hilbert_hpc.core.patterns import Pattern
+from hilbert_hpc.distributed.providers import ForwardProvider
 from hilbert_hpc.distributed.sharding import Piece, Shards, count, selected_rows
 
 Array = Any
@@ -274,8 +275,8 @@ class HostBlockForward:
 
 
 def ring_attention(qs: Array, ks: Array, vs: Array, geom: RingPattern, causal: bool, scale: float,
-                   out: Array, lse: Array, comm: Any, transport: Any, tag: int, kernels: Any = None,
-                   compute: bool = True) -> RingStats:
+                   out: Array, lse: Array, comm: Any, transport: Any, tag: int,
+                   kernels: ForwardProvider | None = None, compute: bool = True) -> RingStats:
     """One long pattern around its ring; merges into ``out``/``lse`` in place with the forward provider
     ``kernels`` (:class:`HostBlockForward` or a backend's fused kernels). Returns the counters.
 
@@ -410,7 +411,7 @@ def ring_dilated_attention(qs: Array, ks: Array, vs: Array, *, patterns: Sequenc
 def ring_dilated_forward(qs: Array, ks: Array, vs: Array, *, patterns: Sequence[Pattern], comm: Any,
                          causal: bool = False, scale: float | None = None, transport: Any = None,
                          attend_fn: AttendFn = attend, stats: RingStats | None = None,
-                         sync_rings: bool = False, kernels: Any = None,
+                         sync_rings: bool = False, kernels: ForwardProvider | None = None,
                          placement: str = "contiguous", schedule: Any = "auto",
                          gathered: dict | None = None) -> tuple[Array, Array]:
     """Dilated attention of this rank's serialized shard (L, H, D): its output shard (L, H, Dv) and merged

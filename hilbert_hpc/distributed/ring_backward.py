@@ -41,6 +41,7 @@ from hilbert_hpc.core.blockwise import accumulator_dtype, array_module
 from hilbert_hpc.core.patterns import Pattern
 from hilbert_hpc.distributed.ring import (PiecePair, RingPattern, RingStats, long_rings, progress_until_done,
                                          synchronize)
+from hilbert_hpc.distributed.providers import BackwardProvider
 from hilbert_hpc.distributed.sharding import Shards
 
 Array = Any
@@ -117,7 +118,7 @@ class HostBlockBackward:
 
 def ring_backward(qs: Array, ks: Array, vs: Array, lse: Array, delta: Array, dout: Array, geom: RingPattern,
                   causal: bool, scale: float, grads: Grads, comm: Any, transport: Any, tag: int,
-                  kernels: Any) -> RingStats:
+                  kernels: BackwardProvider) -> RingStats:
     """One long pattern's gradient terms around its ring, added into ``grads`` (dQ, dK, dV of the shard).
 
     ``lse`` and ``delta`` (L, H) are the merged log-sum-exp and ``rowsum(dO * O)`` of the shard; ``kernels``
@@ -208,7 +209,8 @@ def add_home(geom: RingPattern, home: Array, grads: Grads) -> None:
 
 
 def gathered_backward(qs: Array, lse: Array, delta: Array, dout: Array, rows: dict[int, tuple[Any, Array]],
-                      scale: float, grads: Grads, transport: Any, kernels: Any, stats: RingStats) -> list:
+                      scale: float, grads: Grads, transport: Any, kernels: BackwardProvider,
+                      stats: RingStats) -> list:
     """The terms of each gathered pattern (``rows``: ``{index: (GatherPattern, sequence-order K/V)}``): dQ into
     ``grads``, dK/dV terms of the other ranks' rows posted home (tag ``301 + 2 * index``). Returns what
     :func:`finish_home` completes."""
@@ -247,7 +249,7 @@ def finish_home(posted: list, grads: Grads, stats: RingStats) -> None:
 def ring_dilated_backward(qs: Array, ks: Array, vs: Array, out: Array, lse: Array, dout: Array, *,
                           patterns: Sequence[Pattern], comm: Any, causal: bool = False,
                           scale: float | None = None, transport: Any = None,
-                          backward_fn: BackwardFn = attend_backward, kernels: Any = None,
+                          backward_fn: BackwardFn = attend_backward, kernels: BackwardProvider | None = None,
                           stats: RingStats | None = None, sync_rings: bool = False,
                           placement: str = "contiguous", schedule: Any = "auto",
                           gathered: dict | None = None) -> Grads:
