@@ -1,6 +1,6 @@
 """``mpiexec -n 8 --oversubscribe hilbert-hpc run``: outputs and gradients of local, long and global patterns,
-causal or not, in the Hilbert order, exact against float64 on eight ranks, in both placements; every rank's useful
-FLOPs recorded (balanced by zigzag, the causal default)."""
+causal or not, in the Hilbert order, exact against float64 on eight ranks, in both placements and both long-pattern
+schedules; every rank's useful FLOPs recorded (balanced by zigzag, the causal default)."""
 
 from __future__ import annotations
 
@@ -28,9 +28,9 @@ JOB = JobSpec({"name": "eight", "repeats": 1, "warmup": 0, "accuracy_rows": 24},
               defaults={"heads": 3, "head_dim": 8, "dtype": "float64", "backend": "numpy",
                         "pass": "forward+backward", "ordering": "hilbert"},
               cases=[{"name": "lg", "grid": [16, 16], "ranks": RANKS, "patterns": PATTERNS,
-                      "sweep": {"causal": [False, True]}},
+                      "sweep": {"causal": [False, True], "long_schedule": ["gather", "ring"]}},
                      {"name": "lgc", "grid": [16, 16], "ranks": RANKS, "patterns": PATTERNS, "causal": True,
-                      "placement": "contiguous"}])
+                      "placement": "contiguous", "sweep": {"long_schedule": ["gather", "ring"]}}])
 ERRORS = ["max_rel_err", "rel_l2_err"] + [f"grad_{t}_{e}" for t in "qkv" for e in ("max_rel_err", "rel_l2_err")]
 
 
@@ -45,8 +45,12 @@ def test_eight_ranks_forward_backward_exact_in_float64(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     with h5py.File(tmp_path / "r.h5") as f:
         cases = list(f["cases"].values())
-        used = sorted((bool(g.attrs["causal"]), g.attrs["placement"]) for g in cases)
-        assert used == [(False, "contiguous"), (True, "contiguous"), (True, "zigzag")]
+        used = sorted((bool(g.attrs["causal"]), g.attrs["placement"], g.attrs["long_schedule"]) for g in cases)
+        assert used == [(c, p, s) for c, p in [(False, "contiguous"), (True, "contiguous"), (True, "zigzag")]
+                        for s in ("gather", "ring")]
+        for g in cases:                   # each long pattern ran the schedule its case asked for
+            kinds = {d.rsplit(": ", 1)[1] for d in str(g.attrs["long_schedules"]).split("; ")}
+            assert kinds == {g.attrs["long_schedule"]}, g.attrs["long_schedules"]
         for g in cases:
             causal, placement = bool(g.attrs["causal"]), g.attrs["placement"]
             assert g.attrs["ranks"] == RANKS and g.attrs["pass"] == "forward+backward"
