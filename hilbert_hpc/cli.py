@@ -247,15 +247,16 @@ def build_parser() -> argparse.ArgumentParser:
                            "a measured 2-GPU sweep)")
     plan.add_argument("--hop-us", metavar="FWD[,BWD]",
                       help="with --project: fixed cost of one ring step in microseconds, forward and backward "
-                           "(default: measured on 4 GPUs, or from the --from files' ring cases)")
+                           "(default: from the --from files' ring cases, or measured on 2 GPUs)")
     plan.add_argument("--launch-us", metavar="FWD[,BWD]",
                       help="with --project: fixed cost of one gathered pattern's launch in microseconds, forward "
-                           "and backward (default: a placeholder, one ring step's)")
+                           "and backward (default: from the --from files' gather cases, or measured on 2 GPUs)")
     plan.add_argument("--from", dest="from_", metavar="FILE", action="append",
                       help="with --project: take the figures from these results files (the 1-rank case of the "
-                           "same backend, dtype, mask and D: rates; the 2-rank ring: B; multi-rank ring cases: "
-                           "the ring step's cost; every multi-rank case is also checked against its projection) "
-                           "and bandwidth files (alpha and B of their transport); repeatable")
+                           "same backend, dtype, mask and D: rates; the 2-rank ring: B; multi-rank ring and "
+                           "gather cases: the ring step's and the gathered launch's costs; every multi-rank case "
+                           "is also checked against its projection) and bandwidth files (alpha and B of their "
+                           "transport); repeatable")
     plan.set_defaults(func=_cmd_plan)
     rep = sub.add_parser("report", help="scaling tables (strong, weak, Hilbert vs natural, communication, "
                                         "PyTorch peer, bandwidth) from results and bandwidth files")

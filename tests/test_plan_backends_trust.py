@@ -198,8 +198,9 @@ def test_project_from_a_damaged_case_says_the_built_in_rate_stands_in(small_resu
                                "latency alpha is the built-in one (placeholder, not measured")
     assert notes[3].startswith("hilbert-hpc: note: no bandwidth file or 2-rank result of transport 'host' in the "
                                "--from files: its bandwidth B is the built-in one (placeholder, not measured")
-    assert notes[4].startswith("hilbert-hpc: note: the fixed cost of a gathered pattern's launch is the built-in "
-                               "one (placeholder, not measured")
+    assert notes[4].startswith("hilbert-hpc: note: no multi-rank gather result of backend 'numpy' in the --from "
+                               "files: the fixed cost of its gathered pattern's launch is the built-in one "
+                               "(placeholder, not measured for backend 'numpy'")
     assert f"({damaged}, case 0000-s, medians of 2)" in captured.out
 
 

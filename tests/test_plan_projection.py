@@ -166,11 +166,17 @@ def test_built_in_figures_say_where_they_come_from_and_which_are_not_measured():
     link = f.link("cuda-aware")
     assert (link.alpha_s, link.gb_per_s) == (21.4e-6, 150.4) and "code 1ac8f6d" in link.alpha_source
     assert NOT_MEASURED in f.link("host").alpha_source
-    assert f.hop_of("cuda").forward_s == 0.57e-3 and "code fcea0a6" in f.hop_of("cuda").source
-    assert f.hop_of("cuda-fp32").source.startswith(f"{NOT_MEASURED} for backend 'cuda-fp32': backend cuda's "
-                                                   "stands in (docs/performance.md")
-    assert f.launch_of("cuda").source.startswith(NOT_MEASURED) and f.launch_of("numpy") is f.launch_of("cuda")
-    assert len(f.notes()) == 7           # alpha and B of two transports, the ring step of two backends, a launch
+    measured = "measured on 2x H200, staged, first gather code: docs/measurements/long_staged_2xh200_first.h5, "
+    assert f.hop_of("cuda").forward_s == 0.645e-3 and f.hop_of("cuda").source.startswith(measured + "bf16 ring")
+    assert f.hop_of("cuda-fp32").backward_s == 1.66e-3 and f.hop_of("cuda-fp32").source.startswith(measured)
+    assert f.launch_of("cuda").forward_s == 2.21e-3 and f.launch_of("cuda").source.startswith(measured + "bf16 gat")
+    assert f.launch_of("cuda-fp32").backward_s == 2.93e-3 and f.launch_of("cuda-fp32").source.startswith(measured)
+    for fixed in (f.hop_of, f.launch_of):
+        numpy, cuda = fixed("numpy"), fixed("cuda")
+        assert (numpy.forward_s, numpy.backward_s) == (cuda.forward_s, cuda.backward_s)
+        assert numpy.source == f"{NOT_MEASURED} for backend 'numpy': backend cuda's stands in ({cuda.source})"
+    # alpha and B of two transports, the ring step and the launch of three backends
+    assert len(f.notes()) == 10
 
 
 def test_parsing():

@@ -6,12 +6,13 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 
 from hilbert_hpc.study.projection import TOLERANCE, Check, check_results, print_checks
 from hilbert_hpc.study.report_read import load_cases
-from hilbert_hpc.study.step_figures import Figures, hop_from_results
+from hilbert_hpc.study.step_figures import Figures, hop_from_results, launch_from_results
 
 from jobtext import QUICK, JobSpec
 from test_report import make_case, write_results
@@ -61,6 +62,65 @@ def test_a_file_of_earlier_versions_ran_rings_over_the_transport_it_asked_for(tm
     assert [key for key in figures.used] == ["alpha host", "B host"]
 
 
+#: the gathered case's forward counters (compute_s, pack_s, wait_s) and backward ones (compute_s, wait_s) of each
+#: rank, and the backward rate of its 1-rank case
+GATHER_S, GATHER_BWD_S, BWD_TFLOPS = (100.0, 50.0, 600.0), (300.0, 700.0), 246.0
+
+
+def gather_file(tmp_path: Path) -> str:
+    """A 1-rank case (the rates) and a 2-rank case of the same kernel that gathered its long pattern, both
+    forward+backward."""
+    names = ("compute_s", "pack_s", "wait_s")
+    counters = {name: np.full((2, 3), s) for name, s in zip(names, GATHER_S)}
+    counters.update({f"backward_{name}": np.full((2, 3), s) for name, s in zip(("compute_s", "wait_s"),
+                                                                                 GATHER_BWD_S)})
+    kernel = dict(KERNEL, long_schedule="gather", **{"pass": "forward+backward"})
+    path = write_results(tmp_path / "g.h5", [
+        make_case("0000-t", np.ones((1, 3)), counters={"backward": np.ones((1, 3))}, **kernel),
+        make_case("0001-t", np.full((2, 3), 800.0), counters=dict(counters, backward=np.full((2, 3), 1100.0)),
+                  attrs={"transport": "host", "long_schedules": "(16, 1) over 2 ranks: gather"}, **kernel)])
+    with h5py.File(path, "a") as f:
+        f["cases/0000-t/metrics"].attrs["backward_useful_tflops"] = BWD_TFLOPS
+    return path
+
+
+def test_the_gathered_launch_cost_is_what_the_gather_took_beyond_the_model(tmp_path):
+    """Forward: packing, waiting and the copy and launch (compute_s) less the pattern's compute and its exchange
+    exposed (nothing local hides it: 0.5 + 512 s to the other rank); backward alike, the terms home."""
+    results, _ = load_cases([gather_file(tmp_path)])
+    launch = launch_from_results("numpy", results, slow_link(results))
+    compute = 2048 / (TFLOPS * 1e12)                           # the rank's queries against the gathered rows
+    assert launch.forward_s == pytest.approx(sum(GATHER_S) - 512.5 - compute)
+    assert launch.backward_s == pytest.approx(sum(GATHER_BWD_S) - 512.5 - 2.5 * 2048 / (BWD_TFLOPS * 1e12))
+    assert launch.source == (f"{tmp_path / 'g.h5'}, gather case(s) 0001-t: (compute_s + pack_s + wait_s - the "
+                             f"model's gathered time) / gathered patterns")
+    assert hop_from_results("numpy", results, slow_link(results)) is None      # no ring case
+    assert launch_from_results("cuda", results, slow_link(results)) is None
+    figures = slow_link(results)
+    assert figures.launch_of("numpy") == launch and "gather numpy" not in figures.used
+    # the projection of the case onto its 2 ranks is then its counters' time (no local pattern)
+    (check,) = check_results(results, figures)
+    assert check.projection.launch == launch and check.projection.hop is None
+    assert check.projection.forward.total_s == pytest.approx(sum(GATHER_S))
+    assert check.projection.backward.total_s == pytest.approx(sum(GATHER_BWD_S))
+    assert (check.forward_s, check.backward_s) == (800.0, 1100.0)
+
+
+def test_a_gather_case_without_its_counters_gives_no_launch_cost(tmp_path):
+    path = gather_file(tmp_path)
+    with h5py.File(path, "a") as f:
+        del f["cases/0001-t/timings/pack_s"]
+    results, _ = load_cases([path])
+    assert launch_from_results("numpy", results, slow_link(results)) is None
+    figures = slow_link(results)
+    assert figures.launch_of("numpy").source.startswith("placeholder, not measured for backend 'numpy': backend "
+                                                        "cuda's stands in (measured on 2x H200, staged")
+    assert figures.used["gather numpy"].startswith("no multi-rank gather result of backend 'numpy' in the --from "
+                                                   "files: the fixed cost of its gathered pattern's launch is the "
+                                                   "built-in one (placeholder")
+    assert figures.used["gather numpy"].endswith("; --launch-us gives it)")
+
+
 @pytest.mark.parametrize("attention_s, within", [(700.0, True), (500.0, False)])
 def test_a_measured_case_is_checked_against_its_projection(tmp_path, attention_s, within):
     """The ring's projected forward is RING_S (the step cost comes from that case); the case's forward took
@@ -101,13 +161,15 @@ def test_plan_project_from_prints_the_check(tmp_path, capsys):
 @pytest.mark.mpi(min_size=2)
 def test_figures_and_the_check_from_a_run_and_a_sweep(tmp_path_factory, capsys):
     """A CPU run of 1 and more ranks and a bandwidth sweep: the projection takes the rate of the 1-rank case,
-    alpha and B of the sweep, the ring step's cost of the ring cases, and checks every multi-rank case."""
+    alpha and B of the sweep, the ring step's cost of the ring cases, the gathered launch's of the gather cases,
+    and checks every multi-rank case."""
     from mpi4py import MPI
 
     from hilbert_hpc.cli import main
     from hilbert_hpc.study.bandwidth import read_link, run_bandwidth
     from hilbert_hpc.study.jobfile import load_job
     from hilbert_hpc.study.runner import run_job
+    from hilbert_hpc.study.projection import result_schedule
     from hilbert_hpc.study.step_figures import result_case
     from hilbert_hpc.study.setup import plan_setup
     from hilbert_hpc.study.step_model import StepGeometry
@@ -116,8 +178,9 @@ def test_figures_and_the_check_from_a_run_and_a_sweep(tmp_path_factory, capsys):
     tmp = Path(comm.bcast(str(tmp_path_factory.mktemp("check")) if comm.Get_rank() == 0 else None))
     spec = JobSpec({"name": "small", "repeats": 2, "warmup": 0, "accuracy_rows": 4},
                    defaults={"heads": 2, "head_dim": 8, "dtype": "float64", "backend": "numpy",
-                             "pass": "forward+backward", "long_schedule": "ring", "ranks": "pow2"},
-                   cases=[{"name": "s", "tokens": 256, "patterns": [[64, 1], [256, 4]]}])
+                             "pass": "forward+backward", "ranks": "pow2"},
+                   cases=[{"name": "s", "tokens": 256, "patterns": [[64, 1], [256, 4]],
+                           "sweep": {"long_schedule": ["ring", "gather"]}}])
     job = load_job(tmp / "small.toml", text=spec.text(), world_size=comm.Get_size())
     run_job(job, output=str(tmp / "r.h5"), stream=io.StringIO(), comm=comm, progress=io.StringIO())
     run_bandwidth(comm, "host", "cpu", 4096, 2, str(tmp / "bw.h5"))
@@ -129,8 +192,7 @@ def test_figures_and_the_check_from_a_run_and_a_sweep(tmp_path_factory, capsys):
     assert main(["plan", str(tmp / "small.toml"), "--project", "2", "--from", str(tmp / "r.h5"), "--from",
                  str(tmp / "bw.h5")]) == 0
     captured = capsys.readouterr()
-    # the launch of a gathered pattern is the only built-in figure (no case gathers); here no case is gathered
-    assert captured.err == ""
+    assert captured.err == ""                               # no built-in figure stands in
     link = read_link(str(tmp / "bw.h5"))
     assert (f"link host: alpha {link.fit.alpha_s * 1e6:.3g} us ({tmp / 'bw.h5'}, {comm.Get_size()} ranks, cpu); "
             f"B {link.fit.gb_per_s:.4g} GB/s per rank ({tmp / 'bw.h5'}") in captured.out
@@ -141,21 +203,22 @@ def test_figures_and_the_check_from_a_run_and_a_sweep(tmp_path_factory, capsys):
         (row,) = [line.split() for line in check_lines if line.startswith(result.case_id)]
         assert row[1] == str(result.ranks) and all(float(x) > 0 for x in (row[2], row[3], row[5], row[6]))
     # the ring step's cost is what makes the model's ring time, over every rank and step of the ring cases,
-    # the measured one
+    # the measured one; the launch's, the gathered time of the gather cases
     figures = Figures(results=results, links=[link])
-    hop = figures.hop_of("numpy")
-    for prefix, name in (("", "forward"), ("backward_", "backward")):
-        measured = model = 0.0
-        for result in multi:
-            case = result_case(result, "ring")
-            geometry = StepGeometry.of(case, plan_setup(case))
-            rate = figures.rate_of(case)
-            tflops = rate.forward_tflops if name == "forward" else rate.backward_tflops
-            terms_of = geometry.forward_terms if name == "forward" else geometry.backward_terms
-            for rank in range(result.ranks):
-                measured += float(np.median(result.timings[prefix + "compute_s"][rank]
-                                            + result.timings[prefix + "wait_s"][rank]))
-                t = terms_of(rank, tflops, figures.link("host"), hop, hop)
-                model += t.long_s + t.exposed_s + t.fixed_s
-        if getattr(hop, f"{name}_s") > 0:
-            assert model == pytest.approx(measured)
+    for schedule, counters in (("ring", ("compute_s", "wait_s")), ("gather", ("compute_s", "pack_s", "wait_s"))):
+        cost = figures.fixed_of(schedule, "numpy")
+        assert cost.source.startswith(f"{tmp / 'r.h5'}, {schedule} case(s) ")
+        for names, name in ((counters, "forward"), (("backward_compute_s", "backward_wait_s"), "backward")):
+            measured = model = 0.0
+            for result in (r for r in multi if result_schedule(r) == schedule):
+                case = result_case(result, schedule)
+                geometry = StepGeometry.of(case, plan_setup(case))
+                rate = figures.rate_of(case)
+                tflops = rate.forward_tflops if name == "forward" else rate.backward_tflops
+                terms_of = geometry.forward_terms if name == "forward" else geometry.backward_terms
+                for rank in range(result.ranks):
+                    measured += float(np.median(sum(result.timings[c][rank] for c in names)))
+                    t = terms_of(rank, tflops, figures.link("host"), cost, cost)
+                    model += t.long_s + t.exposed_s + t.fixed_s
+            if getattr(cost, f"{name}_s") > 0:
+                assert model == pytest.approx(measured)

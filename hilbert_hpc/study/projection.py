@@ -39,7 +39,7 @@ from hilbert_hpc.study.jobfile import Case, Job
 from hilbert_hpc.study.plan import GIB, estimate, ring_backward_bytes, ring_bytes, schedules_line
 from hilbert_hpc.study.report_read import CaseResult
 from hilbert_hpc.study.setup import plan_setup
-from hilbert_hpc.study.step_figures import Figures, result_case, ring_result
+from hilbert_hpc.study.step_figures import Figures, ran_schedules, result_case, ring_result
 from hilbert_hpc.study.step_model import TERM_NAMES, FixedCost, Link, StepGeometry, Terms, slowest_rank
 
 T = TypeVar("T")
@@ -239,10 +239,10 @@ class Check:
 def result_schedule(result: CaseResult) -> str:
     """The ``long_schedule`` that gives a result's long patterns the schedules they ran with (``long_schedules``):
     ring for a ring result (:func:`ring_result`), gather when every one gathered, else the one it asked for."""
-    ran = [s for s in result.setup.long_schedules.split("; ") if s]
+    ran = ran_schedules(result)
     if ring_result(result) or not ran:
         return "ring"
-    return "gather" if all(s.endswith(": gather") for s in ran) else str(result.params.get("long_schedule", "auto"))
+    return "gather" if set(ran) == {"gather"} else str(result.params.get("long_schedule", "auto"))
 
 
 def check_results(results: Sequence[CaseResult], figures: Figures, cc: int | None = None) -> list[Check | str]:

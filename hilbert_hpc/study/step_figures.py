@@ -11,7 +11,8 @@ Each figure is, in this order, the one given on the command line, the one
   also the ring bandwidth of a 2-rank result of that transport; ``LINKS``;
 - the fixed cost of a ring step of the case's backend (``step_model.FixedCost``):
   ``--hop-us``; its multi-rank ring results (:func:`hop_from_results`); ``HOP_COSTS``;
-- the fixed cost of a gathered pattern's launch: ``--launch-us``; ``LAUNCH_COST``.
+- the fixed cost of a gathered pattern's launch of the case's backend: ``--launch-us``; its
+  multi-rank gather results (:func:`launch_from_results`); ``LAUNCH_COSTS``.
 
 :class:`Figures` hands them out and remembers every built-in one it handed out,
 for the notes ``plan --project --from`` prints (:meth:`Figures.notes`).
@@ -70,21 +71,30 @@ LINKS = {
                  f"{NOT_MEASURED}: host buffers between ranks of one node"),
 }
 
-_ISSUE_25 = ("docs/performance.md, '4 GPUs: forward and training strong and weak scaling', bf16 strong N = 4M "
-             "cuda-aware on 4 H200s: (ring blocks + waits) / 4 steps of the global pattern, forward (1.98 + 0.31) "
-             "ms, backward (2.13 + 0.84) ms, its block FLOPs (under 10 us) left out; code fcea0a6")
+_FIRST_GATHER = "measured on 2x H200, staged, first gather code: docs/measurements/long_staged_2xh200_first.h5, {}"
+_RING_RULE = "(compute_s + wait_s - the model's ring time) / steps"
+_GATHER_RULE = "(compute_s + pack_s + wait_s - the model's gathered time) / gathered patterns"
 #: built-in fixed cost of one ring step per backend (launches, merges, host work); other backends: cuda's
-HOP_COSTS = {"cuda": FixedCost(0.57e-3, 0.74e-3, _ISSUE_25)}
-#: built-in fixed cost of one gathered pattern's launch, every backend: none has run yet, so a ring step stands in
-LAUNCH_COST = FixedCost(0.57e-3, 0.74e-3, f"{NOT_MEASURED}: one ring step of backend cuda stands in ({_ISSUE_25})")
+HOP_COSTS = {
+    "cuda": FixedCost(0.645e-3, 0.876e-3, _FIRST_GATHER.format(f"bf16 ring cases 0003, 0007: {_RING_RULE}")),
+    "cuda-fp32": FixedCost(0.556e-3, 1.66e-3, _FIRST_GATHER.format(f"fp32 ring cases 0013, 0017: {_RING_RULE}")),
+}
+#: built-in fixed cost of one gathered pattern's launch per backend (packing, the staged exchange's host work,
+#: the sequence-order copy and the launch; backward: the terms' copy back and posting them home); other
+#: backends: cuda's
+LAUNCH_COSTS = {
+    "cuda": FixedCost(2.21e-3, 1.44e-3, _FIRST_GATHER.format(f"bf16 gather cases 0001, 0005: {_GATHER_RULE}")),
+    "cuda-fp32": FixedCost(2.77e-3, 2.93e-3, _FIRST_GATHER.format(f"fp32 gather cases 0011, 0015: {_GATHER_RULE}")),
+}
 
 
-def built_in_hop(backend: str) -> FixedCost:
-    """The built-in fixed cost of a ring step of ``backend`` (``HOP_COSTS``), else backend cuda's, saying it
-    stands in."""
-    if backend in HOP_COSTS:
-        return HOP_COSTS[backend]
-    cuda = HOP_COSTS["cuda"]
+def built_in_fixed(schedule: str, backend: str) -> FixedCost:
+    """The built-in fixed cost of ``schedule`` on ``backend``: a ring step (``ring``, ``HOP_COSTS``) or a gathered
+    pattern's launch (``gather``, ``LAUNCH_COSTS``), else backend cuda's, saying it stands in."""
+    table = HOP_COSTS if schedule == "ring" else LAUNCH_COSTS
+    if backend in table:
+        return table[backend]
+    cuda = table["cuda"]
     return FixedCost(cuda.forward_s, cuda.backward_s, f"{NOT_MEASURED} for backend {backend!r}: backend cuda's "
                                                       f"stands in ({cuda.source})")
 
@@ -180,29 +190,52 @@ def result_case(result: CaseResult, long_schedule: str | None = None) -> Case:
                 long_schedule=long_schedule or str(p.get("long_schedule", "auto")))
 
 
+#: the counters that hold what each schedule's fixed cost is charged on, forward (the backward's: ``backward_``
+#: ``compute_s`` and ``wait_s``, a gathered pattern's rows being the forward's)
+FIXED_COUNTERS = {"ring": ("compute_s", "wait_s"), "gather": ("compute_s", "pack_s", "wait_s")}
+#: what each schedule's fixed cost is charged per, and its name
+FIXED_UNITS = {"ring": ("steps", "ring step"), "gather": ("gathered patterns", "gathered pattern's launch")}
+
+
+def ran_schedules(result: CaseResult) -> list[str]:
+    """The schedule each long pattern of ``result`` ran with (``long_schedules``: ``ring`` or ``gather``); empty
+    for files without it (they ran rings) and for cases without a long pattern."""
+    return [s.rsplit(": ", 1)[-1] for s in result.setup.long_schedules.split("; ") if s]
+
+
+def schedule_result(result: CaseResult, schedule: str) -> bool:
+    """Whether ``result`` ran on several ranks with every long pattern in ``schedule`` (``ring`` or ``gather``;
+    files without ``long_schedules`` ran rings) and recorded the counters of its fixed cost
+    (``FIXED_COUNTERS``)."""
+    ran = ran_schedules(result)
+    return (result.ranks > 1 and all(kind == schedule for kind in ran) and (bool(ran) or schedule == "ring")
+            and set(FIXED_COUNTERS[schedule]) <= set(result.timings))
+
+
 def ring_result(result: CaseResult) -> bool:
     """Whether ``result`` ran on several ranks with every long pattern around a ring (``long_schedules``; files
     without it ran rings) and recorded the ring's counters."""
-    schedules = [s for s in result.setup.long_schedules.split("; ") if s]
-    return (result.ranks > 1 and all(s.endswith(": ring") for s in schedules)
-            and {"compute_s", "wait_s"} <= set(result.timings))
+    return schedule_result(result, "ring")
 
 
-def hop_from_results(backend: str, results: Sequence[CaseResult], figures: "Figures") -> FixedCost | None:
-    """The fixed cost of a ring step of ``backend`` in its multi-rank ring results (:func:`ring_result`): over
-    their ranks, the ring's time (``compute_s + wait_s``, medians over repeats; ``backward_compute_s +
-    backward_wait_s`` for the backward) less what the step model gives it without fixed costs, divided by its
-    steps (at least 0); None without such a result (or without a rate for one)."""
+def fixed_from_results(backend: str, results: Sequence[CaseResult], figures: "Figures",
+                       schedule: str) -> FixedCost | None:
+    """The fixed cost of ``schedule`` (a ring step, or a gathered pattern's launch) of ``backend`` in its
+    multi-rank results of that schedule (:func:`schedule_result`): over their ranks, the time its counters hold
+    (``FIXED_COUNTERS``; ``backward_compute_s + backward_wait_s`` for the backward; medians over repeats) less
+    what the step model gives it without fixed costs (long compute and exposed exchange), divided by the ring
+    steps or gathered patterns (at least 0); None without such a result (or without a rate for one)."""
     from hilbert_hpc.study.setup import plan_setup
     from hilbert_hpc.study.step_model import StepGeometry
 
+    counters = FIXED_COUNTERS[schedule]
     sums = {"forward": [0.0, 0], "backward": [0.0, 0]}
     used = []
     zero = FixedCost(0.0, 0.0, "")
     for result in results:
-        if result.params.get("backend") != backend or not ring_result(result):
+        if result.params.get("backend") != backend or not schedule_result(result, schedule):
             continue
-        case = result_case(result, "ring")
+        case = result_case(result, schedule)
         try:
             rate = figures.rate_quietly(case)
             geometry = StepGeometry.of(case, plan_setup(case))
@@ -211,24 +244,40 @@ def hop_from_results(backend: str, results: Sequence[CaseResult], figures: "Figu
         if rate is None:
             continue
         link = figures.link(figures.transport_of(case, result))
-        passes = [("forward", "", rate.forward_tflops, geometry.forward_terms)]
-        if result.backward and "backward_compute_s" in result.timings:
-            passes.append(("backward", "backward_", rate.backward_tflops, geometry.backward_terms))
-        for name, prefix, tflops, terms_of in passes:
-            measured = result.timings[prefix + "compute_s"] + result.timings[prefix + "wait_s"]
+        passes = [("forward", counters, rate.forward_tflops, geometry.forward_terms)]
+        if result.backward and {"backward_compute_s", "backward_wait_s"} <= set(result.timings):
+            passes.append(("backward", ("backward_compute_s", "backward_wait_s"), rate.backward_tflops,
+                           geometry.backward_terms))
+        for name, names, tflops, terms_of in passes:
+            measured = sum(result.timings[c] for c in names)
             for rank in range(geometry.ranks):
                 model = terms_of(rank, tflops, link, zero, zero)
-                steps = sum(len(lp.steps[rank]) for lp in geometry.long) * geometry.batch
+                units = sum(len(lp.steps[rank]) if schedule == "ring" else 1
+                            for lp in geometry.long if lp.schedule.kind == schedule) * geometry.batch
                 sums[name][0] += float(np.median(measured[rank])) - (model.long_s + model.exposed_s)
-                sums[name][1] += steps
+                sums[name][1] += units
         used.append(result.case_id)
     if not used or not sums["forward"][1]:
         return None
     forward = max(0.0, sums["forward"][0] / sums["forward"][1])
     backward = max(0.0, sums["backward"][0] / sums["backward"][1]) if sums["backward"][1] else forward
     files = sorted({r.file for r in results if r.case_id in used})
-    return FixedCost(forward, backward, f"{', '.join(files)}, ring case(s) {', '.join(used)}: (compute_s + "
-                                        f"wait_s - the model's ring time) / steps")
+    model = "ring" if schedule == "ring" else "gathered"
+    return FixedCost(forward, backward, f"{', '.join(files)}, {schedule} case(s) {', '.join(used)}: "
+                                        f"({' + '.join(counters)} - the model's {model} time) / "
+                                        f"{FIXED_UNITS[schedule][0]}")
+
+
+def hop_from_results(backend: str, results: Sequence[CaseResult], figures: "Figures") -> FixedCost | None:
+    """The fixed cost of a ring step of ``backend`` in its multi-rank ring results (:func:`fixed_from_results`)."""
+    return fixed_from_results(backend, results, figures, "ring")
+
+
+def launch_from_results(backend: str, results: Sequence[CaseResult], figures: "Figures") -> FixedCost | None:
+    """The fixed cost of a gathered pattern's launch of ``backend`` in its multi-rank gather results: packing
+    the rank's block, waiting for the exchange, the sequence-order copy and the launch, forward; the terms, the
+    copy back to rank order, posting them home and waiting for them, backward (:func:`fixed_from_results`)."""
+    return fixed_from_results(backend, results, figures, "gather")
 
 
 @dataclass
@@ -245,7 +294,7 @@ class Figures:
     results: Sequence[CaseResult] = ()
     links: Sequence[MeasuredLink] = ()
     used: dict[str, str] = field(default_factory=dict)
-    _hops: dict[str, FixedCost | None] = field(default_factory=dict, repr=False)
+    _fixed: dict[tuple[str, str], FixedCost | None] = field(default_factory=dict, repr=False)
 
     def rate_quietly(self, case: Case) -> Rate | None:
         """The rate of ``case`` (command line, 1-rank result, ``RATES``), None when there is none."""
@@ -302,24 +351,30 @@ class Figures:
                                            f"--from files: its bandwidth B is the built-in one ({b_source})")
         return Link(transport, alpha, gb, alpha_source, b_source)
 
+    def fixed_of(self, schedule: str, backend: str) -> FixedCost:
+        """The fixed cost of ``schedule`` on ``backend``: a ring step (``ring``) or a gathered pattern's launch
+        (``gather``)."""
+        given = self.hop if schedule == "ring" else self.launch
+        if given is not None:
+            return given
+        if (schedule, backend) not in self._fixed:
+            self._fixed[schedule, backend] = fixed_from_results(backend, self.results, self, schedule)
+        found = self._fixed[schedule, backend]
+        if found is None:
+            found = built_in_fixed(schedule, backend)
+            name, flag = FIXED_UNITS[schedule][1], "--hop-us" if schedule == "ring" else "--launch-us"
+            self.used[f"{schedule} {backend}"] = (
+                f"no multi-rank {schedule} result of backend {backend!r} in the --from files: the fixed cost of its "
+                f"{name} is the built-in one ({found.source}; {flag} gives it)")
+        return found
+
     def hop_of(self, backend: str) -> FixedCost:
         """The fixed cost of a ring step of ``backend``."""
-        if backend not in self._hops:
-            self._hops[backend] = self.hop or hop_from_results(backend, self.results, self)
-        found = self._hops[backend]
-        if found is None:
-            found = built_in_hop(backend)
-            self.used[f"hop {backend}"] = (f"no multi-rank ring result of backend {backend!r} in the --from files: "
-                                           f"its ring step's fixed cost is the built-in one ({found.source})")
-        return found
+        return self.fixed_of("ring", backend)
 
     def launch_of(self, backend: str) -> FixedCost:
         """The fixed cost of a gathered pattern's launch on ``backend``."""
-        if self.launch is not None:
-            return self.launch
-        self.used["launch"] = (f"the fixed cost of a gathered pattern's launch is the built-in one "
-                               f"({LAUNCH_COST.source}; --launch-us gives it)")
-        return LAUNCH_COST
+        return self.fixed_of("gather", backend)
 
     def notes(self) -> list[str]:
         """One line per built-in figure handed out."""
