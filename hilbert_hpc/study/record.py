@@ -131,6 +131,10 @@ class Timings:
     imbalance_s: np.ndarray = entry("s", "ring: waiting at the closing barrier for slower ranks", kind="ring")
     transfer_only_s: np.ndarray = entry("s", "the ring's exchanges alone, without compute", kind="transfer")
     bytes_sent: np.ndarray = entry("B", "bytes the rank sent in the ring", kind="ring")
+    ring_steps: np.ndarray = entry("1", "ring: hops the rank made around rotating rings (a gathered pattern makes "
+                                        "none; files without it: no count)", kind="ring")
+    messages: np.ndarray = entry("1", "ring: messages the rank sent (blocks of rotating rings, gathered blocks; "
+                                      "files without it: no count)", kind="ring")
     backward_local_s: np.ndarray = entry("s", "ring backward: gradients of the rank's own block (0 on one rank and "
                                               "for pass = forward)", kind="ring_backward")
     backward_compute_s: np.ndarray = entry("s", "ring backward: gradients of the blocks received",
@@ -142,6 +146,10 @@ class Timings:
                                                   "slower ranks", kind="ring_backward")
     backward_bytes_sent: np.ndarray = entry("B", "bytes the rank sent in the ring backward (blocks and their "
                                                  "gradients)", kind="ring_backward")
+    backward_ring_steps: np.ndarray = entry("1", "ring backward: hops around rotating rings (files without it: no "
+                                                 "count)", kind="ring_backward")
+    backward_messages: np.ndarray = entry("1", "ring backward: messages the rank sent (blocks, gradient terms; "
+                                               "files without it: no count)", kind="ring_backward")
     peak_device_bytes: np.ndarray = entry("B", "GPU allocator high-water mark (0 on CPUs)", kind="memory")
     useful_flops: np.ndarray = entry("FLOP", "useful FLOPs of the forward over the queries the rank owns "
                                              "(core.work.rank_useful_flops; the backward's: 2.5 x), every repeat",

@@ -95,7 +95,8 @@ def _backward_ring_cols() -> list[Col]:
             Col("bwd imbalance ms", _some(need, _key_of("backward_imbalance_s", _ms)), None, needs=need),
             Col("bwd wait share", _some(need, _key_of("backward_wait_share", _fmt(".1%"))), needs=need),
             Col("bwd long overhead", _some(need, _key_of("backward_long_overhead", _fmt(".1%"))), "bwd long ovh.",
-                needs=need)]
+                needs=need),
+            Col("bwd hop ms", _some(need, _key_of("backward_hop_s", _ms)), None, needs=need)]
 
 
 def _peer_backward_cols(prefix: str, title: str) -> list[Col]:
@@ -201,6 +202,7 @@ COLUMNS: dict[str, list[Col]] = {
                               Col("imbalance ms", _key_of("imbalance_s", _ms), "imbal. ms"),
                               Col("wait share", _key_of("wait_share", _fmt(".1%"))),
                               Col("long overhead", _key_of("long_overhead", _fmt(".1%")), "long ovh."),
+                              Col("hop ms", _key_of("hop_s", _ms), None),
                               *_backward_ring_cols()],
     "imbalance": [_CASE, Col("ranks", _key_of("ranks"), "P"),
                   Col("causal", lambda r: "yes" if r["causal"] else "no", text=True),

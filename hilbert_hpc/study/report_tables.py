@@ -321,6 +321,7 @@ def compute_communication_table(cases: Sequence[CaseResult]) -> list[dict[str, A
         row["wait_share"] = row["wait_s"] / att if att > 0 else math.nan
         local_flops, long_flops = split_flops(c)
         row["long_overhead"] = long_overhead(att, row["local_s"], row["imbalance_s"], local_flops, long_flops)
+        row["hop_s"] = hop_seconds(c, "")
         if c.backward and all(name in c.timings for name in rec.RING_BACKWARD_TIMES):
             bwd = c.median("backward")
             row["backward_s"] = bwd
@@ -328,8 +329,20 @@ def compute_communication_table(cases: Sequence[CaseResult]) -> list[dict[str, A
             row["backward_wait_share"] = row["backward_wait_s"] / bwd if bwd > 0 else math.nan
             row["backward_long_overhead"] = long_overhead(bwd, row["backward_local_s"], row["backward_imbalance_s"],
                                                           local_flops, long_flops)
+            row["backward_hop_s"] = hop_seconds(c, "backward_")
         rows.append(row)
     return rows
+
+
+def hop_seconds(c: CaseResult, prefix: str) -> float:
+    """The time of one hop of a rotating ring, ``(compute_s + wait_s) / ring_steps`` of a pass (``prefix``:
+    "" or "backward_"), for a case whose long patterns all rotate (a gathered one's work is not a hop); NaN
+    otherwise and for files that do not count the hops."""
+    steps = f"{prefix}ring_steps"
+    if steps not in c.timings or "gather" in (c.setup.long_schedules or ""):
+        return math.nan
+    hops = c.median(steps)
+    return (c.median(f"{prefix}compute_s") + c.median(f"{prefix}wait_s")) / hops if hops > 0 else math.nan
 
 
 def split_flops(c: CaseResult) -> tuple[float, float]:
