@@ -113,6 +113,8 @@ if want long; then        # long-pattern schedules side by side: 1..NGPUS GPUs, 
     launcher=$([[ $t == cuda-aware ]] && echo ca_mpirun || echo sys_mpirun)
     check "long patterns, 1..$NGPUS GPUs, $t" $launcher python -m hilbert_hpc run jobs/long_patterns_gpu.toml \
       --transport $t -o "$OUT/long_${t}_$tag.h5"
+    check "ring hop cost against rows, $NGPUS GPUs, $t" $launcher python -m hilbert_hpc run jobs/hop_cost_gpu.toml \
+      --transport $t -o "$OUT/hop_cost_${t}_$tag.h5"
     for k in ${LONG_RANKS_PER_GPU:-2 4}; do
       NRANKS=$((NGPUS * k)) check "long patterns, $((NGPUS * k)) ranks on $NGPUS GPUs, $t" $launcher python -m \
         hilbert_hpc run jobs/long_patterns_ranks_gpu.toml --transport $t -o "$OUT/long_${t}_$((NGPUS * k))ranks_$tag.h5"
@@ -127,7 +129,7 @@ if want maxlen; then
 fi
 if want report; then
   shopt -s nullglob
-  files=("$OUT"/strong_*.h5 "$OUT"/weak_*.h5 "$OUT"/training_*.h5 "$OUT"/long_*.h5 "$OUT"/kernel_bench*.h5
+  files=("$OUT"/strong_*.h5 "$OUT"/weak_*.h5 "$OUT"/training_*.h5 "$OUT"/long_*.h5 "$OUT"/hop_cost_*.h5 "$OUT"/kernel_bench*.h5
          "$OUT"/overhead_*.h5 "$OUT"/bw_*.h5)
   if [[ ${#files[@]} -gt 0 ]]; then    # --overwrite: the CSV and plots of this script's earlier report
     check "report" hh report "${files[@]}" --csv "$OUT/scaling.csv" --plot "$OUT/plots" --overwrite
