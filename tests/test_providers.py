@@ -28,3 +28,24 @@ def test_a_provider_has_every_member_of_its_protocol(protocol, provider):
         assert callable(getattr(provider, name, None)), f"{provider.__name__} has no {name}"
         got = inspect.signature(getattr(provider, name))
         assert list(got.parameters)[:len(wanted.parameters)] == list(wanted.parameters), (provider.__name__, name)
+
+
+def test_a_ring_side_is_decided_once_per_case():
+    """numpy: the array-module providers and its arrays as they are; the torch peer: no ring; cuda: the 16-bit
+    side moves bits and rounds once, the float32 side moves the arrays as they are."""
+    from hilbert_hpc.backends import find_backend
+    from hilbert_hpc.backends.cuda_fused import _as_tensor, _bits, _rounded
+    from hilbert_hpc.kernels.selection import planned_choice
+
+    side = find_backend("numpy").ring_side("float64", backward=True)
+    assert isinstance(side.forward, HostBlockForward) and isinstance(side.backward, HostBlockBackward)
+    assert side.view("x") == "x" and side.output("o") == "o" and side.gradients(("g",)) == ("g",)
+    assert find_backend("numpy").ring_side("float64").backward is None          # a forward-only case
+    assert find_backend("torch").ring_side("bfloat16") is None
+    cuda = find_backend("cuda")
+    bf16 = cuda.ring_side("bfloat16", planned_choice("bfloat16", 64, 90), None)
+    assert isinstance(bf16.forward, SixteenBitKernels) and bf16.view is _bits
+    assert bf16.output.func is _as_tensor and bf16.gradients.func is _rounded
+    assert bf16.output.keywords == {"dtype": "bfloat16"}
+    fp32 = cuda.ring_side("float32", planned_choice("float32", 64, 90), None)
+    assert isinstance(fp32.forward, FusedKernels) and fp32.view("x") == "x"

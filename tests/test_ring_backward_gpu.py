@@ -1,9 +1,9 @@
 """The ring backward on GPUs (pytest-mpi; several ranks may share one GPU): backends cuda-fp32 and cuda.
 
 Each rank holds its shard as the study holds it (the backend's arrays, the ring's views of them), runs the
-fused ring forward and the ring backward with the backend's provider (``ring_backward_kernels``: the backward
+fused ring forward and the ring backward with the backend's providers (``ring_side``: the backward
 kernels launched on the packed blocks in place) through the staged transport, and compares its gradients
-(``ring_gradients``: 16 bits rounded once) with its rows of the float64 single-rank backward of the whole
+(the side's ``gradients``: 16 bits rounded once) with its rows of the float64 single-rank backward of the whole
 (rounded) sequence: float32 <= 1e-5 relative, 16 bits at the single-device 16-bit backward's 2e-2.
 """
 
@@ -69,20 +69,21 @@ def ring_errors(backend: str, dtype: str, causal: bool, placement: str, schedule
     be = find_backend(backend)
     host = [random_rows(5, t, layout.shard_natural(rank), heads, d, np.float64) for t in ("q", "k", "v", "do")]
     dev = [be.to_device(x, dtype) for x in host]
-    qs, ks, vs = (be.ring_view(x) for x in dev[:3])
+    side = be.ring_side(dtype, be.kernel_choice(d, dtype), be.backward_kernel_choice(d, dtype), backward=True)
+    qs, ks, vs = (side.view(x) for x in dev[:3])
     transport, _ = resolve_transport("staged", True, comm)
     transport.chunk_bytes = 16384              # several chunks per block in the staged pipeline
     kept = {}
     out, lse = ring_dilated_forward(qs, ks, vs, patterns=patterns, comm=comm, causal=causal, scale=scale,
-                                    transport=transport, kernels=be.ring_kernels(be.kernel_choice(d, dtype)),
+                                    transport=transport, kernels=side.forward,
                                     placement=placement, schedule=schedule, gathered=kept)
-    out = be.ring_output(out, dtype)
+    out = side.output(out)
     stats = RingStats()
-    kernels = be.ring_backward_kernels(be.backward_kernel_choice(d, dtype))
-    grads = be.ring_gradients(ring_dilated_backward(qs, ks, vs, out, lse, dev[3], patterns=patterns, comm=comm,
+    kernels = side.backward
+    grads = side.gradients(ring_dilated_backward(qs, ks, vs, out, lse, dev[3], patterns=patterns, comm=comm,
                                                     causal=causal, scale=scale, transport=transport,
                                                     kernels=kernels, stats=stats, placement=placement,
-                                                    schedule=schedule, gathered=kept), dtype)
+                                                    schedule=schedule, gathered=kept))
     be.synchronize()
     # a gathering rank whose rows no one else sees sends nothing in the backward (the first of a causal ring)
     assert (stats.ring_steps > 0) == (schedule == "ring") and comm.allreduce(stats.bytes_sent) > 0

@@ -1,8 +1,8 @@
 """The backend contract: what every compute backend is, with the defaults most of them share.
 
 A backend turns serialized (N, H, D) arrays into the serialized output, on one
-rank (``serialized_attention``) or around the ring (``attend_fn`` or its fused
-``ring_kernels``). Its class also says, without importing CuPy or torch, what it
+rank (``serialized_attention``) or around the ring (its ``ring_side``: the
+providers of ``attend_fn`` or its fused ``ring_kernels``, and its arrays' views). Its class also says, without importing CuPy or torch, what it
 computes in (``dtypes``), where its arrays live (``on_gpu``), why it cannot run
 here (``usable``), what it refuses before any work (``check``), which kernel it
 runs for a case (``kernel_choice``), how much memory it needs beyond Q, K, V
@@ -14,7 +14,8 @@ nothing else: adding a backend is one subclass and one line in ``BACKENDS``.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from hilbert_hpc.core.arrays import is_tensor
 from hilbert_hpc.core.blockwise import array_module, attend
@@ -28,6 +29,26 @@ PASSES = ("forward", "forward+backward")
 if TYPE_CHECKING:
     from hilbert_hpc.distributed.providers import BackwardProvider, ForwardProvider
     from hilbert_hpc.kernels.selection import KernelChoice
+
+
+def _same(x: Any) -> Any:
+    """An array as it is."""
+    return x
+
+
+@dataclass(frozen=True)
+class RingSide:
+    """What a case computes with on several ranks, decided once (:meth:`Backend.ring_side`): the forward and
+    backward providers, and how the backend's arrays become what the ring packs and moves (``view``), and how
+    the ring's running output (``output``) and float32-or-wider gradients (``gradients``) become the backend's
+    arrays of the case's dtype again."""
+
+    forward: ForwardProvider
+    #: None: the backend's ring has no backward (its forward+backward cases run on one rank)
+    backward: BackwardProvider | None = None
+    view: Callable[[Any], Any] = _same
+    output: Callable[[Any], Any] = _same
+    gradients: Callable[[tuple[Any, Any, Any]], tuple[Any, Any, Any]] = _same
 
 
 class Backend:
@@ -116,19 +137,21 @@ class Backend:
         "forward+backward" cases then run on one rank only."""
         return None
 
-    def ring_gradients(self, grads: tuple[Any, Any, Any], dtype: str) -> tuple[Any, Any, Any]:
-        """The ring backward's gradients (in the provider's accumulator dtype) as :meth:`serialized_backward`
-        returns them for ``dtype`` (default: as they are)."""
-        return grads
+    def ring_side(self, dtype: str, kernel: KernelChoice | None = None, backward_kernel: KernelChoice | None = None,
+                  backward: bool = False) -> RingSide | None:
+        """How a case of ``dtype`` goes around the ring (``kernel``, ``backward_kernel``: the case's choices),
+        decided once per case: its forward provider (:meth:`ring_kernels`, else the array-module algorithm
+        with ``attend_fn``), with ``backward`` (a forward+backward case) its backward provider
+        (:meth:`ring_backward_kernels`), and how its arrays become what the ring moves and back (by default as
+        they are). None for a single-process-only backend."""
+        forward = self.ring_kernels(kernel)
+        if forward is None and self.attend_fn is None:
+            return None
+        if forward is None:
+            from hilbert_hpc.distributed.ring import HostBlockForward
 
-    def ring_view(self, x: Any) -> Any:
-        """The array the ring packs and moves for the backend array ``x`` (default: the array itself)."""
-        return x
-
-    def ring_output(self, out: Any, dtype: str) -> Any:
-        """The ring's running output, or an array of :meth:`ring_view` (or this backend's own), as this backend's
-        array of ``dtype`` (default: as it is)."""
-        return out
+            forward = HostBlockForward(self.attend_fn)
+        return RingSide(forward, self.ring_backward_kernels(backward_kernel) if backward else None)
 
     def to_device(self, x: Any, dtype: Any) -> Any:
         """Move a NumPy array to the backend's array type (and device)."""

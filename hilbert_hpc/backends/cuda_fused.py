@@ -8,17 +8,20 @@ and log-sum-exp; with tma16 a float32 running output for local patterns, rounded
 bits once; otherwise the output rounded once per merge). CuPy has no
 bfloat16, so 16-bit arrays are torch tensors (made exactly as the PyTorch peer
 makes them), and the kernel gets their device pointers. Around the ring the
-16-bit tensors travel as CuPy int16 views of their bits (``ring_view``): the
+16-bit tensors travel as CuPy int16 views of their bits (``ring_side``): the
 packed K/V blocks carry half the bytes of float32, and the running output stays
-16-bit (``ring_output`` turns it back into a tensor of the case's dtype).
+16-bit (turned back into a tensor of the case's dtype at the end).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from functools import partial
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from hilbert_hpc.backends.base import RingSide
 from hilbert_hpc.backends.cuda_fp32 import CudaFp32Backend
 from hilbert_hpc.backends.torch_peer import device, to_tensor, torch_dtype
 from hilbert_hpc.core.arrays import is_tensor, tensor_to_numpy
@@ -27,6 +30,31 @@ from hilbert_hpc.core.precision import precision
 
 if TYPE_CHECKING:
     from hilbert_hpc.kernels.selection import KernelChoice
+
+
+def _bits(x: Any) -> Any:
+    """A 16-bit tensor as a CuPy int16 view of its bits (no copy): what the ring packs and moves (any other
+    array as it is)."""
+    if not is_tensor(x):
+        return x
+    import cupy
+    import torch
+
+    return cupy.asarray(x.view(torch.int16))
+
+
+def _as_tensor(out: Any, dtype: str) -> Any:
+    """The ring's 16-bit running output (int16 bits) as a tensor of ``dtype`` (a view, no copy)."""
+    import torch
+
+    return torch.as_tensor(out, device=device()).view(torch_dtype(dtype))
+
+
+def _rounded(grads: tuple[Any, Any, Any], dtype: str) -> tuple[Any, Any, Any]:
+    """The ring backward's float32 sums rounded once (to nearest even) into tensors of ``dtype``."""
+    import torch
+
+    return tuple(torch.as_tensor(g, device=device()).to(torch_dtype(dtype)) for g in grads)  # type: ignore
 
 
 def _sixteen_bit(dtype: Any) -> bool:
@@ -84,32 +112,17 @@ class CudaBackend(CudaFp32Backend):
         """tma16's float32 running output of local patterns, one group of heads at a time."""
         return kernel.scratch_bytes(shard, heads) if kernel else 0
 
-    def ring_view(self, x: Any) -> Any:
-        """The array the ring packs and moves: a 16-bit tensor as a CuPy int16 view of its bits (no copy)."""
-        if not is_tensor(x):
-            return x
-        import cupy
-        import torch
-
-        return cupy.asarray(x.view(torch.int16))
-
-    def ring_gradients(self, grads: tuple[Any, Any, Any], dtype: str) -> tuple[Any, Any, Any]:
-        """16 bits: the ring backward's float32 sums rounded once (to nearest even) into tensors of ``dtype``, as
-        :meth:`serialized_backward` rounds them; float32 as they are."""
-        if not _sixteen_bit(dtype):
-            return grads
-        import torch
-
-        return tuple(torch.as_tensor(g, device=device()).to(torch_dtype(dtype)) for g in grads)  # type: ignore
-
-    def ring_output(self, out: Any, dtype: str) -> Any:
-        """The ring's running output, or a :meth:`ring_view`, as the case's array: 16 bits as a tensor of
-        ``dtype`` (a view, no copy)."""
-        if not _sixteen_bit(dtype):
-            return out
-        import torch
-
-        return torch.as_tensor(out, device=device()).view(torch_dtype(dtype))
+    def ring_side(self, dtype: str, kernel: KernelChoice | None = None, backward_kernel: KernelChoice | None = None,
+                  backward: bool = False) -> RingSide | None:
+        """float32: the FP32 kernels' side; 16 bits: the 16-bit kernels with the tensors moved as CuPy int16
+        views of their bits (no copy), the running output turned back into a tensor of ``dtype`` (a view) and
+        the float32 gradient sums rounded once (to nearest even) into tensors of ``dtype``, as
+        :meth:`serialized_backward` rounds them."""
+        side = super().ring_side(dtype, kernel, backward_kernel, backward)
+        if side is None or not _sixteen_bit(dtype):
+            return side
+        return dataclasses.replace(side, view=_bits, output=partial(_as_tensor, dtype=dtype),
+                                   gradients=partial(_rounded, dtype=dtype))
 
     def to_device(self, x: Any, dtype: Any) -> Any:
         """float32: a contiguous CuPy array; 16 bits: a torch tensor on this GPU, rounded to nearest even."""

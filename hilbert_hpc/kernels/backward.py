@@ -124,7 +124,7 @@ class BackwardKernels:
 class RingBackwardKernels:
     """The ring backward's block provider (``distributed.ring_backward.HostBlockBackward``'s methods) on the
     backward kernels: gradients and accumulator blocks in float32, 16-bit inputs as torch tensors or as the
-    raw bits of the choice's dtype (int16 arrays, the ring's ``ring_view``)."""
+    raw bits of the choice's dtype (int16 arrays, the ``view`` of the backend's ``ring_side``)."""
 
     def __init__(self, kernels: BackwardKernels) -> None:
         self.kernels = kernels

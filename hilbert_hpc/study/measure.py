@@ -181,8 +181,9 @@ class CaseRun:
         self.be = setup.backend
         self.layout = setup.layout
         self.transport = open_transport(setup.transport, comm) if self.ranks > 1 else None
-        #: fused kernels of the case's kernel choice for the ring (None: attend_fn + merge)
-        self.ring_kernels = self.be.ring_kernels(setup.kernel)
+        #: the case's providers and array views around the ring (``Backend.ring_side``), decided once
+        self.side = (self.be.ring_side(self.case.dtype, setup.kernel, setup.backward_kernel,
+                                       backward_pass(self.case)) if self.ranks > 1 else None)
         #: calls made so far, and the seconds this case's own work took (inputs and calls)
         self.rep, self.elapsed_s = 0, 0.0
         #: the forward's gathered long-pattern rows, for the backward of the same call (ring_dilated_forward)
@@ -200,27 +201,27 @@ class CaseRun:
         self.gathered = {} if backward_pass(c) else None
         out, lse = ring_dilated_forward(qs, ks, vs, patterns=c.patterns, comm=self.comm, causal=c.causal,
                                         scale=c.softmax_scale, transport=self.transport,
-                                        attend_fn=self.be.attend_fn, stats=stats, sync_rings=True,
-                                        kernels=self.ring_kernels, placement=self.layout.placement,
+                                        stats=stats, sync_rings=True,
+                                        kernels=self.side.forward, placement=self.layout.placement,
                                         schedule=self.setup.schedules, gathered=self.gathered)
-        out = self.be.ring_output(out, c.dtype)
+        out = self.side.output(out)
         return (out, lse) if backward_pass(c) else out
 
     def backward(self, qs: Any, ks: Any, vs: Any, out: Any, lse: Any, dout: Any, stats: RingStats) -> Any:
         """Gradients (dQ, dK, dV) of this rank's shard: the backend's backward on one rank, the ring backward
-        with the backend's ``ring_backward_kernels`` on several, its gradients as the backend's own
-        (``ring_gradients``) and its counters added to ``stats`` (kept apart from the forward ring's)."""
+        with the backward provider of the case's ring side on several, its gradients as the backend's own
+        (the side's ``gradients``) and its counters added to ``stats`` (kept apart from the forward ring's)."""
         c = self.case
         if self.ranks == 1:
             return self.be.serialized_backward(qs, ks, vs, out, lse, dout, c.patterns, c.causal, c.softmax_scale,
                                                self.setup.backward_kernel)
         grads = ring_dilated_backward(qs, ks, vs, out, lse, dout, patterns=c.patterns, comm=self.comm,
                                       causal=c.causal, scale=c.softmax_scale, transport=self.transport,
-                                      kernels=self.be.ring_backward_kernels(self.setup.backward_kernel),
+                                      kernels=self.side.backward,
                                       stats=stats, sync_rings=True, placement=self.layout.placement,
                                       schedule=self.setup.schedules, gathered=self.gathered)
         self.gathered = None
-        return self.be.ring_gradients(grads, c.dtype)
+        return self.side.gradients(grads)
 
     def run(self) -> tuple[dict, dict[str, list[np.ndarray]], dict]:
         """Warm-up and timed repeats; returns (per-repeat timings, host outputs, accuracy sums).
@@ -282,7 +283,7 @@ class CaseRun:
             t0 = time.perf_counter()
             qs, ks, vs = (be.to_device(x, c.dtype) for x in (q, k, v))
             if self.ranks > 1:
-                qs, ks, vs = (be.ring_view(x) for x in (qs, ks, vs))
+                qs, ks, vs = (self.side.view(x) for x in (qs, ks, vs))
             be.synchronize()
             t1 = time.perf_counter()
             result = self.attention(qs, ks, vs, stats)
