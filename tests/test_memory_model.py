@@ -14,6 +14,8 @@ from hilbert_hpc.backends import BACKENDS, base
 from hilbert_hpc.backends.memory import RankShape
 from hilbert_hpc.errors import JobFileError
 
+from jobtext import QUICK, JobSpec
+
 ROOT = Path(__file__).resolve().parents[1]
 #: per "world size:job:case id": [memory per rank, without the gradient check, planned for an A100 (cc 8.0), the
 #: Q/K/V/O floor, the forward+backward part (dO, gradients, delta, backward working memory, ring accumulators,
@@ -117,6 +119,38 @@ def test_the_descriptions_differ_where_the_backends_do():
     assert mem["flash"].counted_on_gpu(BACKENDS["flash"](), None) and mem["torch"].counted_on_gpu(BACKENDS["torch"](),
                                                                                                    True)
     assert not mem["numpy"].counted_on_gpu(BACKENDS["numpy"](), True)
+
+
+#: a NumPy forward+backward case on two ranks with a ring pattern and a gathered one
+BREAKDOWN_JOB = JobSpec({"name": "terms", **QUICK},
+                        defaults={"heads": 2, "head_dim": 8, "backend": "numpy", "dtype": "float64", "ranks": 2,
+                                  "pass": "forward+backward"},
+                        cases=[{"name": "both", "tokens": 4096, "patterns": [[64, 1], [4096, 4]],
+                                "sweep": {"long_schedule": ["ring", "gather"]}}])
+
+
+def test_plan_breakdown_lists_each_cases_terms_adding_up_to_its_memory(tmp_path, capsys):
+    """``plan --breakdown``: under each case its memory terms, their sum the table's mem/rank; refused with
+    --project (one line)."""
+    from hilbert_hpc.cli import main
+
+    (tmp_path / "job.toml").write_text(BREAKDOWN_JOB.text())
+    assert main(["plan", str(tmp_path / "job.toml"), "-n", "2", "--breakdown"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = [(i, line.split()) for i, line in enumerate(lines) if line.startswith("000")]
+    assert len(rows) == 2
+    for (i, row), long in zip(rows, ("ring", "gather")):
+        unit, terms = lines[i + 1].split("memory ", 1)[1].split(": ", 1)
+        parts, total = terms.split(" = ")
+        sizes = {name: float(size) for name, size in (p.rsplit(" ", 1) for p in parts.split(" + "))}
+        assert unit == "MiB" and float(row[5]) * 1024 == pytest.approx(float(total), abs=1)
+        assert sum(sizes.values()) == pytest.approx(float(total), abs=1e-2)
+        assert {"Q/K/V/O", "lse", "work", "dO", "dQ/dK/dV", "delta", "check"} <= set(sizes)
+        assert ("ring" in sizes and "ring acc" in sizes) == (long == "ring")
+        assert ("gathered" in sizes) == (long == "gather")
+    assert main(["plan", str(tmp_path / "job.toml"), "--project", "2", "--breakdown"]) == 2
+    assert capsys.readouterr().err.strip() == ("hilbert-hpc: error: --breakdown: applies to the table of -n, not to "
+                                               "--project")
 
 
 def write_totals() -> None:

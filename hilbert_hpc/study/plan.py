@@ -156,14 +156,15 @@ def memory_shortfall(est: Estimate, available: int | None) -> str | None:
 
 
 def print_plan(job: Job, world_size: int, stream: TextIO, device_memory: int | None = None,
-               host_memory: int | None = None,
-               setups: dict[str, CaseSetup] | None = None) -> list[tuple[Estimate, str]]:
+               host_memory: int | None = None, setups: dict[str, CaseSetup] | None = None,
+               breakdown: bool = False) -> list[tuple[Estimate, str]]:
     """The plan table of ``job`` on ``world_size`` ranks; returns (estimate, verdict) rows, the verdict 'yes',
     'NO', '?' (no memory limit given) or :data:`LEFT_OUT` (an optional backend's case that does not fit:
     ``run`` leaves it out).
 
     With ``device_memory`` the plan is for GPU nodes: the PyTorch peer's cases count as GPU cases.
     ``setups``: each case's setup by case id (:func:`~hilbert_hpc.study.setup.plan_setup`; made here if absent).
+    ``breakdown``: under each case, its memory per rank term by term (:func:`breakdown_line`).
     """
     setups = setups or {}
     rows = []
@@ -178,13 +179,16 @@ def print_plan(job: Job, world_size: int, stream: TextIO, device_memory: int | N
     print("-" * len(head), file=stream)
     for case in job.cases:
         setup = setups.get(case.case_id) or plan_setup(case)
-        est = estimate(case, True if device_memory is not None else None, setup, job.accuracy_rows)
+        model = MemoryModel(setup, job.accuracy_rows)
+        est = estimate_of(model, True if device_memory is not None else None)
         limit = device_memory if est.on_gpu else host_memory
         verdict = "?" if limit is None else "yes" if memory_shortfall(est, limit) is None else \
             LEFT_OUT if case.backend in job.optional_backends else "NO"
         print(f"{case.case_id[:28]:<28} {case.backend:<9} {case.dtype:<8} {est.ranks:>5} {est.tokens_per_rank:>12,} "
               f"{est.memory_bytes / GIB:>12.3f} {est.floor_bytes / GIB:>11.3f} {est.sent_bytes / 1e6:>12.1f} "
               f"{est.flops_per_rank / 1e9:>11.1f}  {verdict}", file=stream)
+        if breakdown:
+            print(f"{'':<4}{breakdown_line(model)}", file=stream)
         if setup.schedules:
             print(f"{'':<4}{schedules_line(setup.schedules)}", file=stream)
         rows.append((est, verdict))
@@ -201,6 +205,14 @@ def schedules_line(schedules: Sequence[LongSchedule]) -> str:
     """The schedule of each long pattern (``LongSchedule.describe``) on one line, for ``plan`` and the
     projection."""
     return "long patterns: " + "; ".join(s.describe() for s in schedules)
+
+
+def breakdown_line(model: MemoryModel) -> str:
+    """The memory per rank of ``model`` term by term (``MemoryModel.terms``, those that are not 0) with their
+    sum, for ``plan --breakdown``: in GiB, or in MiB below 1 GiB."""
+    unit, size = ("GiB", GIB) if model.total() >= GIB else ("MiB", float(1 << 20))
+    terms = " + ".join(f"{name} {part / size:.3f}" for name, part in model.terms().items() if part)
+    return f"memory {unit}: {terms} = {model.total() / size:.3f}"
 
 
 #: plan's verdict on a case of an optional backend that does not fit: run leaves it out
