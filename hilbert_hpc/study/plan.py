@@ -105,8 +105,8 @@ def ring_backward_bytes(case: Case, shards: Shards, itemsize: int, schedules: Se
 
 def estimate(case: Case, torch_on_gpu: bool | None = None, setup: CaseSetup | None = None,
              accuracy_rows: int = DEFAULT_ACCURACY_ROWS) -> Estimate:
-    """What ``case`` needs on each of its ``case.ranks`` ranks: the memory of :class:`~hilbert_hpc.study.memory.
-    MemoryModel`, the bytes sent (:func:`ring_bytes`) and the useful FLOPs.
+    """What ``case`` needs on each of its ``case.ranks`` ranks: the memory of
+    :class:`~hilbert_hpc.study.memory.MemoryModel`, the bytes sent (:func:`sent_bytes`) and the useful FLOPs.
 
     ``torch_on_gpu``: whether the PyTorch peer runs on a GPU (None: as on this machine).
     ``setup``: the case's setup (``run`` passes the one it made), else :func:`~hilbert_hpc.study.setup.plan_setup`'s.
