@@ -107,7 +107,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if args.transport:
         job = job.with_transport(args.transport)
     setups = {case.case_id: plan_setup(case, model.cc if model else None) for case in job.cases}
-    rows = print_plan(job, ranks, sys.stdout, device, host, setups)
+    rows = print_plan(job, ranks, sys.stdout, device, host, setups, args.breakdown)
     for note in unchecked_notes(job, setups):
         print(f"hilbert-hpc: note: {note}", file=sys.stderr)
     verdicts = [v for _, v in rows]
@@ -134,6 +134,8 @@ def _project(args: argparse.Namespace, device: int | None, cc: int | None) -> in
         launch=parse_fixed_us(args.launch_us, "--launch-us") if args.launch_us is not None else None)
     if args.host_memory or args.transport:
         raise UserError("a projection is for GPUs: leave out --host-memory and --transport", "--project")
+    if args.breakdown:
+        raise UserError("applies to the table of -n, not to --project", "--breakdown")
     job = load_job(args.job)
     notes: list[str] = []
     if args.from_:
@@ -238,6 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                     f"{', '.join(GPU_MODELS)}; no GPU is needed here")
     plan.add_argument("--host-memory", help="host memory per rank, e.g. 16GiB (else fits is '?' for CPU cases)")
     plan.add_argument("--transport", choices=TRANSPORTS, help="override every case's K/V transport")
+    plan.add_argument("--breakdown", action="store_true",
+                      help="under each case, its memory per rank term by term (study.memory.MemoryModel)")
     plan.add_argument("--rate-tflops", metavar="FWD[,BWD]",
                       help="with --project: useful TFLOP/s of one GPU, forward and backward (default: measured)")
     plan.add_argument("--bandwidth-gbs", metavar="GBS",

@@ -13,6 +13,7 @@ import pytest
 from hilbert_hpc.backends import BACKENDS, Backend, check_backend, find_backend
 from hilbert_hpc.kernels.selection import KernelChoice
 from hilbert_hpc.backends.base import Backend as Base
+from hilbert_hpc.backends.memory import BackendMemory
 from hilbert_hpc.errors import ConfigError
 from hilbert_hpc.core.patterns import Pattern
 from hilbert_hpc.study.jobfile import Case, load_job
@@ -22,6 +23,8 @@ from jobtext import JobSpec
 PACKAGE = Path(__file__).resolve().parents[1] / "hilbert_hpc"
 #: what every backend must fill in itself (the base class raises NotImplementedError)
 REQUIRED = ("to_device", "to_numpy", "synchronize", "serialized_attention")
+#: what a backend answered about its memory before its memory description (``Backend.memory``) did
+MEMORY_METHODS = ("output_itemsize", "workspace_bytes", "plan_on_gpu", "gradient_bytes", "backward_workspace_bytes")
 
 
 @pytest.mark.parametrize("name", list(BACKENDS))
@@ -34,6 +37,9 @@ def test_every_backend_is_a_backend_instance_that_fills_in_the_contract(name):
     choice = be.kernel_choice(64, "float32", gpu_here=False)
     # the fused-kernel backends choose a kernel (the registry's); the others have none of their own
     assert isinstance(choice, KernelChoice) if name in ("cuda", "cuda-fp32") else choice is None
+    # what it holds on a rank is its memory description's, which the plan's memory model asks
+    assert isinstance(be.memory, BackendMemory)
+    assert not [m for m in MEMORY_METHODS if hasattr(be, m)], f"{name} answers memory itself"
 
 
 def test_the_dtype_table_is_the_backends_own():

@@ -129,7 +129,7 @@ def test_below_compute_capability_9_the_flash_peer_is_unusable(machine):
 
 def test_the_flash_peer_is_a_16_bit_gpu_peer_on_one_process():
     be = find_backend("flash")
-    assert be.dtypes == ("bfloat16", "float16") and be.on_gpu and be.plan_on_gpu(None)
+    assert be.dtypes == ("bfloat16", "float16") and be.on_gpu and be.memory.counted_on_gpu(be, None)
     assert be.attend_fn is None and be.attention is flash_peer.FA4
     for head_dim in (8, 64, 96, 128, 256):
         assert be.check(head_dim, "bfloat16", 1) is None

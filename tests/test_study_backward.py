@@ -316,23 +316,30 @@ def test_plan_counts_the_16_bit_backward_chunks_on_one_device():
     float32, or several ranks (the ring backward): float32 sums of the whole shard."""
     from hilbert_hpc.backends.cuda_autograd import SCRATCH_SHARE, chunk_rows
     from hilbert_hpc.backends.cuda_fused import CudaBackend
+    from hilbert_hpc.backends.memory import RankShape
     from hilbert_hpc.core.patterns import Pattern
 
-    pats, row = [Pattern(2048, 1), Pattern(8192, 4)], 8 * 64
-    be = CudaBackend()
+    pats, row = (Pattern(2048, 1), Pattern(8192, 4)), 8 * 64
+    memory = CudaBackend.memory
+
+    def grads(shard, itemsize, patterns=pats, ranks=1):
+        return memory.gradient_bytes(RankShape(shard, 8, 64, itemsize, patterns, ranks=ranks))
+
     chunk = chunk_rows(262144, pats, SCRATCH_SHARE)
-    assert be.gradient_bytes(262144, row, 2, pats) == 3 * row * (262144 * 2 + chunk * 4)
-    assert be.gradient_bytes(262144, row, 2, pats) < 0.7 * be.gradient_bytes(262144, row, 4, pats)
+    assert grads(262144, 2) == 3 * row * (262144 * 2 + chunk * 4)
+    assert grads(262144, 2) < 0.7 * grads(262144, 4)
     for local in (pats, pats[:1]):   # on several ranks the ring backward's float32 sums, local patterns or not
-        assert be.gradient_bytes(4096, row, 2, local, ranks=2) == 3 * row * 4096 * (4 + 2)
+        assert grads(4096, 2, local, ranks=2) == 3 * row * 4096 * (4 + 2)
     # and plan counts the gradients as the backend holds them
-    from hilbert_hpc.study.plan import backward_bytes
+    from hilbert_hpc.study.memory import MemoryModel
     from hilbert_hpc.study.setup import plan_setup
 
     case = _case(backend="cuda", dtype="bfloat16")
     n, r, heads = case.tokens, case.heads * case.head_dim, case.heads
-    shards = plan_setup(case).layout.shards
-    assert backward_bytes(case, shards, 2, 0, be) == n * r * 2 + be.gradient_bytes(n, r, 2, case.patterns, 1) + n * heads * 4
+    model = MemoryModel(plan_setup(case), 0)
+    held = memory.gradient_bytes(RankShape(n, heads, case.head_dim, 2, tuple(case.patterns)))
+    assert (model.output_gradient(), model.gradients(), model.row_delta()) == (n * r * 2, held, n * heads * 4)
+    assert model.backward_workspace() == model.ring_accumulators() == model.gradient_check() == 0
 
 
 @pytest.mark.mpi(min_size=2)

@@ -5,9 +5,9 @@ rank (``serialized_attention``) or around the ring (its ``ring_side``: the
 providers of ``attend_fn`` or its fused ``ring_kernels``, and its arrays' views). Its class also says, without importing CuPy or torch, what it
 computes in (``dtypes``), where its arrays live (``on_gpu``), why it cannot run
 here (``usable``), what it refuses before any work (``check``), which kernel it
-runs for a case (``kernel_choice``), how much memory it needs beyond Q, K, V
-and the output (``workspace_bytes``) and the passes it computes (``passes``; the
-backward is ``serialized_backward``). The study code asks these methods and
+runs for a case (``kernel_choice``), what it holds on a rank (``memory``: its
+memory description, ``backends.memory``, which the plan's memory model asks)
+and the passes it computes (``passes``; the backward is ``serialized_backward``). The study code asks these methods and
 nothing else: adding a backend is one subclass and one line in ``BACKENDS``.
 """
 
@@ -17,6 +17,7 @@ import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from hilbert_hpc.backends.memory import BackendMemory
 from hilbert_hpc.core.arrays import is_tensor
 from hilbert_hpc.core.blockwise import array_module, attend
 from hilbert_hpc.core.dilated import AttendFn, empty_accumulators, local_dilated_forward
@@ -72,6 +73,8 @@ class Backend:
     #: the passes it computes (of ``PASSES``): "forward+backward" needs :meth:`serialized_backward` (and
     #: :meth:`serialized_forward`, whose default fits every backend)
     passes: tuple[str, ...] = ("forward",)
+    #: what it holds on a rank beyond Q, K and V, for the plan's memory model (``study.memory.MemoryModel``)
+    memory: BackendMemory = BackendMemory()
 
     def missing_module(self) -> str | None:
         """Why one of ``requires`` cannot be imported here (the end of a sentence after the backend's name), or
@@ -107,24 +110,6 @@ class Backend:
         its own. ``gpu_here=False`` (a plan): the choice the GPU nodes will make, on a GPU of compute capability
         ``cc`` when given (:func:`hilbert_hpc.kernels.selection.planned_choice`; None where they refuse it)."""
         return None
-
-    def output_itemsize(self, itemsize: int) -> int:
-        """Bytes per element of the output for inputs of ``itemsize`` bytes (default: at least float32)."""
-        return max(itemsize, 4)
-
-    def workspace_bytes(self, shard: int, heads: int, head_dim: int, itemsize: int, qkvo_bytes: int,
-                        kernel: KernelChoice | None) -> int:
-        """Working memory per rank beyond Q, K, V, O, the log-sum-exp and the ring buffers (for ``plan``).
-
-        ``shard``: tokens per rank; ``qkvo_bytes``: the bytes of Q, K, V and O of
-        every batch element; ``kernel``: what :meth:`kernel_choice` chose.
-        """
-        return 0
-
-    def plan_on_gpu(self, gpu_nodes: bool | None) -> bool:
-        """Whether a plan counts this backend's memory on a GPU; ``gpu_nodes``: the plan is for GPU nodes
-        (True), or for this machine (None)."""
-        return self.on_gpu
 
     def ring_kernels(self, kernel: KernelChoice | None) -> ForwardProvider | None:
         """The fused-kernel provider of ``kernel`` (the case's choice) that the ring uses instead of
@@ -170,17 +155,6 @@ class Backend:
         """Dilated attention of serialized (N, H, D) arrays -> serialized output (N, H, Dv); ``kernel``: the
         case's kernel choice (None: the backend chooses once for this call)."""
         raise NotImplementedError
-
-    def gradient_bytes(self, shard: int, row: int, itemsize: int, patterns: Sequence[Pattern], ranks: int = 1) -> int:
-        """Bytes of dQ, dK, dV of a shard of ``shard`` rows of ``row`` elements on one of ``ranks`` ranks while the
-        backward runs (for ``plan``): by default in the accumulator dtype (at least float32)."""
-        return shard * 3 * row * max(itemsize, 4)
-
-    def backward_workspace_bytes(self, shard: int, heads: int, head_dim: int, itemsize: int,
-                                 patterns: Sequence[Pattern]) -> int:
-        """Working memory of the backward beyond dO, the gradients and rowsum(dO * O) (for ``plan``): none by
-        default (the kernels and the array-module algorithm work in place or in bounded tiles)."""
-        return 0
 
     def backward_kernel_choice(self, head_dim: int, dtype: str) -> KernelChoice | None:
         """The backward kernel this backend runs for ``head_dim`` and ``dtype`` on this GPU (the one decision of

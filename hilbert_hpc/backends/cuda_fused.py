@@ -23,6 +23,7 @@ import numpy as np
 
 from hilbert_hpc.backends.base import RingSide
 from hilbert_hpc.backends.cuda_fp32 import CudaFp32Backend
+from hilbert_hpc.backends.memory import BackendMemory, RankShape
 from hilbert_hpc.backends.torch_peer import device, to_tensor, torch_dtype
 from hilbert_hpc.core.arrays import is_tensor, tensor_to_numpy
 from hilbert_hpc.core.patterns import Pattern
@@ -62,11 +63,39 @@ def _sixteen_bit(dtype: Any) -> bool:
     return precision(np.dtype(dtype).name if not isinstance(dtype, str) else dtype).sixteen_bit
 
 
+class FusedMemory(BackendMemory):
+    """What backend ``cuda`` holds: its output in the case's dtype, tma16's float32 scratch, and 16-bit gradients
+    with float32 sums."""
+
+    def output_itemsize(self, itemsize: int) -> int:
+        """The fused kernels keep a 16-bit output 16-bit."""
+        return itemsize
+
+    def workspace_bytes(self, shape: RankShape) -> int:
+        """tma16's float32 running output of local patterns, one group of heads at a time."""
+        return shape.kernel.scratch_bytes(shape.shard, shape.heads) if shape.kernel else 0
+
+    def gradient_bytes(self, shape: RankShape) -> int:
+        """16 bits on one device: the gradients in 16 bits and the float32 sums of one chunk of rows
+        (:func:`hilbert_hpc.backends.cuda_autograd.chunk_rows`); on several ranks (the ring backward, whatever
+        the patterns) the float32 sums of the whole shard and the 16-bit gradients they are rounded into (a
+        2-rank bf16 case measured 30.1 GiB where the float32 sums alone gave 26.0); float32: as the default."""
+        if shape.itemsize != 2:
+            return super().gradient_bytes(shape)
+        if shape.ranks > 1:
+            return 3 * shape.row * shape.shard * (4 + shape.itemsize)
+        from hilbert_hpc.backends.cuda_autograd import SCRATCH_SHARE, chunk_rows
+
+        chunk = chunk_rows(shape.shard, shape.patterns, SCRATCH_SHARE)
+        return 3 * shape.row * (shape.shard * shape.itemsize + chunk * 4)
+
+
 class CudaBackend(CudaFp32Backend):
     """The fused kernels in the case's dtype: the FP32 kernels for float32, the 16-bit kernels on torch tensors."""
 
     name = "cuda"
     dtypes = ("float32", "bfloat16", "float16")
+    memory = FusedMemory()
 
     def kernel_choice(self, head_dim: int, dtype: str, gpu_here: bool = True,
                       cc: int | None = None) -> KernelChoice | None:
@@ -89,28 +118,6 @@ class CudaBackend(CudaFp32Backend):
         from hilbert_hpc.backends.cuda_autograd import backward
 
         return backward(qs, ks, vs, out, lse, dout, patterns, causal, scale, kernel)
-
-    def gradient_bytes(self, shard: int, row: int, itemsize: int, patterns: Sequence[Pattern], ranks: int = 1) -> int:
-        """16 bits on one device: the gradients in 16 bits and the float32 sums of one chunk of rows
-        (:func:`hilbert_hpc.backends.cuda_autograd.chunk_rows`); on several ranks (the ring backward, whatever
-        the patterns) the float32 sums of the whole shard and the 16-bit gradients they are rounded into (a
-        2-rank bf16 case measured 30.1 GiB where the float32 sums alone gave 26.0); float32: as the default."""
-        if itemsize != 2:
-            return super().gradient_bytes(shard, row, itemsize, patterns, ranks)
-        if ranks > 1:
-            return 3 * row * shard * (4 + itemsize)
-        from hilbert_hpc.backends.cuda_autograd import SCRATCH_SHARE, chunk_rows
-
-        return 3 * row * (shard * itemsize + chunk_rows(shard, patterns, SCRATCH_SHARE) * 4)
-
-    def output_itemsize(self, itemsize: int) -> int:
-        """The fused kernels keep a 16-bit output 16-bit."""
-        return itemsize
-
-    def workspace_bytes(self, shard: int, heads: int, head_dim: int, itemsize: int, qkvo_bytes: int,
-                        kernel: KernelChoice | None) -> int:
-        """tma16's float32 running output of local patterns, one group of heads at a time."""
-        return kernel.scratch_bytes(shard, heads) if kernel else 0
 
     def ring_side(self, dtype: str, kernel: KernelChoice | None = None, backward_kernel: KernelChoice | None = None,
                   backward: bool = False) -> RingSide | None:

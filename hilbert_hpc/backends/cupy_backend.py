@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Sequence
 
 from hilbert_hpc.backends.base import CupyGpuBackend
-from hilbert_hpc.backends.numpy_backend import TILE_ARRAYS
+from hilbert_hpc.backends.memory import TiledMemory
 from hilbert_hpc.core.dilated import local_dilated_attention
 from hilbert_hpc.core.patterns import Pattern
 
@@ -25,11 +25,8 @@ class CupyBackend(CupyGpuBackend):
 
     name = "cupy"
     dtypes = ("float64", "float32")
-
-    def workspace_bytes(self, shard: int, heads: int, head_dim: int, itemsize: int, qkvo_bytes: int,
-                        kernel: KernelChoice | None) -> int:
-        """Score tiles: ``TILE_ARRAYS`` tiles of ``CUPY_TILE`` elements."""
-        return TILE_ARRAYS * CUPY_TILE * max(itemsize, 4)
+    #: score tiles: ``TILE_ARRAYS`` tiles of ``CUPY_TILE`` elements
+    memory = TiledMemory(CUPY_TILE)
 
     def to_device(self, x: Any, dtype: Any) -> Any:
         """Copy a host array to the current GPU as a contiguous array of ``dtype``."""

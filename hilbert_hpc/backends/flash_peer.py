@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from hilbert_hpc.backends.base import Backend
 from hilbert_hpc.backends.gather_merge import AttentionKernel
-from hilbert_hpc.backends.torch_peer import TorchPeer
+from hilbert_hpc.backends.torch_peer import PeerMemory, TorchPeer
 from hilbert_hpc.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -94,6 +94,8 @@ class FlashPeer(TorchPeer):
     #: torch; FlashAttention-4 is checked by :meth:`require`, which says how to install it
     requires = ("torch",)
     attention: AttentionKernel = FA4
+    #: FlashAttention-4 runs only on GPUs: a plan counts its memory there wherever it is made
+    memory = PeerMemory(gpu_only=True)
 
     @property
     def on_gpu(self) -> bool:  # type: ignore[override]
@@ -119,7 +121,3 @@ class FlashPeer(TorchPeer):
             raise ValueError(f"backend 'flash' (FlashAttention-4) takes head_dim 8 to 256 in multiples of 8, "
                              f"not {head_dim}")
         return super().check(head_dim, dtype, ranks)
-
-    def plan_on_gpu(self, gpu_nodes: bool | None) -> bool:
-        """Always on a GPU, wherever the plan is made."""
-        return True

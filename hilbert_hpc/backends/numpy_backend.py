@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from hilbert_hpc.backends.base import Backend
+from hilbert_hpc.backends.memory import TiledMemory
 from hilbert_hpc.core.backward import local_dilated_backward
 from hilbert_hpc.core.dilated import local_dilated_attention
 from hilbert_hpc.core.patterns import Pattern
@@ -16,8 +16,6 @@ from hilbert_hpc.distributed.ring_backward import HostBlockBackward
 if TYPE_CHECKING:
     from hilbert_hpc.kernels.selection import KernelChoice
 
-#: blockwise backends: a score tile, its probabilities and one temporary of the same size
-TILE_ARRAYS = 3
 #: elements of one score tile of the NumPy backend (per thread)
 NUMPY_TILE = 1 << 18
 
@@ -28,11 +26,8 @@ class NumpyBackend(Backend):
     name = "numpy"
     dtypes = ("float64", "float32")
     passes = ("forward", "forward+backward")
-
-    def workspace_bytes(self, shard: int, heads: int, head_dim: int, itemsize: int, qkvo_bytes: int,
-                        kernel: KernelChoice | None) -> int:
-        """Score tiles: ``TILE_ARRAYS`` tiles per thread, one thread per core."""
-        return TILE_ARRAYS * NUMPY_TILE * max(itemsize, 4) * (os.cpu_count() or 1)
+    #: score tiles: ``TILE_ARRAYS`` tiles per thread, one thread per core
+    memory = TiledMemory(NUMPY_TILE, per_core=True)
 
     def ring_backward_kernels(self, kernel: KernelChoice | None) -> HostBlockBackward:
         """The exact block backward on the host (:class:`~hilbert_hpc.distributed.ring_backward.HostBlockBackward`

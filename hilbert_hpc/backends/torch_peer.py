@@ -12,6 +12,7 @@ style), in an autograd Function. The gather, the merge and the backward are
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
@@ -19,6 +20,7 @@ import numpy as np
 from hilbert_hpc.backends.base import Backend
 from hilbert_hpc.backends.gather_merge import (AttentionKernel, gathered_backward_bytes, merged_attention,
                                                merged_attention_backward, peer_attention)
+from hilbert_hpc.backends.memory import BackendMemory, Placed, RankShape
 from hilbert_hpc.core.patterns import Pattern
 
 if TYPE_CHECKING:
@@ -196,6 +198,31 @@ class SdpaKernel:
 SDPA = SdpaKernel()
 
 
+@dataclass(frozen=True)
+class PeerMemory(BackendMemory):
+    """What a peer holds: the gathered copies of its patterns and head offsets, forward and backward; counted on
+    the GPU nodes' GPU when the plan is for them, else where the peer runs on this machine (on its host where
+    torch does not import here), or with ``gpu_only`` always on a GPU."""
+
+    gpu_only: bool = False
+
+    def workspace_bytes(self, shape: RankShape) -> int:
+        """The gathered copies: ``TORCH_WORKSPACE`` times the Q/K/V/O bytes (measured)."""
+        return int(TORCH_WORKSPACE * self.qkvo_bytes(shape))
+
+    def backward_workspace_bytes(self, shape: RankShape) -> int:
+        """The gathered copies of the backward's largest pattern and head offset (``gathered_backward_bytes``)."""
+        return gathered_backward_bytes(shape.shard, shape.heads, shape.head_dim, shape.itemsize, shape.patterns)
+
+    def counted_on_gpu(self, backend: Placed, gpu_nodes: bool | None) -> bool:
+        """On a GPU with ``gpu_only`` or on GPU nodes (``gpu_nodes``), otherwise as the peer runs here."""
+        if self.gpu_only:
+            return True
+        if gpu_nodes is not None:
+            return gpu_nodes
+        return backend.usable() is None and backend.on_gpu
+
+
 class TorchPeer(Backend):
     """The PyTorch peer: SDPA per pattern and head offset, merged by log-sum-exp; one process only."""
 
@@ -207,6 +234,7 @@ class TorchPeer(Backend):
     attend_fn = None
     #: the dense attention kernel it runs per pattern and head offset
     attention: AttentionKernel = SDPA
+    memory = PeerMemory()
 
     @property
     def on_gpu(self) -> bool:  # type: ignore[override]
@@ -214,23 +242,6 @@ class TorchPeer(Backend):
         import torch
 
         return torch.cuda.is_available()
-
-    def workspace_bytes(self, shard: int, heads: int, head_dim: int, itemsize: int, qkvo_bytes: int,
-                        kernel: KernelChoice | None) -> int:
-        """The gathered copies: ``TORCH_WORKSPACE`` times the Q/K/V/O bytes (measured)."""
-        return int(TORCH_WORKSPACE * qkvo_bytes)
-
-    def backward_workspace_bytes(self, shard: int, heads: int, head_dim: int, itemsize: int,
-                                 patterns: Sequence[Pattern]) -> int:
-        """The gathered copies of the backward's largest pattern and head offset (``gathered_backward_bytes``)."""
-        return gathered_backward_bytes(shard, heads, head_dim, itemsize, patterns)
-
-    def plan_on_gpu(self, gpu_nodes: bool | None) -> bool:
-        """On GPU nodes (``gpu_nodes``) the peer runs on their GPU; otherwise as on this machine (on its host
-        where torch does not import here)."""
-        if gpu_nodes is not None:
-            return gpu_nodes
-        return self.usable() is None and self.on_gpu
 
     def to_device(self, x: Any, dtype: Any) -> Any:
         """A contiguous tensor of ``dtype`` on ``device()`` (:func:`to_tensor`)."""

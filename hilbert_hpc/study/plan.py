@@ -3,14 +3,14 @@
 ``hilbert-hpc plan JOB.toml -n P`` prints the table without allocating
 anything; ``run`` applies the same check to every case before it starts, so a
 case that cannot fit is refused with the numbers instead of dying mid-job.
-Memory counts what the code allocates: the Q, K, V shards of every batch
-element, the output and log-sum-exp, the buffers of the long patterns by their
-schedule (``CaseSetup.schedules``: the two ring buffers of the largest packed
-K/V block of the ring patterns; every gathered pattern's rows,
-``LongSchedule.gather_bytes``), and the backend's working memory (``Backend.workspace_bytes``:
-score tiles; for the PyTorch peer its gathered copies, measured at 1.25x the
-Q/K/V/O bytes; tma16's float32 running output). The kernel counted is the one
-``run`` chooses (``setup.plan_setup``, the same choice as the results' ``kernel``).
+Memory per rank is :class:`~hilbert_hpc.study.memory.MemoryModel`'s, term by term
+(``plan --breakdown`` lists them): Q, K, V and the output of every batch element,
+the log-sum-exp, the backend's working memory (``Backend.memory``), the buffers
+of the long patterns by their schedule (``CaseSetup.schedules``), and for a
+forward+backward case dO, the gradients, the backward's working memory, the
+ring backward's accumulators and the float64 gradient check. The kernel counted
+is the one ``run`` chooses (``setup.plan_setup``, the same choice as the
+results' ``kernel``).
 """
 
 from __future__ import annotations
@@ -21,16 +21,14 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence, TextIO
 
-from hilbert_hpc.errors import ConfigError
-from hilbert_hpc.study.gradients import backward_pass
-from hilbert_hpc.study.jobfile import DEFAULT_ACCURACY_ROWS, Case, Job
-from hilbert_hpc.core.reference_backward import reference_bytes
 from hilbert_hpc.core.patterns import useful_flops
 from hilbert_hpc.distributed.ring import RingPattern
 from hilbert_hpc.distributed.schedule import LongSchedule, block_elements
 from hilbert_hpc.distributed.sharding import Shards
+from hilbert_hpc.errors import ConfigError
+from hilbert_hpc.study.jobfile import DEFAULT_ACCURACY_ROWS, Case, Job
+from hilbert_hpc.study.memory import MemoryModel, largest_ring_block, long_patterns
 from hilbert_hpc.study.setup import CaseSetup, plan_setup
-from hilbert_hpc.backends import Backend
 
 GIB = float(1 << 30)
 
@@ -55,20 +53,16 @@ class Estimate:
 
 
 def _rank_sends(case: Case, shards: Shards, itemsize: int, backward: bool,
-                schedules: Sequence[LongSchedule]) -> tuple[int, list[int]]:
-    """(largest packed K/V block of the ring patterns in bytes, bytes each rank sends in one forward, or with
-    ``backward`` one backward) over the case's long patterns, per batch element, each by its schedule
-    (``schedules``; a long pattern without one: ring). A ring pattern's rank forwards its blocks along the
-    ring and, in the backward, the blocks again and the dK/dV accumulators the full ring (the last hop home); a
-    gathered pattern's rank sends its block once to the ``g - 1`` others and, in the backward, each of them
-    the terms of its rows (the accumulator dtype) home."""
+                schedules: Sequence[LongSchedule]) -> list[int]:
+    """Bytes each rank sends in one forward, or with ``backward`` one backward, over the case's long patterns,
+    per batch element, each by its schedule (``memory.long_patterns``). A ring pattern's rank forwards its
+    blocks along the ring and, in the backward, the blocks again and the dK/dV accumulators the full ring (the
+    last hop home); a gathered pattern's rank sends its block once to the ``g - 1`` others and, in the backward,
+    each of them the terms of its rows (the accumulator dtype) home."""
     acc = max(itemsize, 4)
-    kinds = {s.index: s.kind for s in schedules}
-    largest, sent = 0, [0] * shards.ranks
-    for index, p in enumerate(case.patterns):
-        if p.segment <= shards.chunk:
-            continue
-        if kinds.get(index, "ring") == "gather":
+    sent = [0] * shards.ranks
+    for p, kind in long_patterns(case, shards, schedules):
+        if kind == "gather":
             group = shards.ring_ranks(p)
             blocks = [block_elements(p, shards, rank, case.heads, case.head_dim, case.head_dim)
                       for rank in range(shards.ranks)]
@@ -80,19 +74,24 @@ def _rank_sends(case: Case, shards: Shards, itemsize: int, backward: bool,
         for rank in range(shards.ranks):
             geom = RingPattern(p, shards, rank, case.heads, case.head_dim, case.head_dim)
             block = geom.block_size(geom.pos) * itemsize
-            largest = max(largest, block)
             sent[rank] += sum(1 for _, send, _ in geom.schedule(case.causal) if send) * block
             if backward:      # the accumulators make the full ring, the last hop home
                 sent[rank] += geom.group * geom.block_size(geom.pos) * acc
-    return largest, sent
+    return sent
+
+
+def sent_bytes(case: Case, shards: Shards, itemsize: int, schedules: Sequence[LongSchedule] = (),
+               backward: bool = False) -> int:
+    """Bytes the busiest rank sends in one forward, or with ``backward`` one backward, by the ``schedules`` of the
+    long patterns (a long pattern without one: ring), every batch element."""
+    return max(_rank_sends(case, shards, itemsize, backward, schedules)) * case.batch
 
 
 def ring_bytes(case: Case, shards: Shards, itemsize: int,
                schedules: Sequence[LongSchedule] = ()) -> tuple[int, int]:
-    """(largest packed K/V block of the ring patterns in bytes, bytes the busiest rank sends per forward call)
-    over the case's long patterns by their ``schedules`` (a long pattern without one: ring)."""
-    largest, sent = _rank_sends(case, shards, itemsize, False, schedules)
-    return largest, max(sent) * case.batch
+    """(largest packed K/V block of the ring patterns in bytes, ``memory.largest_ring_block``; bytes the busiest
+    rank sends per forward call, :func:`sent_bytes`) over the case's long patterns by their ``schedules``."""
+    return largest_ring_block(case, shards, itemsize, schedules), sent_bytes(case, shards, itemsize, schedules)
 
 
 def ring_backward_bytes(case: Case, shards: Shards, itemsize: int, schedules: Sequence[LongSchedule] = ()) -> int:
@@ -101,62 +100,29 @@ def ring_backward_bytes(case: Case, shards: Shards, itemsize: int, schedules: Se
     next to them the dK/dV accumulator blocks of the same layout in the accumulator dtype, which make the full
     ring (the last hop home); for a gathered one the gradient terms of the other ranks' rows, sent home once
     (the forward's gathered rows are reused)."""
-    return max(_rank_sends(case, shards, itemsize, True, schedules)[1]) * case.batch
-
-
-def backward_bytes(case: Case, shards: Shards, itemsize: int, accuracy_rows: int = DEFAULT_ACCURACY_ROWS,
-                   be: Backend | None = None, schedules: Sequence[LongSchedule] = ()) -> int:
-    """What a forward+backward case holds beyond the forward's Q, K, V, O and L (0 for pass = forward): dO of
-    every batch element, dQ, dK, dV as ``be`` holds them (``Backend.gradient_bytes``), rowsum(dO * O) of one,
-    the backend's backward working memory (``Backend.backward_workspace_bytes``), the ring backward's three
-    accumulator blocks (outgoing, incoming and this step's terms: the size of the largest packed K/V block of
-    the ring patterns by their ``schedules``, in the accumulator dtype; the gathered patterns' terms are
-    counted with their rows, ``LongSchedule.gather_bytes``), and the first call's float64 gradient
-    check of ``accuracy_rows`` sampled rows (``core.reference_backward.reference_bytes``; 0: a training step,
-    without the study's check)."""
-    if not backward_pass(case):
-        return 0
-    acc = max(itemsize, 4)
-    row, heads, shard = case.heads * case.head_dim, case.heads, shards.shard
-    be = be or plan_setup(case).backend
-    grads = (case.batch * shard * row * itemsize + be.gradient_bytes(shard, row, itemsize, case.patterns, case.ranks)
-             + shard * heads * acc + be.backward_workspace_bytes(shard, heads, case.head_dim, itemsize, case.patterns))
-    largest = ring_bytes(case, shards, itemsize, schedules)[0] if case.ranks > 1 else 0
-    check = reference_bytes(case.tokens, heads, case.head_dim, case.patterns, accuracy_rows) if accuracy_rows else 0
-    return grads + 3 * largest // itemsize * acc + check
-
-
-def gathered_bytes(schedules: Sequence[LongSchedule], itemsize: int, backward: bool) -> int:
-    """What the gathered long patterns of ``schedules`` hold together (``LongSchedule.gather_bytes``): their
-    exchanges are all posted before the local patterns, and the backward reuses the forward's rows."""
-    return sum(s.gather_bytes(itemsize, backward) for s in schedules if s.kind == "gather")
+    return sent_bytes(case, shards, itemsize, schedules, backward=True)
 
 
 def estimate(case: Case, torch_on_gpu: bool | None = None, setup: CaseSetup | None = None,
              accuracy_rows: int = DEFAULT_ACCURACY_ROWS) -> Estimate:
-    """What ``case`` needs on each of its ``case.ranks`` ranks.
+    """What ``case`` needs on each of its ``case.ranks`` ranks: the memory of
+    :class:`~hilbert_hpc.study.memory.MemoryModel`, the bytes sent (:func:`sent_bytes`) and the useful FLOPs.
 
     ``torch_on_gpu``: whether the PyTorch peer runs on a GPU (None: as on this machine).
     ``setup``: the case's setup (``run`` passes the one it made), else :func:`~hilbert_hpc.study.setup.plan_setup`'s.
-    ``accuracy_rows``: the rows of the study's float64 gradient check of a forward+backward case
-    (``backward_bytes``; 0: none).
+    ``accuracy_rows``: the rows of the study's float64 gradient check of a forward+backward case (0: none).
     """
-    setup = setup or plan_setup(case)
-    be = setup.backend
-    ranks = case.ranks
-    shard = case.tokens // ranks
-    itemsize = setup.precision.itemsize
-    acc = max(itemsize, 4)
-    row = case.heads * case.head_dim
-    floor = case.batch * shard * row * (3 * itemsize + be.output_itemsize(itemsize))
-    memory = floor + shard * case.heads * acc
-    memory += be.workspace_bytes(shard, case.heads, case.head_dim, itemsize, floor, setup.kernel)
-    memory += backward_bytes(case, setup.layout.shards, itemsize, accuracy_rows, be, setup.schedules)
-    largest, sent = ring_bytes(case, setup.layout.shards, itemsize, setup.schedules) if ranks > 1 else (0, 0)
-    memory += 2 * largest + gathered_bytes(setup.schedules, itemsize, backward_pass(case))
-    on_gpu = be.plan_on_gpu(torch_on_gpu)
+    return estimate_of(MemoryModel(setup or plan_setup(case), accuracy_rows), torch_on_gpu)
+
+
+def estimate_of(model: MemoryModel, torch_on_gpu: bool | None = None) -> Estimate:
+    """:func:`estimate` of the case of ``model``."""
+    setup, shape = model.setup, model.shape
+    case = setup.case
+    sent = sent_bytes(case, model.shards, shape.itemsize, setup.schedules) if shape.ranks > 1 else 0
     flops = useful_flops(case.tokens, case.heads, case.head_dim, case.patterns, case.causal, case.batch)
-    return Estimate(case.case_id, ranks, shard, on_gpu, int(memory), int(floor), int(sent), int(flops))
+    return Estimate(case.case_id, shape.ranks, shape.shard, model.on_gpu(torch_on_gpu), model.total(),
+                    model.qkvo(), sent, int(flops))
 
 
 def available_bytes(on_gpu: bool, ranks_per_node: int = 1) -> int | None:
@@ -190,14 +156,15 @@ def memory_shortfall(est: Estimate, available: int | None) -> str | None:
 
 
 def print_plan(job: Job, world_size: int, stream: TextIO, device_memory: int | None = None,
-               host_memory: int | None = None,
-               setups: dict[str, CaseSetup] | None = None) -> list[tuple[Estimate, str]]:
+               host_memory: int | None = None, setups: dict[str, CaseSetup] | None = None,
+               breakdown: bool = False) -> list[tuple[Estimate, str]]:
     """The plan table of ``job`` on ``world_size`` ranks; returns (estimate, verdict) rows, the verdict 'yes',
     'NO', '?' (no memory limit given) or :data:`LEFT_OUT` (an optional backend's case that does not fit:
     ``run`` leaves it out).
 
     With ``device_memory`` the plan is for GPU nodes: the PyTorch peer's cases count as GPU cases.
     ``setups``: each case's setup by case id (:func:`~hilbert_hpc.study.setup.plan_setup`; made here if absent).
+    ``breakdown``: under each case, its memory per rank term by term (:func:`breakdown_line`).
     """
     setups = setups or {}
     rows = []
@@ -212,13 +179,16 @@ def print_plan(job: Job, world_size: int, stream: TextIO, device_memory: int | N
     print("-" * len(head), file=stream)
     for case in job.cases:
         setup = setups.get(case.case_id) or plan_setup(case)
-        est = estimate(case, True if device_memory is not None else None, setup, job.accuracy_rows)
+        model = MemoryModel(setup, job.accuracy_rows)
+        est = estimate_of(model, True if device_memory is not None else None)
         limit = device_memory if est.on_gpu else host_memory
         verdict = "?" if limit is None else "yes" if memory_shortfall(est, limit) is None else \
             LEFT_OUT if case.backend in job.optional_backends else "NO"
         print(f"{case.case_id[:28]:<28} {case.backend:<9} {case.dtype:<8} {est.ranks:>5} {est.tokens_per_rank:>12,} "
               f"{est.memory_bytes / GIB:>12.3f} {est.floor_bytes / GIB:>11.3f} {est.sent_bytes / 1e6:>12.1f} "
               f"{est.flops_per_rank / 1e9:>11.1f}  {verdict}", file=stream)
+        if breakdown:
+            print(f"{'':<4}{breakdown_line(model)}", file=stream)
         if setup.schedules:
             print(f"{'':<4}{schedules_line(setup.schedules)}", file=stream)
         rows.append((est, verdict))
@@ -235,6 +205,14 @@ def schedules_line(schedules: Sequence[LongSchedule]) -> str:
     """The schedule of each long pattern (``LongSchedule.describe``) on one line, for ``plan`` and the
     projection."""
     return "long patterns: " + "; ".join(s.describe() for s in schedules)
+
+
+def breakdown_line(model: MemoryModel) -> str:
+    """The memory per rank of ``model`` term by term (``MemoryModel.terms``, those that are not 0) with their
+    sum, for ``plan --breakdown``: in GiB, or in MiB below 1 GiB."""
+    unit, size = ("GiB", GIB) if model.total() >= GIB else ("MiB", float(1 << 20))
+    terms = " + ".join(f"{name} {part / size:.3f}" for name, part in model.terms().items() if part)
+    return f"memory {unit}: {terms} = {model.total() / size:.3f}"
 
 
 #: plan's verdict on a case of an optional backend that does not fit: run leaves it out
