@@ -164,13 +164,13 @@ def test_built_in_figures_say_where_they_come_from_and_which_are_not_measured():
 
     f = Figures()
     link = f.link("cuda-aware")
-    assert (link.alpha_s, link.gb_per_s) == (21.4e-6, 150.4) and "code 1ac8f6d" in link.alpha_source
+    assert (link.alpha_s, link.gb_per_s) == (36.2e-6, 150.4) and "bw_cuda_aware.h5" in link.alpha_source
     assert NOT_MEASURED in f.link("host").alpha_source
-    measured = "measured on 2x H200, staged, first gather code: docs/measurements/long_staged_2xh200_first.h5, "
-    assert f.hop_of("cuda").forward_s == 0.645e-3 and f.hop_of("cuda").source.startswith(measured + "bf16 ring")
-    assert f.hop_of("cuda-fp32").backward_s == 1.66e-3 and f.hop_of("cuda-fp32").source.startswith(measured)
-    assert f.launch_of("cuda").forward_s == 2.21e-3 and f.launch_of("cuda").source.startswith(measured + "bf16 gat")
-    assert f.launch_of("cuda-fp32").backward_s == 2.93e-3 and f.launch_of("cuda-fp32").source.startswith(measured)
+    measured = "measured on 2x H200, staged: docs/measurements/long_staged_2xh200.h5, "
+    assert f.hop_of("cuda").forward_s == 0.914e-3 and f.hop_of("cuda").source.startswith(measured + "bf16 ring")
+    assert f.hop_of("cuda-fp32").backward_s == 3.15e-3 and f.hop_of("cuda-fp32").source.startswith(measured)
+    assert f.launch_of("cuda").forward_s == 1.08e-3 and f.launch_of("cuda").source.startswith(measured + "bf16 gat")
+    assert f.launch_of("cuda-fp32").backward_s == 1.16e-3 and f.launch_of("cuda-fp32").source.startswith(measured)
     for fixed in (f.hop_of, f.launch_of):
         numpy, cuda = fixed("numpy"), fixed("cuda")
         assert (numpy.forward_s, numpy.backward_s) == (cuda.forward_s, cuda.backward_s)
@@ -241,7 +241,7 @@ def test_billion_token_job_plans_without_a_gpu(capsys, monkeypatch):
     assert {r[-1] for r in rows} == {"536,870,912", "1,073,741,824"}
     assert {r[-2] for r in rows} == {"local"}               # the local patterns' compute dominates
     assert all(lines[i + 1].strip().startswith("long patterns: (33554432, 16384) over ") for i in at)
-    assert "not a measurement" in out and "link cuda-aware: alpha 21.4 us" in out
+    assert "not a measurement" in out and "link cuda-aware: alpha 36.2 us" in out
 
 
 SMALL = """

@@ -56,35 +56,34 @@ RATES = {("bfloat16", False): Rate(290.0, 233.0, _FINAL_22),
          ("bfloat16", True): Rate(199.0, 165.0, _FINAL_22),
          ("float32", False): Rate(64.1, 32.5, _FINAL_22)}
 
-_RAW_SWEEP = ("fitted (bandwidth.fit_latency) to docs/performance.md, '2 GPUs: the K/V ring', 'Raw exchange "
-              "bandwidth', {column}, code 1ac8f6d")
+_BW_STAGED = ("fitted (bandwidth.fit_latency) over 8 B .. 16 MiB, 2x H200, PyPI Open MPI 5 + UCX: "
+              "docs/measurements/bw_staged.h5")
 #: built-in latency and bandwidth per transport: cuda-aware and staged between two H200s of one host (NVLink)
 LINKS = {
-    "cuda-aware": Link("cuda-aware", 21.4e-6, 150.4,
-                       _RAW_SWEEP.format(column="cuda-aware, PyPI Open MPI 5 + UCX"),
+    "cuda-aware": Link("cuda-aware", 36.2e-6, 150.4,
+                       "fitted (bandwidth.fit_latency) over 8 B .. 16 MiB, 2x H200, PyPI Open MPI 5 + UCX: "
+                       "docs/measurements/bw_cuda_aware.h5 (B 338 GB/s there)",
                        "the K/V ring on 67 MB blocks, docs/performance.md, '2 GPUs: the K/V ring', 'Ring study vs "
                        "raw bandwidth', global-r8-262k cuda-aware, code 7ee8411"),
-    "staged": Link("staged", 55.0e-6, 4.0, _RAW_SWEEP.format(column="staged, PyPI Open MPI 5 + UCX"),
-                   "raw exchanges of 256 MiB through pinned host memory, docs/performance.md, '2 GPUs: strong and "
-                   "weak scaling studies with the peer', UCX"),
+    "staged": Link("staged", 103.9e-6, 4.17, _BW_STAGED, _BW_STAGED),
     "host": Link("host", 10e-6, 5.0, f"{NOT_MEASURED}: host buffers between ranks of one node",
                  f"{NOT_MEASURED}: host buffers between ranks of one node"),
 }
 
-_FIRST_GATHER = "measured on 2x H200, staged, first gather code: docs/measurements/long_staged_2xh200_first.h5, {}"
+_GATHER_RUN = "measured on 2x H200, staged: docs/measurements/long_staged_2xh200.h5, {}"
 _RING_RULE = "(compute_s + wait_s - the model's ring time) / steps"
 _GATHER_RULE = "(compute_s + pack_s + wait_s - the model's gathered time) / gathered patterns"
 #: built-in fixed cost of one ring step per backend (launches, merges, host work); other backends: cuda's
 HOP_COSTS = {
-    "cuda": FixedCost(0.645e-3, 0.876e-3, _FIRST_GATHER.format(f"bf16 ring cases 0003, 0007: {_RING_RULE}")),
-    "cuda-fp32": FixedCost(0.556e-3, 1.66e-3, _FIRST_GATHER.format(f"fp32 ring cases 0013, 0017: {_RING_RULE}")),
+    "cuda": FixedCost(0.914e-3, 2.95e-3, _GATHER_RUN.format(f"bf16 ring cases 0003, 0007: {_RING_RULE}")),
+    "cuda-fp32": FixedCost(0.948e-3, 3.15e-3, _GATHER_RUN.format(f"fp32 ring cases 0013, 0017: {_RING_RULE}")),
 }
 #: built-in fixed cost of one gathered pattern's launch per backend (packing, the staged exchange's host work,
 #: the sequence-order copy and the launch; backward: the terms' copy back and posting them home); other
 #: backends: cuda's
 LAUNCH_COSTS = {
-    "cuda": FixedCost(2.21e-3, 1.44e-3, _FIRST_GATHER.format(f"bf16 gather cases 0001, 0005: {_GATHER_RULE}")),
-    "cuda-fp32": FixedCost(2.77e-3, 2.93e-3, _FIRST_GATHER.format(f"fp32 gather cases 0011, 0015: {_GATHER_RULE}")),
+    "cuda": FixedCost(1.08e-3, 1.21e-3, _GATHER_RUN.format(f"bf16 gather cases 0001, 0005: {_GATHER_RULE}")),
+    "cuda-fp32": FixedCost(1.92e-3, 1.16e-3, _GATHER_RUN.format(f"fp32 gather cases 0011, 0015: {_GATHER_RULE}")),
 }
 
 
