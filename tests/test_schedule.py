@@ -10,7 +10,7 @@ from jobtext import JobSpec
 from hilbert_hpc.core.patterns import Pattern
 from hilbert_hpc.distributed.gather import GatherPattern
 from hilbert_hpc.distributed.ring import RingPattern
-from hilbert_hpc.distributed.schedule import choose_schedules
+from hilbert_hpc.distributed.schedule import block_elements, choose_schedules
 from hilbert_hpc.distributed.sharding import Shards
 from hilbert_hpc.errors import ConfigError
 from hilbert_hpc.study.jobfile import load_job
@@ -69,6 +69,8 @@ def test_sequence_order_holds_every_gathered_row_once(rank, causal, placement):
     pattern = Pattern(n, 4)
     gp = GatherPattern(RingPattern(pattern, shards, rank, heads, d, d), causal)
     assert gp.covers_all and np.array_equal(np.sort(gp.index), np.arange(gp.total // gp.unit))
+    # the schedule's memory counts the blocks the ring packs
+    assert gp.sizes == [block_elements(pattern, shards, r, heads, d, d) for r in range(gp.ring.group)]
     # tag every element of each block with its serialized row, then check the sequence order
     tagged = np.empty(gp.total)
     for pos in range(gp.ring.group):

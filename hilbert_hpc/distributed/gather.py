@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from hilbert_hpc.core.blockwise import array_module
 from hilbert_hpc.distributed.sharding import count
 
 Array = Any
@@ -138,7 +139,7 @@ class GatherPattern:
     # -- between orders -----------------------------------------------------------------------------------------
     def to_sequence(self, gathered: Array, out: Array) -> Array:
         """Copy rank-order ``gathered`` into sequence order ``out`` (``sequence_elements``) in one ``take``."""
-        xp = _module(gathered)
+        xp = array_module(gathered)
         u = self.unit
         xp.take(gathered.reshape(-1, u), self.index_on(xp), axis=0, out=out.reshape(-1, u))
         return out
@@ -146,7 +147,7 @@ class GatherPattern:
     def to_rank_order(self, sequence: Array, out: Array) -> Array:
         """Copy sequence-order ``sequence`` back into rank order ``out`` (``total`` elements; rows outside this
         rank's segments, which no query of it sees, are zeros)."""
-        xp = _module(sequence)
+        xp = array_module(sequence)
         u = self.unit
         if not self.covers_all:
             out[...] = 0
@@ -193,8 +194,3 @@ class GatherPattern:
         v = sequence[region.v0:region.v0 + region.rows * nh * ring.dv].reshape(region.rows, nh, ring.dv)
         return k[:mk].transpose(1, 0, 2), v[:mk].transpose(1, 0, 2)
 
-
-def _module(x: Array) -> Any:
-    from hilbert_hpc.core.blockwise import array_module
-
-    return array_module(x)

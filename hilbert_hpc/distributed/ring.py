@@ -28,6 +28,7 @@ from hilbert_hpc.core.blockwise import array_module, attend, merge_lse
 from hilbert_hpc.core.dilated import AttendFn, accumulate_patterns, empty_accumulators
 from hilbert_hpc.core.patterns import Pattern
 from hilbert_hpc.distributed.providers import ForwardProvider
+from hilbert_hpc.distributed.schedule import schedule_kinds
 from hilbert_hpc.distributed.sharding import Piece, Shards, count, selected_rows
 
 Array = Any
@@ -434,7 +435,6 @@ def ring_dilated_forward(qs: Array, ks: Array, vs: Array, *, patterns: Sequence[
     """
     import math
 
-    from hilbert_hpc.distributed.schedule import schedule_kinds
     from hilbert_hpc.distributed.transports import HostTransport
 
     xp = array_module(qs)
@@ -481,8 +481,6 @@ def ring_transfer_only(ks: Array, vs: Array, *, patterns: Sequence[Pattern], com
     shard, heads, dk = ks.shape
     dv = vs.shape[-1]
     shards = Shards(shard * comm.Get_size(), comm.Get_size(), placement)
-    from hilbert_hpc.distributed.schedule import schedule_kinds
-
     kinds = schedule_kinds(schedule, patterns, shards, heads, dk, dv, ks.dtype.itemsize, False)
     stats = RingStats()
     gathers = gather_patterns(patterns, shards, comm.Get_rank(), heads, dk, dv, causal, kinds)

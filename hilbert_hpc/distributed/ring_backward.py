@@ -39,9 +39,11 @@ from typing import Any, Callable, Sequence
 from hilbert_hpc.core.backward import Grads, attend_backward, local_dilated_backward, row_delta
 from hilbert_hpc.core.blockwise import accumulator_dtype, array_module
 from hilbert_hpc.core.patterns import Pattern
-from hilbert_hpc.distributed.ring import (PiecePair, RingPattern, RingStats, long_rings, progress_until_done,
+from hilbert_hpc.distributed.ring import (PiecePair, RingPattern, RingStats, finish_gathers, gather_patterns,
+                                         long_rings, meet, post_gathers, progress_until_done,
                                          synchronize)
 from hilbert_hpc.distributed.providers import BackwardProvider
+from hilbert_hpc.distributed.schedule import schedule_kinds
 from hilbert_hpc.distributed.sharding import Shards
 
 Array = Any
@@ -265,8 +267,6 @@ def ring_dilated_backward(qs: Array, ks: Array, vs: Array, out: Array, lse: Arra
     ``gathered``: the forward's gathered rows (its ``gathered`` dict); a gathered pattern found there is not
     gathered again, its terms are computed first and go home while the local patterns' gradients are computed.
     """
-    from hilbert_hpc.distributed.ring import finish_gathers, gather_patterns, meet, post_gathers
-    from hilbert_hpc.distributed.schedule import schedule_kinds
     from hilbert_hpc.distributed.transports import HostTransport
 
     xp = array_module(qs)
