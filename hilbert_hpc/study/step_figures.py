@@ -54,7 +54,9 @@ _FINAL_22 = "docs/performance.md, '1 GPU: forward and backward ..., final kernel
 #: 21.81 ms (bf16 causal), 45.00 / 221.80 ms (float32)
 RATES = {("bfloat16", False): Rate(290.0, 233.0, _FINAL_22),
          ("bfloat16", True): Rate(199.0, 165.0, _FINAL_22),
-         ("float32", False): Rate(64.1, 32.5, _FINAL_22)}
+         ("float32", False): Rate(64.1, 32.5, _FINAL_22),
+         ("float32", True): Rate(58.5, 27.7, "measured on one H200: docs/measurements/long_staged_2xh200.h5, case "
+                                             "0014-longnet-2m-fp32 (N = 2M, H = 8, D = 128, causal), medians")}
 
 _BW_STAGED = ("fitted (bandwidth.fit_latency) over 8 B .. 16 MiB, 2x H200, PyPI Open MPI 5 + UCX: "
               "docs/measurements/bw_staged.h5")
