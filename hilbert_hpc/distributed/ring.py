@@ -30,6 +30,7 @@ from hilbert_hpc.core.patterns import Pattern
 from hilbert_hpc.distributed.providers import ForwardProvider
 from hilbert_hpc.distributed.schedule import schedule_kinds
 from hilbert_hpc.distributed.sharding import Piece, Shards, count, selected_rows
+from hilbert_hpc.distributed.timeline import OFF
 
 Array = Any
 
@@ -277,12 +278,13 @@ class HostBlockForward:
 
 def ring_attention(qs: Array, ks: Array, vs: Array, geom: RingPattern, causal: bool, scale: float,
                    out: Array, lse: Array, comm: Any, transport: Any, tag: int,
-                   kernels: ForwardProvider | None = None, compute: bool = True) -> RingStats:
+                   kernels: ForwardProvider | None = None, compute: bool = True, timeline: Any = OFF) -> RingStats:
     """One long pattern around its ring; merges into ``out``/``lse`` in place with the forward provider
     ``kernels`` (:class:`HostBlockForward` or a backend's fused kernels). Returns the counters.
 
     With ``compute=False`` only the blocks travel (the same schedule and sizes):
-    the communication-only time that overlap is measured against.
+    the communication-only time that overlap is measured against. ``timeline``: a
+    :class:`~hilbert_hpc.distributed.timeline.Timeline` that gets a mark at each phase of each hop.
     """
     xp = array_module(ks)
     stats = RingStats()
@@ -295,6 +297,7 @@ def ring_attention(qs: Array, ks: Array, vs: Array, geom: RingPattern, causal: b
     cur = geom.pack(ks, vs, bufs[0])
     synchronize(xp)
     stats.pack_s += time.perf_counter() - t0
+    timeline.mark("ring: packed", xp)
 
     for t, (src, send, recv) in enumerate(geom.schedule(causal)):
         incoming_pos = (src - 1) % g
@@ -305,13 +308,17 @@ def ring_attention(qs: Array, ks: Array, vs: Array, geom: RingPattern, causal: b
             stats.bytes_sent += cur.size * cur.dtype.itemsize
             stats.messages += 1
         t1 = time.perf_counter()
+        timeline.mark(f"hop {t}: posted", xp)
         for pair in geom.pairs(pos, src, causal) if compute else ():
             kernels.ring_block(qs, cur, geom, pos, src, pair, scale, out, lse)
+        timeline.mark(f"hop {t}: launched", xp)
         if compute:
             progress_until_done(xp, [exchange])
         t2 = time.perf_counter()
+        timeline.mark(f"hop {t}: computed", xp)
         exchange.wait()
         t3 = time.perf_counter()
+        timeline.mark(f"hop {t}: received", xp)
         stats.compute_s += t2 - t1
         stats.wait_s += (t1 - t_start) + (t3 - t2)
         stats.ring_steps += 1
@@ -414,7 +421,7 @@ def ring_dilated_forward(qs: Array, ks: Array, vs: Array, *, patterns: Sequence[
                          attend_fn: AttendFn = attend, stats: RingStats | None = None,
                          sync_rings: bool = False, kernels: ForwardProvider | None = None,
                          placement: str = "contiguous", schedule: Any = "auto",
-                         gathered: dict | None = None) -> tuple[Array, Array]:
+                         gathered: dict | None = None, timeline: Any = OFF) -> tuple[Array, Array]:
     """Dilated attention of this rank's serialized shard (L, H, D): its output shard (L, H, Dv) and merged
     log-sum-exp (L, H), the ``L`` that :func:`hilbert_hpc.distributed.ring_backward.ring_dilated_backward` needs.
 
@@ -431,7 +438,8 @@ def ring_dilated_forward(qs: Array, ks: Array, vs: Array, *, patterns: Sequence[
     ``schedule``: how each long pattern moves its rows (``distributed.schedule``): a name of ``SCHEDULES``,
     decided here, or a case's decided ``LongSchedule`` sequence. The gathered patterns' exchanges are posted
     before the local patterns run; ``gathered``, a dict, receives their rows in sequence order, which
-    ``ring_dilated_backward`` then reuses instead of gathering again.
+    ``ring_dilated_backward`` then reuses instead of gathering again. ``timeline``: a
+    :class:`~hilbert_hpc.distributed.timeline.Timeline` marked at each phase (where a long pattern's time goes).
     """
     import math
 
@@ -446,29 +454,37 @@ def ring_dilated_forward(qs: Array, ks: Array, vs: Array, *, patterns: Sequence[
     kernels = kernels if kernels is not None else HostBlockForward(attend_fn)
     shards = Shards(shard * comm.Get_size(), comm.Get_size(), placement)
     kinds = schedule_kinds(schedule, patterns, shards, heads, dk, dv, ks.dtype.itemsize, False)
+    timeline.mark("start", xp)
     out, lse = kernels.accumulators(xp, shard, heads, dv, qs.dtype)
+    timeline.mark("accumulators", xp)
     gathers = gather_patterns(patterns, shards, comm.Get_rank(), heads, dk, dv, causal, kinds)
     posted = post_gathers(ks, vs, gathers, transport, 100, stats)
+    timeline.mark("gathers packed and posted", xp)
     local = [p for p in patterns if p.segment <= shards.chunk]
     t0 = time.perf_counter()
     if local:
         kernels.local_patterns(qs, ks, vs, local, causal, scale, out, lse)
+    timeline.mark("local patterns launched", xp)
     progress_until_done(xp, [p[3] for p in posted])
     synchronize(xp)
     stats.local_s += time.perf_counter() - t0
+    timeline.mark("local patterns done", xp)
     meet(comm, stats, sync_rings and bool(posted))
     rows = finish_gathers(posted, stats)
+    timeline.mark("gathers received, in order", xp)
     t1 = time.perf_counter()
     for gp, sequence in rows.values():
         kernels.gathered(qs, sequence, gp, scale, out, lse)
+    timeline.mark("gathered patterns launched", xp)
     synchronize(xp)
     stats.compute_s += time.perf_counter() - t1
+    timeline.mark("gathered patterns done", xp)
     if gathered is not None:
         gathered.update(rows)
     del rows
     for i, geom in long_rings(patterns, shards, comm, heads, dk, dv, stats if sync_rings else None, kinds):
         stats.add(ring_attention(qs, ks, vs, geom, causal, scale, out, lse, comm, transport, tag=100 + i,
-                                 kernels=kernels))
+                                 kernels=kernels, timeline=timeline))
     return out, lse
 
 
