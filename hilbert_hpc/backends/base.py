@@ -2,13 +2,14 @@
 
 A backend turns serialized (N, H, D) arrays into the serialized output, on one
 rank (``serialized_attention``) or around the ring (its ``ring_side``: the
-providers of ``attend_fn`` or its fused ``ring_kernels``, and its arrays' views). Its class also says, without importing CuPy or torch, what it
+providers of ``attend_fn`` or its fused ``ring_kernels``, and its arrays'
+views). Its class also says, without importing CuPy or torch, what it
 computes in (``dtypes``), where its arrays live (``on_gpu``), why it cannot run
 here (``usable``), what it refuses before any work (``check``), which kernel it
 runs for a case (``kernel_choice``), what it holds on a rank (``memory``: its
 memory description, ``backends.memory``, which the plan's memory model asks)
-and the passes it computes (``passes``; the backward is ``serialized_backward``). The study code asks these methods and
-nothing else: adding a backend is one subclass and one line in ``BACKENDS``.
+and the passes it computes (``passes``; the backward is ``serialized_backward``).
+The study code asks these methods and nothing else: adding a backend is one subclass and one line in ``BACKENDS``.
 """
 
 from __future__ import annotations

@@ -134,7 +134,7 @@ class RingPattern:
         self.dk, self.dv = dk, dv
         self.offsets = list(range(min(pattern.dilation, heads)))
         self._layouts: dict[int, list[BlockPart]] = {}
-        self._index: dict[tuple[str, int], Array] = {}
+        self._index: dict[str, Array] = {}
 
     def rank_of(self, pos: int) -> int:
         """The rank at ring position ``pos``."""
@@ -205,23 +205,23 @@ class RingPattern:
         """Copy this rank's selected K/V rows into the flat buffer ``out``; returns the used part. Two gathers of
         (row, head) vectors, by an index made once per array module (:meth:`pack_index`)."""
         xp = array_module(ks)
-        index = self.pack_index(xp, ks.shape[1])
+        index = self.pack_index(xp)
         nk = index.size * self.dk
         block = out[: self.block_size(self.pos)]
         xp.take(ks.reshape(-1, self.dk), index, axis=0, out=block[:nk].reshape(-1, self.dk))
         xp.take(vs.reshape(-1, self.dv), index, axis=0, out=block[nk:].reshape(-1, self.dv))
         return block
 
-    def pack_index(self, xp: Any, heads: int) -> Array:
+    def pack_index(self, xp: Any) -> Array:
         """The (row, head) vectors of this rank's block in order (row * heads + head of the shard), as an array
-        of ``xp``, made once."""
-        key = (xp.__name__, heads)
-        if key not in self._index:
-            rows = [np.arange(r.start, r.stop, r.step)[:, None] * heads + np.arange(heads)[self.heads_of(p.offset)]
+        of ``xp``, made once per module."""
+        if xp.__name__ not in self._index:
+            h = self.heads
+            rows = [np.arange(r.start, r.stop, r.step)[:, None] * h + np.arange(h)[self.heads_of(p.offset)]
                     for p in self.layout(self.pos) for r in [self.rows(self.pos, p.piece, p.offset)]]
             flat = np.concatenate([x.reshape(-1) for x in rows]) if rows else np.zeros(0, dtype=np.int64)
-            self._index[key] = xp.asarray(flat.astype(np.int64))
-        return self._index[key]
+            self._index[xp.__name__] = xp.asarray(flat.astype(np.int64))
+        return self._index[xp.__name__]
 
     def unpack(self, block: Array, pos: int, index: int, piece: int) -> tuple[Array, Array]:
         """K (nh, m, dk) and V (nh, m, dv) views of one offset and piece inside a block of ring position
