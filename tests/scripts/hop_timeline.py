@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 
@@ -29,6 +31,25 @@ from hilbert_hpc.distributed.ring import RingStats, ring_dilated_forward  # noqa
 from hilbert_hpc.distributed.sharding import Layout  # noqa: E402
 from hilbert_hpc.distributed.timeline import Timeline  # noqa: E402
 from hilbert_hpc.distributed.transports import resolve_transport  # noqa: E402
+
+
+def median_ms(call: Callable[[], object], be: Any, comm: Any, repeats: int) -> float:
+    """The median over ``repeats`` of the slowest rank's time of ``call`` (ms), each started at a barrier."""
+    times = []
+    for _ in range(repeats):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        call()
+        be.synchronize()
+        times.append(comm.allreduce(time.perf_counter() - t0, op=max_op()))
+    return float(np.median(times)) * 1e3
+
+
+def max_op() -> Any:
+    """MPI's MAX."""
+    from mpi4py import MPI
+
+    return MPI.MAX
 
 
 def main() -> None:
@@ -44,6 +65,8 @@ def main() -> None:
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--transport", default="auto")
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=5, help="timed calls with and without the global pattern")
+    ap.add_argument("--show", default="first,last", help="ranks whose timelines to print: first, last, all")
     args = ap.parse_args()
 
     from mpi4py import MPI
@@ -69,18 +92,28 @@ def main() -> None:
         ring_dilated_forward(qs, ks, vs, **call)
     be.synchronize()
     comm.Barrier()
+    full = median_ms(lambda: ring_dilated_forward(qs, ks, vs, **call), be, comm, args.repeats)
+    local = median_ms(lambda: ring_dilated_forward(qs, ks, vs, **{**call, "patterns": patterns[:1]}), be, comm,
+                      args.repeats)
     timeline, stats = Timeline(), RingStats()
     ring_dilated_forward(qs, ks, vs, stats=stats, timeline=timeline, **call)
     be.synchronize()
-    table = timeline.table()
+    tables = comm.gather((timeline.table(), stats), root=0)
     if rank == 0:
+        shown = range(size) if args.show == "all" else sorted({0 if w == "first" else size - 1
+                                                              for w in args.show.split(",")})
         print(f"# {size} ranks, backend {be.name} {args.dtype}, N = {args.tokens:,}, H = {args.heads}, D = {d}, "
               f"patterns {[(p.segment, p.dilation) for p in patterns]}, schedule {args.schedule}, "
-              f"causal {args.causal}, transport {transport.name} ({why}); rank 0")
-        print(table)
-        print(f"# counters: local {stats.local_s * 1e3:.3f} ms, compute {stats.compute_s * 1e3:.3f}, wait "
-              f"{stats.wait_s * 1e3:.3f}, pack {stats.pack_s * 1e3:.3f}, imbalance {stats.imbalance_s * 1e3:.3f}, "
-              f"{stats.ring_steps} hops, {stats.messages} messages, {stats.bytes_sent:,} bytes sent")
+              f"causal {args.causal}, transport {transport.name} ({why})")
+        for r in shown:
+            table, stats = tables[r]
+            print(f"## rank {r}")
+            print(table)
+            print(f"# counters: local {stats.local_s * 1e3:.3f} ms, compute {stats.compute_s * 1e3:.3f}, wait "
+                  f"{stats.wait_s * 1e3:.3f}, pack {stats.pack_s * 1e3:.3f}, imbalance {stats.imbalance_s * 1e3:.3f}, "
+                  f"{stats.ring_steps} hops, {stats.messages} messages, {stats.bytes_sent:,} bytes sent")
+        print(f"# forward, slowest rank, median of {args.repeats}: {full:.3f} ms with the global pattern, "
+              f"{local:.3f} ms without: the global pattern adds {full - local:.3f} ms")
 
 
 if __name__ == "__main__":
