@@ -145,21 +145,62 @@ def test_sixteen_bit_provider_keeps_a_16bit_output():
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("ordering", ["natural", "hilbert"])
-def test_ring_block_geometry_equals_the_unfused_ring(causal, ordering):
-    """Packed blocks around the ring through FusedKernels.ring_block: the same result as the unfused ring."""
+@pytest.mark.parametrize("schedule", ["ring", "gather"])
+@pytest.mark.parametrize("global_dilation", [4, 8])
+def test_ring_block_geometry_equals_the_unfused_ring(causal, ordering, schedule, global_dilation):
+    """Packed blocks around the ring through FusedKernels.ring_block, and gathered patterns through
+    FusedKernels.gathered: the same result as the unfused ring (a global dilation of 8 >= 6 heads: one head an
+    offset, the offsets coalesced into one launch)."""
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     shard, heads, d = 48, 6, 8
     n = shard * size
-    patterns = [Pattern(24, 2), Pattern(2 * shard, 3), Pattern(n, 4)]
+    patterns = [Pattern(24, 2), Pattern(2 * shard, 3), Pattern(n, global_dilation)]
     check_distribution(n, size, patterns)
     layout = Layout((n // 16, 16), ordering, size)
     qs, ks, vs = _inputs(n, heads, d, layout.shard_natural(rank))
-    want = ring_dilated_attention(qs, ks, vs, patterns=patterns, comm=comm, causal=causal)
-    got = ring_dilated_attention(qs, ks, vs, patterns=patterns, comm=comm, causal=causal, kernels=KERNELS)
+    want = ring_dilated_attention(qs, ks, vs, patterns=patterns, comm=comm, causal=causal, schedule=schedule)
+    got = ring_dilated_attention(qs, ks, vs, patterns=patterns, comm=comm, causal=causal, kernels=KERNELS,
+                                 schedule=schedule)
     assert np.abs(got - want).max() <= 1e-12 * np.abs(want).max(), rank
+
+
+def test_one_head_offsets_of_a_hop_are_one_launch():
+    """A global pattern with a dilation of at least the head count has one head an offset: a ring hop's and a
+    gathered pattern's offsets are one launch over the heads (steps as head strides), and run through the
+    NumPy launcher that launch gives what the launches one by one give; offsets of several heads, or launches
+    that write the same rows, stay apart."""
+    from hilbert_hpc.distributed.ring import gather_geometry, ring_geometry
+    from hilbert_hpc.distributed.sharding import Shards
+    from hilbert_hpc.kernels.launch import coalesce_heads, ring_launches
+
+    heads, d, shards = 6, 8, Shards(256, 4)
+    geom = ring_geometry(Pattern(256, 8), shards, 0, heads, d, d)
+    pair = geom.pairs(0, 1, False)[0]
+    (hop,) = ring_launches(geom, 0, 1, pair, 0.3, heads, d)
+    assert hop["heads"] == heads and hop["kg"][2] == geom.part(1, 1, 0).k0 - geom.part(1, 0, 0).k0
+    (gathered,) = gather_geometry(Pattern(256, 8), shards, 0, heads, d, d, True).launches(0.3, heads, d)
+    assert gathered["heads"] == heads and gathered["shift"] == 0
+    four = ring_launches(ring_geometry(Pattern(256, 4), shards, 0, heads, d, d), 0, 1, pair, 0.3, heads, d)
+    assert [kw["heads"] for kw in four] == [2, 2, 2]     # offsets 0, 1 of two heads apart; 2, 3 of one together
+    same = dict(hop, heads=1)
+    assert coalesce_heads([same, same]) == [same, same]
+
+    n = shards.shard
+    qs = random_rows(3, "q", np.arange(n), heads, d, np.float64)
+    block = random_rows(3, "k", np.arange(geom.block_size(1)), 1, 1, np.float64).reshape(-1)
+    singles = [dict(hop, heads=1, **{g: (hop[g][0] + h * hop[g][2], *hop[g][1:]) for g in ("qg", "kg", "vg", "lg")})
+               for h in range(heads)]
+    results = []
+    for launches in ([hop], singles):
+        out, lse = np.zeros((n, heads, d)), np.full((n, heads), -np.inf)
+        for kw in launches:
+            numpy_launch(qs, block, block, out, lse, **kw)
+        results.append((out, lse))
+    assert np.isfinite(results[0][1]).sum() == n // 8 * heads      # each head's rows of the hop, once
+    assert np.array_equal(results[0][0], results[1][0]) and np.array_equal(results[0][1], results[1][1])
 
 
 def test_query_chunks_cover_every_row_once():

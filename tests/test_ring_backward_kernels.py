@@ -137,17 +137,18 @@ def test_local_backward_equals_the_exact_backward(dtype, causal):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("placement", ["contiguous", "zigzag"])
 @pytest.mark.parametrize("schedule", ["ring", "gather"])
-def test_ring_blocks_give_the_single_rank_gradients(schedule, placement, causal, dtype):
+@pytest.mark.parametrize("global_dilation", [2, 4])
+def test_ring_blocks_give_the_single_rank_gradients(global_dilation, schedule, placement, causal, dtype):
     """Local, two-chunk and global patterns, Hilbert order: the provider's ring blocks (dQ in the shard, dK/dV in
     the accumulator block) give every rank its rows of the single-rank float64 gradients (the same rounded
-    inputs and output)."""
+    inputs and output). A global dilation of 4 >= 3 heads: one head an offset, the offsets in one launch."""
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     chunk, heads = 32, 3
     n = 2 * size * chunk
-    patterns = [Pattern(16, 2), Pattern(2 * chunk, 4), Pattern(n, 2)]
+    patterns = [Pattern(16, 2), Pattern(2 * chunk, 4), Pattern(n, global_dilation)]
     if size % 2:
         pytest.skip("a segment of 2 zigzag chunks needs an even rank count")
     check_distribution(n, size, patterns, placement=placement)

@@ -235,6 +235,6 @@ def test_a_calls_plan_is_worked_out_once_and_its_launch_arguments_once_per_array
     first = sixteen_bit._tma_arguments(run, arrays, 6 << 40, 0)
     assert sixteen_bit._tma_arguments(run, arrays, 6 << 40, 0) is first and len(made) == 1
     maps, grid, args, table = tma_launch_args(run.chosen, arrays, run.parts, sms=132, final=(6 << 40, 0))
-    assert first == (1, grid, args) and made[0] == (maps, table)
+    assert first == (1, grid, args) and made[0] == (maps, table + bytes(sixteen_bit.COUNTER_BYTES))
     sixteen_bit._tma_arguments(run, other, 6 << 40, 0)
     assert len(made) == 2 and made[1][0][0].address == made[0][0][0].address + (1 << 40)

@@ -29,6 +29,7 @@ import numpy as np
 
 from hilbert_hpc.core.blockwise import array_module
 from hilbert_hpc.distributed.sharding import count
+from hilbert_hpc.kernels.launch import coalesce_heads
 
 Array = Any
 
@@ -63,6 +64,7 @@ class GatherPattern:
         self.targets = [s for s in range(g) if s != pos and ring.pairs(s, pos, causal)]
         self.unit = math.gcd(ring.dk, ring.dv)
         self.regions: dict[tuple[int, int], Region] = {}
+        self._launches: dict[tuple[float, int, int], tuple[dict, ...]] = {}
         self._layout()
 
     def _segment(self, start: int) -> int:
@@ -172,9 +174,16 @@ class GatherPattern:
                     out.append((qi, region, rows, mq, mk, first if self.causal else None))
         return out
 
-    def launches(self, scale: float, heads: int, head_dim: int) -> list[dict]:
+    def launches(self, scale: float, heads: int, head_dim: int) -> tuple[dict, ...]:
         """The fused kernels' launches (keyword arguments of a launcher, as ``kernels.launch.ring_launches``) of
-        :meth:`problems`, keys and values addressed in the sequence-order buffer."""
+        :meth:`problems`, keys and values addressed in the sequence-order buffer; worked out once (every call
+        launches them; they are read, never changed)."""
+        key = (float(scale), int(heads), int(head_dim))
+        if key not in self._launches:
+            self._launches[key] = tuple(self._make_launches(*key))
+        return self._launches[key]
+
+    def _make_launches(self, scale: float, heads: int, head_dim: int) -> list[dict]:
         d, row, hrow = head_dim, heads * head_dim, heads
         r = self.ring.pattern.dilation
         out = []
@@ -184,7 +193,7 @@ class GatherPattern:
                             kg=(region.k0, 0, d, nh * d), vg=(region.v0, 0, d, nh * d),
                             lg=(rows.start * hrow + region.offset, 0, r, r * hrow), segments=1, heads=nh, mq=mq,
                             mk=mk, shift=shift, scale=scale, head_dim=d))
-        return out
+        return coalesce_heads(out)
 
     def keys(self, sequence: Array, region: Region, mk: int) -> tuple[Array, Array]:
         """K (nh, mk, dk) and V (nh, mk, dv) views of the first ``mk`` rows of ``region`` in ``sequence`` (heads

@@ -134,6 +134,8 @@ class RingPattern:
         self.dk, self.dv = dk, dv
         self.offsets = list(range(min(pattern.dilation, heads)))
         self._layouts: dict[int, list[BlockPart]] = {}
+        self._sizes: dict[int, int] = {}
+        self._pairs: dict[tuple[int, int, bool], tuple[PiecePair, ...]] = {}
         self._index: dict[str, Array] = {}
 
     def rank_of(self, pos: int) -> int:
@@ -181,20 +183,27 @@ class RingPattern:
         return self.layout(pos)[index * len(self.pieces(pos)) + piece]
 
     def block_size(self, pos: int) -> int:
-        """Elements of the packed block of ring position ``pos``."""
-        return sum(p.rows * self.nheads(p.offset) * (self.dk + self.dv) for p in self.layout(pos))
+        """Elements of the packed block of ring position ``pos`` (worked out once per position)."""
+        pos %= self.group
+        if pos not in self._sizes:
+            self._sizes[pos] = sum(p.rows * self.nheads(p.offset) * (self.dk + self.dv) for p in self.layout(pos))
+        return self._sizes[pos]
 
-    def pairs(self, pos: int, src: int, causal: bool) -> list[PiecePair]:
+    def pairs(self, pos: int, src: int, causal: bool) -> tuple[PiecePair, ...]:
         """The (query piece, key piece) blocks ring position ``pos`` computes with ``src``'s block: pieces of one
-        segment; under the causal mask only keys from earlier pieces, or the piece itself (its diagonal)."""
-        w = self.pattern.segment
-        out = []
-        for qi, q in enumerate(self.pieces(pos)):
-            for ki, k in enumerate(self.pieces(src)):
-                if q.start // w != k.start // w or (causal and k.start > q.start):
-                    continue
-                out.append(PiecePair(qi, ki, 0 if (causal and k.start == q.start) else None))
-        return out
+        segment; under the causal mask only keys from earlier pieces, or the piece itself (its diagonal). Worked
+        out once per (pos, src, causal): every hop asks."""
+        key = (pos % self.group, src % self.group, bool(causal))
+        if key not in self._pairs:
+            w = self.pattern.segment
+            out = []
+            for qi, q in enumerate(self.pieces(pos)):
+                for ki, k in enumerate(self.pieces(src)):
+                    if q.start // w != k.start // w or (causal and k.start > q.start):
+                        continue
+                    out.append(PiecePair(qi, ki, 0 if (causal and k.start == q.start) else None))
+            self._pairs[key] = tuple(out)
+        return self._pairs[key]
 
     def schedule(self, causal: bool) -> list[tuple[int, bool, bool]]:
         """This rank's ring steps (:func:`ring_schedule`). A contiguous causal ring stops early; a zigzag ring

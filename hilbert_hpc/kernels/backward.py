@@ -24,7 +24,7 @@ import numpy as np
 
 from hilbert_hpc.core.arrays import is_tensor
 from hilbert_hpc.core.blockwise import array_module
-from hilbert_hpc.kernels.launch import MAX_GRID_Y, local_launches, ring_launches
+from hilbert_hpc.kernels.launch import MAX_GRID_Y, hop_launches, local_launches
 from hilbert_hpc.kernels.program import compiled
 from hilbert_hpc.kernels.registry import BACKWARD
 from hilbert_hpc.kernels.selection import KernelChoice
@@ -155,7 +155,7 @@ class RingBackwardKernels:
         K/V ``block``, launched in place: dQ into the shard's ``dq``, dK/dV into the accumulator block
         ``partial`` at the offsets of K/V in ``block`` (``geom``: a ``distributed.ring.RingPattern``)."""
         n, heads, d = (int(x) for x in qs.shape)
-        for geometry in ring_launches(geom, pos, src, pair, scale, heads, d):
+        for geometry in hop_launches(geom, pos, src, pair, float(scale), heads, d):
             self.kernels.launch(qs, block, block, dout, lse, delta, dq, partial, partial, **geometry)
 
     def gathered(self, qs: Any, dout: Any, lse: Any, delta: Any, sequence: Any, terms: Any, gather: Any,

@@ -12,6 +12,7 @@ provider (:mod:`hilbert_hpc.kernels.sixteen_bit`, whose output stays 16-bit); th
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -68,12 +69,59 @@ def local_launches(patterns: Sequence[Any], causal: bool, scale: float, n: int, 
     return launches
 
 
+#: the geometry fields of a launch (base, segment, head and row strides in elements)
+GEOMETRIES = ("qg", "kg", "vg", "lg", "og")
+
+
+def coalesce_heads(launches: Sequence[dict]) -> list[dict]:
+    """``launches`` with each run of adjacent one-head, one-segment launches that differ only in their bases,
+    by the same step from one to the next in every geometry, made one launch over that many heads (each
+    geometry's head stride the step): the head offsets of a long pattern whose dilation is at least the head
+    count (one head each: LongNet's global patterns), in one launch instead of one each, so that a ring hop or a
+    gathered pattern is one launch of many blocks, not many launches of a few. Launches that write the same
+    rows (a step of 0) stay apart."""
+    def shared(kw: dict) -> tuple:
+        return tuple((f, v if f not in GEOMETRIES or v is None else v[1:]) for f, v in sorted(kw.items())
+                     if f != "heads")
+
+    def step(a: dict, b: dict) -> tuple | None:
+        steps = tuple(None if a.get(f) is None else b[f][0] - a[f][0] for f in GEOMETRIES)
+        return None if any(x == 0 for x in steps) else steps
+
+    runs: list[tuple[list[dict], tuple | None]] = []
+    for kw in launches:
+        single = kw["heads"] == 1 and kw["segments"] == 1
+        if runs and single:
+            group, steps = runs[-1]
+            last = group[-1]
+            if last["heads"] == 1 and last["segments"] == 1 and shared(last) == shared(kw):
+                now = step(last, kw)
+                if now is not None and (steps is None or now == steps):
+                    group.append(kw)
+                    runs[-1] = (group, now)
+                    continue
+        runs.append(([kw], None))
+    out = []
+    for group, steps in runs:
+        if len(group) == 1:
+            out.append(group[0])
+            continue
+        merged = dict(group[0], heads=len(group))
+        for f, by in zip(GEOMETRIES, steps):
+            if by is not None:
+                g = merged[f]
+                merged[f] = (g[0], g[1], by, g[3])
+        out.append(merged)
+    return out
+
+
 def ring_launches(geom: Any, pos: int, src: int, pair: Any, scale: float, heads: int, head_dim: int) -> list[dict]:
     """The launches (keyword arguments of a launcher) of ring position ``pos``'s selected queries of piece
     ``pair.query`` against piece ``pair.key`` of the packed block of ring position ``src`` (``geom``: a
     ``distributed.ring.RingPattern``, ``pair`` a ``PiecePair``), one per head offset with rows on both sides: Q
     (and the output, dO, dQ) and the log-sum-exp (and delta) addressed in the (n, heads, head_dim) shard, K and V
-    (and dK, dV in an accumulator block of the same layout) at the part's element offsets in the block."""
+    (and dK, dV in an accumulator block of the same layout) at the part's element offsets in the block; offsets
+    of one head each in one launch where their rows line up (:func:`coalesce_heads`)."""
     d, row, hrow = head_dim, heads * head_dim, heads
     r = geom.pattern.dilation
     launches = []
@@ -87,7 +135,14 @@ def ring_launches(geom: Any, pos: int, src: int, pair: Any, scale: float, heads:
         launches.append(dict(qg=(rows.start * row + o * d, 0, r * d, r * row), kg=(part.k0, 0, d, nh * d),
                              vg=(part.v0, 0, d, nh * d), lg=(rows.start * hrow + o, 0, r, r * hrow), segments=1,
                              heads=nh, mq=mq, mk=part.rows, shift=pair.shift, scale=scale, head_dim=d))
-    return launches
+    return coalesce_heads(launches)
+
+
+@lru_cache(maxsize=1024)
+def hop_launches(geom: Any, pos: int, src: int, pair: Any, scale: float, heads: int, head_dim: int) -> tuple[dict, ...]:
+    """:func:`ring_launches` worked out once per case and hop (``geom``, the case's ``RingPattern``, keyed by
+    identity), for the providers that launch them at every hop; the launches are read, never changed."""
+    return tuple(ring_launches(geom, pos, src, pair, scale, heads, head_dim))
 
 
 def accumulators(xp: Any, n: int, heads: int, dv: int, dtype: Any, out_dtype: Any = None) -> tuple[Array, Array]:
@@ -129,8 +184,8 @@ class FusedKernels:
                    out: Array, lse: Array) -> None:
         """Attend this rank's selected queries of piece ``pair.query`` to piece ``pair.key`` of a packed ring block
         from ring position ``src`` (``distributed.ring.RingPattern``, ``PiecePair``); merge in place."""
-        n, heads, d = qs.shape
-        for geometry in ring_launches(geom, pos, src, pair, scale, heads, d):
+        n, heads, d = (int(x) for x in qs.shape)
+        for geometry in hop_launches(geom, pos, src, pair, float(scale), heads, d):
             self.launch(qs, block, block, out, lse, **geometry)
 
     def gathered(self, qs: Array, sequence: Array, gather: Any, scale: float, out: Array, lse: Array) -> None:

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 import hilbert_hpc.kernels.tma as tma
-from hilbert_hpc.kernels.launch import FusedKernels, local_launches, query_chunks, ring_launches, segment_dilation
+from hilbert_hpc.kernels.launch import FusedKernels, hop_launches, local_launches, query_chunks, segment_dilation
 from hilbert_hpc.kernels.program import Program, compiled, load
 from hilbert_hpc.kernels.registry import SIXTEEN_BIT_ALIGN, SIXTEEN_BIT_TYPES, Variant, dtype_name
 from hilbert_hpc.kernels.selection import KernelChoice, choose
@@ -139,6 +139,9 @@ def head_offset_parts(launches: Sequence[dict]) -> list[list[dict]]:
 
 #: most blocks of a one-dimensional grid
 MAX_GRID_X = 2**31 - 1
+#: bytes at the end of a tma16 launch's arguments in device memory that hold its item counter (an int32, 16 bytes
+#: keep the buffer's size a multiple of 16)
+COUNTER_BYTES = 16
 #: bytes of K and V that the problems of one group of a causal tma16 launch share (a third of an H100's L2)
 CAUSAL_GROUP_BYTES = 16 * 2**20
 #: one part of a tma16 launch in device memory, after its maps (LaunchPart in dilated_fwd_tma_16.cu)
@@ -226,24 +229,26 @@ def _launch_tma(fn: Any, run: LaunchRun, arrays: tuple, final_out: Any = None) -
     device = cupy.cuda.Device().id
     final = None if final_out is None else device_pointer(final_out)
     buffer, grid, args = _tma_arguments(run, pointers, final, device)
-    work = cupy.zeros(1, dtype=cupy.int32)       # the persistent blocks' item counter (stream-ordered memory)
-    fn(grid, (run.chosen.threads,), (np.uint64(buffer.data.ptr), np.uint64(work.data.ptr), *args),
+    work = buffer.data.ptr + buffer.nbytes - COUNTER_BYTES     # the persistent blocks' item counter, set to 0
+    cupy.cuda.runtime.memsetAsync(work, 0, COUNTER_BYTES, cupy.cuda.get_current_stream().ptr)
+    fn(grid, (run.chosen.threads,), (np.uint64(buffer.data.ptr), np.uint64(work), *args),
        shared_mem=run.chosen.shared_bytes)
 
 
 @lru_cache(maxsize=512)
 def _tma_arguments(run: LaunchRun, pointers: tuple, final_out: int | None, device: int) -> tuple[Any, tuple, tuple]:
-    """(the maps and parts' table in device memory, grid, the arguments after the two pointers) of ``run``'s tma16
+    """(the maps, the parts' table and the launch's item counter (its last ``COUNTER_BYTES``, set to zero on the
+    stream before each launch) in device memory, grid, the arguments after the two pointers) of ``run``'s tma16
     launch on the arrays at ``pointers`` (q, k, v, out, lse) of ``device``, computed once for each (run, arrays):
-    the plan of a call repeated on the same arrays costs a lookup (the run is keyed by identity, and kept alive by
-    the key)."""
+    the plan of a call repeated on the same arrays costs a lookup and a memset (the run is keyed by identity, and
+    kept alive by the key)."""
     final = None
     if final_out is not None:
         table = _later_table(device, run.parts[0]["final"].later)
         final = (final_out, 0 if table is None else table.data.ptr)
     maps, grid, args, table_bytes = tma_launch_args(run.chosen, pointers, run.parts, sms=multiprocessors(device),
                                                     final=final)
-    return tma.device_maps(device, maps, table_bytes), grid, args
+    return tma.device_maps(device, maps, table_bytes + bytes(COUNTER_BYTES)), grid, args
 
 
 @lru_cache(maxsize=64)
@@ -352,23 +357,19 @@ class SixteenBitKernels:
                    lse: Any) -> None:
         """A packed ring block merged into the 16-bit running output (the geometry of
         ``FusedKernels.ring_block``), its head offsets in one launch where the kernel allows
-        (:func:`head_offset_parts`)."""
+        (:func:`head_offset_parts`); the runs are worked out once per hop of a case (:func:`hop_runs`)."""
         n, heads, d = (int(x) for x in qs.shape)
-        self._merged(qs, block, out, lse, ring_launches(geom, pos, src, pair, scale, heads, d), checked=True)
+        for run in hop_runs(self.choice, geom, pos, src, pair, float(scale), heads, d):
+            launch_parts(self.choice, qs, block, block, out, lse, run)
 
     def gathered(self, qs: Any, sequence: Any, gather: Any, scale: float, out: Any, lse: Any) -> None:
         """A gathered pattern's rows in sequence order merged into the 16-bit running output (the geometry of
-        ``FusedKernels.gathered``), its head offsets in one launch where the kernel allows."""
+        ``FusedKernels.gathered``), its head offsets in one launch where the kernel allows (runs worked out once
+        per case: :func:`gathered_runs`)."""
         n, heads, d = (int(x) for x in qs.shape)
-        self._merged(qs, sequence, out, lse, gather.launches(scale, heads, d), checked=False)
-
-    def _merged(self, qs: Any, keys: Any, out: Any, lse: Any, launches: Sequence[dict], checked: bool) -> None:
-        """``launches`` of queries in ``qs`` against K/V in ``keys``, merged into ``out`` (16-bit) and ``lse``;
-        ``checked``: the arrays were checked already (a ring's later hops)."""
-        if not checked:
-            check_arrays(qs, keys, keys, out, lse)
-        for run in merged_runs(self.choice, tuple(tuple(sorted(kw.items())) for kw in launches)):
-            launch_parts(self.choice, qs, keys, keys, out, lse, run)
+        check_arrays(qs, sequence, sequence, out, lse)
+        for run in gathered_runs(self.choice, gather, float(scale), heads, d):
+            launch_parts(self.choice, qs, sequence, sequence, out, lse, run)
 
 
     def local_patterns(self, qs: Any, ks: Any, vs: Any, patterns: Sequence, causal: bool, scale: float, out: Any,
@@ -399,12 +400,22 @@ class SixteenBitKernels:
         del scratch
 
 
-@lru_cache(maxsize=512)
-def merged_runs(choice: KernelChoice, launches: tuple[tuple[tuple[str, Any], ...], ...]) -> tuple[LaunchRun, ...]:
-    """The checked runs of ``launches`` (each as its sorted items) merging into a 16-bit output, head offsets
-    together (:func:`head_offset_parts`), made once per geometry: a ring's hops and a gathered pattern repeat the
-    same launches at every call, and a run's tma16 arguments are cached with it (:func:`_tma_arguments`)."""
-    return tuple(LaunchRun(choice, parts) for parts in head_offset_parts([dict(kw) for kw in launches]))
+@lru_cache(maxsize=1024)
+def hop_runs(choice: KernelChoice, geom: Any, pos: int, src: int, pair: Any, scale: float, heads: int,
+             head_dim: int) -> tuple[LaunchRun, ...]:
+    """The checked runs of one ring hop's piece pair (``launch.ring_launches``) merging into a 16-bit output,
+    head offsets together (:func:`head_offset_parts`), made once per case and hop (``geom``, the case's
+    ``RingPattern``, is keyed by identity): every call's hops then cost their launches alone, and a run's tma16
+    arguments are cached with it (:func:`_tma_arguments`)."""
+    launches = hop_launches(geom, pos, src, pair, scale, heads, head_dim)
+    return tuple(LaunchRun(choice, parts) for parts in head_offset_parts(launches))
+
+
+@lru_cache(maxsize=256)
+def gathered_runs(choice: KernelChoice, gather: Any, scale: float, heads: int, head_dim: int) -> tuple[LaunchRun, ...]:
+    """The checked runs of a gathered pattern (``GatherPattern.launches``, keyed by identity: the case's), made
+    once per case, as :func:`hop_runs`."""
+    return tuple(LaunchRun(choice, parts) for parts in head_offset_parts(gather.launches(scale, heads, head_dim)))
 
 
 @lru_cache(maxsize=64)

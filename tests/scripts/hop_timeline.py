@@ -31,6 +31,7 @@ from hilbert_hpc.distributed.ring import RingStats, ring_dilated_forward  # noqa
 from hilbert_hpc.distributed.sharding import Layout  # noqa: E402
 from hilbert_hpc.distributed.timeline import Timeline  # noqa: E402
 from hilbert_hpc.distributed.transports import resolve_transport  # noqa: E402
+from hilbert_hpc.study.measure import generation_module  # noqa: E402
 
 
 def median_ms(call: Callable[[], object], be: Any, comm: Any, repeats: int) -> float:
@@ -81,10 +82,12 @@ def main() -> None:
     patterns = [Pattern(args.local, 1), Pattern(args.tokens, args.tokens // args.rows)]
     layout = Layout((args.tokens,), "natural", size)
     d = args.head_dim
-    host = [random_rows(37, t, layout.shard_natural(rank), args.heads, d, np.float32) for t in ("q", "k", "v")]
+    xp = generation_module(be.on_gpu)             # rows made where they are used (host generation takes minutes)
+    made = [random_rows(37, t, layout.shard_natural(rank), args.heads, d, np.float32, xp) for t in ("q", "k", "v")]
     kernel = be.kernel_choice(d, args.dtype)
     side = be.ring_side(args.dtype, kernel)
-    qs, ks, vs = (side.view(be.to_device(x, args.dtype)) for x in host)
+    qs, ks, vs = (side.view(be.to_device(x, args.dtype)) for x in made)
+    del made
     transport, why = resolve_transport(args.transport, be.on_gpu, comm)
     call = dict(patterns=patterns, comm=comm, causal=args.causal, transport=transport, kernels=side.forward,
                 schedule=args.schedule, sync_rings=True)
