@@ -174,7 +174,8 @@ def test_one_head_offsets_of_a_hop_are_one_launch():
     that write the same rows, stay apart."""
     from hilbert_hpc.distributed.ring import gather_geometry, ring_geometry
     from hilbert_hpc.distributed.sharding import Shards
-    from hilbert_hpc.kernels.launch import coalesce_heads, ring_launches
+    from hilbert_hpc.core.launch_geometry import coalesce_heads
+    from hilbert_hpc.kernels.launch import ring_launches
 
     heads, d, shards = 6, 8, Shards(256, 4)
     geom = ring_geometry(Pattern(256, 8), shards, 0, heads, d, d)

@@ -49,3 +49,34 @@ def test_a_ring_side_is_decided_once_per_case():
     assert bf16.output.keywords == {"dtype": "bfloat16"}
     fp32 = cuda.ring_side("float32", planned_choice("float32", 64, 90), None)
     assert isinstance(fp32.forward, FusedKernels) and fp32.view("x") == "x"
+
+
+def test_backend_cuda_takes_its_side_once_per_case():
+    """Backend cuda has an FP32 side and a 16-bit side: a case takes its side once (``for_dtype``; the study's
+    setup keeps it), whose methods never ask which precision they compute in; the backend itself hands each call
+    to the side of the call's dtype or arrays (a torch tensor is 16-bit), with the same answers as the side."""
+    torch = pytest.importorskip("torch")
+    import numpy as np
+
+    from hilbert_hpc.backends import find_backend
+    from hilbert_hpc.backends.cuda_fused import CudaFp32Side, CudaSixteenBit
+    from hilbert_hpc.kernels.selection import planned_choice
+    from hilbert_hpc.study.jobfile import load_job
+    from hilbert_hpc.study.setup import plan_setup
+
+    cuda = find_backend("cuda")
+    for dtype, side in (("float32", CudaFp32Side), ("bfloat16", CudaSixteenBit), ("float16", CudaSixteenBit)):
+        chosen = cuda.for_dtype(dtype)
+        assert type(chosen) is side and chosen.name == "cuda" and dtype in chosen.dtypes
+        assert chosen.memory is not None and chosen.for_dtype(dtype) is chosen
+        assert (cuda.kernel_choice(64, dtype, gpu_here=False, cc=90)
+                == chosen.kernel_choice(64, dtype, gpu_here=False, cc=90) == planned_choice(dtype, 64, 90))
+    assert type(cuda._side_of(torch.zeros(2, dtype=torch.bfloat16))) is CudaSixteenBit
+    assert type(cuda._side_of(np.zeros(2, dtype=np.float32))) is CudaFp32Side
+    assert np.array_equal(cuda.to_numpy(torch.tensor([1.5, -2.0], dtype=torch.bfloat16)), [1.5, -2.0])
+    assert find_backend("numpy").for_dtype("float64").name == "numpy"
+
+    job = load_job("sides.toml", '[job]\nname = "sides"\noutput = "x.h5"\n[[cases]]\nname = "c"\nbackend = "cuda"\n'
+                                 'dtype = "bfloat16"\ngrid = [64, 64]\nheads = 2\nhead_dim = 64\n'
+                                 'patterns = [[256, 1]]\n')
+    assert type(plan_setup(job.cases[0]).backend) is CudaSixteenBit

@@ -99,6 +99,12 @@ class Backend:
         default, a module of ``requires`` that does not import (:meth:`missing_module`)."""
         return self.missing_module()
 
+    def for_dtype(self, dtype: str) -> "Backend":
+        """The backend that computes cases of ``dtype``: itself, or, for a backend with a side per precision
+        (``cuda``: FP32 and 16-bit), that side, chosen once per case (``study.setup.check_case``) so that no
+        method of it asks again which precision its arrays are in."""
+        return self
+
     def check(self, head_dim: int, dtype: str, ranks: int) -> KernelChoice | None:
         """Refuse (RuntimeError or ValueError with the reason) what this backend or GPU cannot run, before any
         work; returns the kernel the case will run (:meth:`kernel_choice`)."""

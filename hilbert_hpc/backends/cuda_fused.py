@@ -90,19 +90,32 @@ class FusedMemory(BackendMemory):
         return 3 * shape.row * (shape.shard * shape.itemsize + chunk * 4)
 
 
-class CudaBackend(CudaFp32Backend):
-    """The fused kernels in the case's dtype: the FP32 kernels for float32, the 16-bit kernels on torch tensors."""
+class CudaFp32Side(CudaFp32Backend):
+    """Backend ``cuda`` in float32: the FP32 kernels of backend ``cuda-fp32`` on CuPy arrays."""
 
     name = "cuda"
-    dtypes = ("float32", "bfloat16", "float16")
+    dtypes = ("float32",)
+    memory = FusedMemory()
+
+    def synchronize(self) -> None:
+        """Wait for all work queued on this GPU."""
+        import cupy
+
+        cupy.cuda.Device().synchronize()
+
+
+class CudaSixteenBit(CudaFp32Backend):
+    """Backend ``cuda`` in bfloat16 and float16: the 16-bit tensor-core kernels on torch tensors."""
+
+    name = "cuda"
+    dtypes = ("bfloat16", "float16")
     memory = FusedMemory()
 
     def kernel_choice(self, head_dim: int, dtype: str, gpu_here: bool = True,
                       cc: int | None = None) -> KernelChoice | None:
-        """The kernel this GPU runs for ``head_dim`` and ``dtype`` (:func:`hilbert_hpc.kernels.selection.choose`:
-        the FP32 kernels for float32, the 16-bit ones otherwise; RuntimeError for a GPU without 16-bit tensor
-        cores or a forced variant it cannot run). ``gpu_here=False``: the choice of the GPU nodes (of
-        compute capability ``cc`` when given)."""
+        """The 16-bit kernel this GPU runs for ``head_dim`` and ``dtype`` (:func:`hilbert_hpc.kernels.selection.
+        choose`; RuntimeError for a GPU without 16-bit tensor cores or a forced variant it cannot run).
+        ``gpu_here=False``: the choice of the GPU nodes (of compute capability ``cc`` when given)."""
         from hilbert_hpc.kernels.selection import choose, planned_choice
 
         return choose(dtype, head_dim) if gpu_here else planned_choice(dtype, head_dim, cc)
@@ -110,38 +123,30 @@ class CudaBackend(CudaFp32Backend):
     def serialized_backward(self, qs: Any, ks: Any, vs: Any, out: Any, lse: Any, dout: Any,
                             patterns: Sequence[Pattern], causal: bool, scale: float,
                             kernel: KernelChoice | None = None) -> tuple[Any, Any, Any]:
-        """16 bits: the gradients rounded once to the case's dtype from the backward kernel's float32 sums, as
-        ``hilbert_hpc.nn`` returns them (:func:`hilbert_hpc.backends.cuda_autograd.backward`); float32 as
-        backend ``cuda-fp32``."""
-        if not is_tensor(qs):
-            return super().serialized_backward(qs, ks, vs, out, lse, dout, patterns, causal, scale, kernel)
+        """The gradients rounded once to the case's dtype from the backward kernel's float32 sums, as
+        ``hilbert_hpc.nn`` returns them (:func:`hilbert_hpc.backends.cuda_autograd.backward`)."""
         from hilbert_hpc.backends.cuda_autograd import backward
 
         return backward(qs, ks, vs, out, lse, dout, patterns, causal, scale, kernel)
 
     def ring_side(self, dtype: str, kernel: KernelChoice | None = None, backward_kernel: KernelChoice | None = None,
                   backward: bool = False) -> RingSide | None:
-        """float32: the FP32 kernels' side; 16 bits: the 16-bit kernels with the tensors moved as CuPy int16
-        views of their bits (no copy), the running output turned back into a tensor of ``dtype`` (a view) and
-        the float32 gradient sums rounded once (to nearest even) into tensors of ``dtype``, as
-        :meth:`serialized_backward` rounds them."""
+        """The 16-bit kernels with the tensors moved as CuPy int16 views of their bits (no copy), the running
+        output turned back into a tensor of ``dtype`` (a view) and the float32 gradient sums rounded once (to
+        nearest even) into tensors of ``dtype``, as :meth:`serialized_backward` rounds them."""
         side = super().ring_side(dtype, kernel, backward_kernel, backward)
-        if side is None or not _sixteen_bit(dtype):
-            return side
+        if side is None:
+            return None
         return dataclasses.replace(side, view=_bits, output=partial(_as_tensor, dtype=dtype),
                                    gradients=partial(_rounded, dtype=dtype))
 
     def to_device(self, x: Any, dtype: Any) -> Any:
-        """float32: a contiguous CuPy array; 16 bits: a torch tensor on this GPU, rounded to nearest even."""
-        if _sixteen_bit(dtype):
-            return to_tensor(x, dtype)
-        return super().to_device(x, dtype)
+        """A torch tensor on this GPU, rounded to nearest even."""
+        return to_tensor(x, dtype)
 
     def to_numpy(self, x: Any) -> np.ndarray:
         """A host copy (bfloat16 as float32, exactly)."""
-        if is_tensor(x):
-            return tensor_to_numpy(x)
-        return super().to_numpy(x)
+        return tensor_to_numpy(x)
 
     def synchronize(self) -> None:
         """Wait for all work queued on this GPU (CuPy launches and torch conversions)."""
@@ -151,10 +156,8 @@ class CudaBackend(CudaFp32Backend):
 
     def serialized_attention(self, qs: Any, ks: Any, vs: Any, patterns: Sequence[Pattern], causal: bool,
                              scale: float, kernel: KernelChoice | None = None) -> Any:
-        """Dilated attention of a whole serialized sequence with the fused kernel of its dtype (``kernel``: the
-        case's choice; None: chosen once here for this call)."""
-        if not is_tensor(qs):
-            return super().serialized_attention(qs, ks, vs, patterns, causal, scale, kernel)
+        """Dilated attention of a whole serialized sequence with the 16-bit kernel (``kernel``: the case's choice;
+        None: chosen once here for this call)."""
         import torch
 
         n, heads, head_dim = qs.shape
@@ -163,3 +166,60 @@ class CudaBackend(CudaFp32Backend):
         lse = torch.full((n, heads), float("-inf"), dtype=torch.float32, device=qs.device)
         self.ring_kernels(kernel).local_patterns(qs, ks, vs, patterns, causal, scale, out, lse)
         return out
+
+
+#: the side of backend ``cuda`` per precision: FP32, or 16 bits
+_SIDES: dict[bool, type[CudaFp32Backend]] = {False: CudaFp32Side, True: CudaSixteenBit}
+
+
+class CudaBackend(CudaFp32Backend):
+    """The fused kernels in the case's dtype: :class:`CudaFp32Side` for float32, :class:`CudaSixteenBit` (torch
+    tensors) for 16 bits. A case takes its side once (:meth:`for_dtype`); the methods here, for callers that hold
+    the backend itself, hand each call to the side of its dtype or of its arrays (a torch tensor is 16-bit)."""
+
+    name = "cuda"
+    dtypes = ("float32", "bfloat16", "float16")
+    memory = FusedMemory()
+
+    def for_dtype(self, dtype: str) -> CudaFp32Backend:
+        """The side that computes ``dtype``: :class:`CudaSixteenBit` for bfloat16 and float16, else
+        :class:`CudaFp32Side`."""
+        return _SIDES[_sixteen_bit(dtype)]()
+
+    def _side_of(self, x: Any) -> CudaFp32Backend:
+        """The side whose arrays ``x`` is (torch tensors are the 16-bit side's)."""
+        return _SIDES[is_tensor(x)]()
+
+    def kernel_choice(self, head_dim: int, dtype: str, gpu_here: bool = True,
+                      cc: int | None = None) -> KernelChoice | None:
+        """The kernel of ``dtype``'s side (:meth:`for_dtype`)."""
+        return self.for_dtype(dtype).kernel_choice(head_dim, dtype, gpu_here, cc)
+
+    def ring_side(self, dtype: str, kernel: KernelChoice | None = None, backward_kernel: KernelChoice | None = None,
+                  backward: bool = False) -> RingSide | None:
+        """The ring side of ``dtype``'s side."""
+        return self.for_dtype(dtype).ring_side(dtype, kernel, backward_kernel, backward)
+
+    def to_device(self, x: Any, dtype: Any) -> Any:
+        """``x`` as ``dtype``'s side holds it: float32 a contiguous CuPy array, 16 bits a torch tensor."""
+        return self.for_dtype(dtype).to_device(x, dtype)
+
+    def to_numpy(self, x: Any) -> np.ndarray:
+        """A host copy (bfloat16 as float32, exactly)."""
+        return self._side_of(x).to_numpy(x)
+
+    def synchronize(self) -> None:
+        """Wait for all work queued on this GPU (CuPy launches and torch conversions)."""
+        CudaSixteenBit().synchronize()
+
+    def serialized_attention(self, qs: Any, ks: Any, vs: Any, patterns: Sequence[Pattern], causal: bool,
+                             scale: float, kernel: KernelChoice | None = None) -> Any:
+        """Dilated attention of a whole serialized sequence on the side of its arrays."""
+        return self._side_of(qs).serialized_attention(qs, ks, vs, patterns, causal, scale, kernel)
+
+    def serialized_backward(self, qs: Any, ks: Any, vs: Any, out: Any, lse: Any, dout: Any,
+                            patterns: Sequence[Pattern], causal: bool, scale: float,
+                            kernel: KernelChoice | None = None) -> tuple[Any, Any, Any]:
+        """The gradients on the side of the arrays (:meth:`CudaSixteenBit.serialized_backward`, or the FP32
+        kernels' float32 gradients)."""
+        return self._side_of(qs).serialized_backward(qs, ks, vs, out, lse, dout, patterns, causal, scale, kernel)

@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 
 from hilbert_hpc.core.blockwise import array_module
+from hilbert_hpc.core.launch_geometry import coalesce_heads
 from hilbert_hpc.distributed.sharding import count
-from hilbert_hpc.kernels.launch import coalesce_heads
 
 Array = Any
 

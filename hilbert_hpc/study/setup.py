@@ -104,7 +104,7 @@ def check_case(case: Case, ranks: int | None = None) -> CaseSetup:
     in this order: distribution, backend (usable here), transport, kernel (this GPU), rank count (and pass)."""
     ranks = case.ranks if ranks is None else ranks
     layout = case_layout(case, ranks)
-    be = require_usable(case.backend, f"{case.case_id}.backend")
+    be = require_usable(case.backend, f"{case.case_id}.backend").for_dtype(case.dtype)   # its side, once
     transport = SINGLE_RANK
     if ranks > 1:
         transport = choose_transport(case.transport, be.on_gpu)
@@ -147,7 +147,7 @@ def plan_setup(case: Case, cc: int | None = None) -> CaseSetup:
     distribution is checked and the kernel is the one of the GPU nodes (Hopper's, which needs the most memory;
     ``decided`` False). ``cc``: the compute capability of the GPU the plan is for (``plan --gpu MODEL``): the
     kernel is the one ``run`` chooses there."""
-    be = find_backend(case.backend, f"{case.case_id}.backend")
+    be = find_backend(case.backend, f"{case.case_id}.backend").for_dtype(case.dtype)
     if be.usable() is not None:
         layout = case_layout(case, case.ranks)
         return CaseSetup(case, case.ranks, layout, precision(case.dtype), be,
