@@ -145,8 +145,9 @@ class CudaSixteenBit(CudaFp32Backend):
         return to_tensor(x, dtype)
 
     def to_numpy(self, x: Any) -> np.ndarray:
-        """A host copy (bfloat16 as float32, exactly)."""
-        return tensor_to_numpy(x)
+        """A host copy of a tensor (bfloat16 as float32, exactly) or of one of the ring's CuPy arrays (its float32
+        sums, a 16-bit output's bits)."""
+        return tensor_to_numpy(x) if is_tensor(x) else super().to_numpy(x)
 
     def synchronize(self) -> None:
         """Wait for all work queued on this GPU (CuPy launches and torch conversions)."""
