@@ -9,6 +9,9 @@ from typing import Any, Sequence
 from hilbert_hpc import __version__
 from hilbert_hpc.errors import UserError
 
+#: the exit code of ``report --check`` when a figure fails its reference
+CHECK_FAILED = 1
+
 
 def _world() -> Any:
     """Initialize MPI (or the single-process stand-in) and make any rank's crash abort all ranks."""
@@ -155,10 +158,24 @@ def _project(args: argparse.Namespace, device: int | None, cc: int | None) -> in
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from hilbert_hpc.study.report import report
+    from hilbert_hpc.study.report import Regression, report
 
-    report(args.results, csv_path=args.csv, plot_dir=args.plot, overwrite=args.overwrite, wide=args.wide)
-    return 0
+    if args.history is not None:
+        from hilbert_hpc.study.report_history import report_history
+
+        if args.results:
+            raise UserError("--history reads a perflog alone: give it no results files", "--history")
+        report_history(args.history, args.figure, args.plot, args.overwrite)
+        return 0
+    if not args.results:
+        raise UserError("report needs results files (or --history PERFLOG)", "results")
+    if args.figure is not None:
+        raise UserError("--figure chooses the figure of --history", "--figure")
+    regression = Regression(check=args.check, save_references=args.save_references, perflog=args.perflog,
+                            system=args.system, json=args.json)
+    tables = report(args.results, csv_path=args.csv, plot_dir=args.plot, overwrite=args.overwrite, wide=args.wide,
+                    regression=regression)
+    return CHECK_FAILED if any(v.result == "fail" for v in tables["verdicts"]) else 0
 
 
 def _cmd_maxlen(args: argparse.Namespace) -> int:
@@ -264,13 +281,29 @@ def build_parser() -> argparse.ArgumentParser:
     plan.set_defaults(func=_cmd_plan)
     rep = sub.add_parser("report", help="scaling tables (strong, weak, Hilbert vs natural, communication, "
                                         "PyTorch peer, bandwidth) from results and bandwidth files")
-    rep.add_argument("results", nargs="+", help="results files (HDF5) and bandwidth files (bandwidth -o); files "
+    rep.add_argument("results", nargs="*", help="results files (HDF5) and bandwidth files (bandwidth -o); files "
                                                 "of separate jobs are merged")
     rep.add_argument("--csv", help="also write every table, with every column, to this CSV file")
     rep.add_argument("--plot", metavar="DIR", help="write PNG plots (strong/weak scaling) into DIR")
     rep.add_argument("--overwrite", action="store_true",
                      help="replace a CSV file or plots that an earlier report wrote (never any other file)")
     rep.add_argument("--wide", action="store_true", help="print every column (default: compact tables)")
+    rep.add_argument("--check", metavar="REFS",
+                     help="check each case's figures of merit against the references of this system in REFS "
+                          "(TOML; figure = [value, lower, upper, \"unit\"]); exit 1 if one fails")
+    rep.add_argument("--save-references", metavar="PATH",
+                     help="write the figures of merit as a references file to start from (default tolerances)")
+    rep.add_argument("--perflog", metavar="PATH",
+                     help="append one line per case and figure (ReFrame's perflog form, with the reference and "
+                          "verdict of --check) to PATH, under a lock")
+    rep.add_argument("--system", help=f"the system the references and perflog lines are kept under (default "
+                                      f"${{HILBERT_HPC_SYSTEM}}, else the host name)")
+    rep.add_argument("--json", action="store_true",
+                     help="print the figures of merit per case as JSON instead of the tables (for ReFrame)")
+    rep.add_argument("--history", metavar="PERFLOG",
+                     help="print the runs of a perflog as a table over time (with --plot DIR: a plot)")
+    rep.add_argument("--figure", help="the figure --history shows (default: every figure in the table; the "
+                                      "plot: attention_s)")
     rep.set_defaults(func=_cmd_report)
     ml = sub.add_parser("maxlen", help="max-length search on one device: longest sequence that fits, "
                                        "peak memory against the Q/K/V/O floor")

@@ -63,8 +63,10 @@ version of the code (a resume by other code) gets a note naming them.
 
 from __future__ import annotations
 
+import json
 import sys
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence, TextIO
 
@@ -73,7 +75,10 @@ from hilbert_hpc.study.output_files import NewOutput, OutputError, link_problem,
 from hilbert_hpc.study.report_files import (PLOTS, csv_filler, is_report_csv, is_report_png, need_matplotlib,
                                             plot_filler)
 from hilbert_hpc.study.report_format import print_tables
-from hilbert_hpc.study.report_read import Loaded, load_files
+from hilbert_hpc.study.perflog import append_perflog, perflog_lines
+from hilbert_hpc.study.regression import (REFERENCES_MARK, check as check_figures, figures_of_merit, read_references,
+                                          references_text, system_name, verdict_lines)
+from hilbert_hpc.study.report_read import Loaded, finish_time, load_files
 from hilbert_hpc.study.report_tables import TABLES, build_tables, table_notes
 
 
@@ -174,32 +179,92 @@ def _plot_targets(tables: dict[str, list[dict[str, Any]]],
             for plot in PLOTS if tables.get(plot[0])]
 
 
+@dataclass
+class Regression:
+    """What a report checks and records (docs/studies.md, "Regression checks"): references to check against
+    (``check``, a TOML file), a references file to write from the results (``save_references``), a perflog to
+    append to (``perflog``), the system name they are kept under (``system``), and ``json``: print the figures
+    of merit as JSON instead of the tables (what a ReFrame check reads)."""
+
+    check: str | Path | None = None
+    save_references: str | Path | None = None
+    perflog: str | Path | None = None
+    system: str | None = None
+    json: bool = False
+
+    def wanted(self) -> bool:
+        """Whether the figures of merit are needed at all."""
+        return bool(self.check or self.save_references or self.perflog or self.json)
+
+
+def _job_names(paths: Sequence[str | Path]) -> dict[str, str]:
+    """The job name recorded in each results file (by path as given)."""
+    import h5py
+
+    names = {}
+    for path in paths:
+        try:
+            with h5py.File(path, "r") as h5:
+                names[str(path)] = str(h5.attrs.get("job_name", ""))
+        except (OSError, ValueError):
+            names[str(path)] = ""
+    return names
+
+
 def report(paths: Sequence[str | Path], stream: TextIO | None = None, csv_path: str | Path | None = None,
-           plot_dir: str | Path | None = None, overwrite: bool = False, wide: bool = False) -> dict[str, list[Any]]:
-    """Print the tables; write CSV / PNG plots when asked; return the table rows (for tests).
+           plot_dir: str | Path | None = None, overwrite: bool = False, wide: bool = False,
+           regression: Regression | None = None) -> dict[str, list[Any]]:
+    """Print the tables; write CSV / PNG plots when asked; check, save and log the figures of merit when
+    ``regression`` asks (:class:`Regression`); return the table rows (for tests).
 
     Every refusal of an output (:class:`ReportOutput`) comes before anything
     is printed or written. ``wide`` prints every column; the compact default
     fits about :data:`COMPACT_WIDTH` columns (the CSV always has every field).
     The result maps each table name of :data:`TABLES` to its rows (dicts,
-    times in seconds), ``"notes"`` to the note lines printed and ``"plots"``
-    to the PNG files written.
+    times in seconds), ``"notes"`` to the note lines printed, ``"plots"``
+    to the PNG files written, ``"figures"`` and ``"verdicts"`` to the figures of merit and their verdicts
+    (:mod:`hilbert_hpc.study.regression`).
     """
     stream = stream or sys.stdout
+    regression = regression or Regression()
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     loaded = load_files(paths)
     notes = loaded.notes
     tables: dict[str, list[Any]] = build_tables(loaded.cases, notes, loaded.sweeps)
+    system = regression_system(regression)
+    figures = figures_of_merit(tables) if regression.wanted() else []
+    references = read_references(regression.check, system) if regression.check else {}
+    verdicts = check_figures(figures, references) if regression.check else []
+    if regression.check and not verdicts:
+        raise UserError(f"the references in {str(regression.check)!r} for system {system!r} name no case and "
+                        f"figure of these results (their case ids: "
+                        f"{', '.join(sorted({f.case for f in figures})) or 'none'})", "--check")
     csv_target = ([ReportOutput(Path(csv_path), "--csv", "CSV file", is_report_csv, loaded, overwrite)]
                   if csv_path is not None else [])
+    refs_target = ([ReportOutput(Path(regression.save_references), "--save-references", "references file",
+                                 is_references_file, loaded, overwrite)]
+                   if regression.save_references is not None else [])
     plots = _plot_targets(tables, plot_dir, loaded, overwrite)
     files = {str(p): i + 1 for i, p in enumerate(dict.fromkeys(str(p) for p in paths))}
-    with claimed(csv_target + [target for target, _ in plots]):
+    with claimed(csv_target + refs_target + [target for target, _ in plots]):
         # written before anything is printed: a reader that leaves early (| head) cannot cost the files
         if csv_target:
             csv_target[0].write_file(csv_filler(tables))
+        if refs_target:
+            text = references_text(figures, system)
+            refs_target[0].write_file(lambda tmp: tmp.write_text(text))
         for target, (name, _, title, eff_title, log_time) in plots:
             target.write_file(plot_filler(tables[name], title, eff_title, log_time))
+        if regression.perflog is not None:
+            finished = {c.case_id: (when.isoformat(timespec="seconds") if (when := finish_time(c)) else "")
+                        for c in loaded.cases}
+            jobs_of = _job_names(paths)
+            jobs = {c.case_id: jobs_of.get(c.file, "") for c in loaded.cases}
+            append_perflog(regression.perflog, perflog_lines(figures, verdicts, system, finished, jobs))
+        if regression.json:
+            print(json.dumps(figures_json(figures, loaded.cases, verdicts, system), indent=1), file=stream)
+            tables.update(figures=figures, verdicts=verdicts, notes=notes, plots=[])
+            return tables
         what = f"{len(loaded.cases)} case(s)" + (f", {len(loaded.sweeps)} bandwidth sweep(s)" if loaded.sweeps
                                                  else "")
         print(f"hilbert-hpc report: {what} from {len(files)} file(s)", file=stream)
@@ -216,6 +281,48 @@ def report(paths: Sequence[str | Path], stream: TextIO | None = None, csv_path: 
             print(f"plot -> {target.path}", file=stream)
         if plot_dir is not None and not plots:
             print(f"plot: no strong or weak scaling series; nothing written to {str(plot_dir)!r}", file=stream)
+        if refs_target:
+            print(f"references -> {regression.save_references} ({len(figures)} figure(s), system {system!r})",
+                  file=stream)
+        if regression.perflog is not None:
+            print(f"perflog -> {regression.perflog} ({len(figures)} line(s))", file=stream)
+        if verdicts:
+            print(file=stream)
+            for line in verdict_lines(verdicts, system):
+                print(line, file=stream)
     tables["notes"] = notes + [n for name in TABLES for n in table_notes(name, tables.get(name, []))]
     tables["plots"] = [str(target.path) for target, _ in plots]
+    tables["figures"], tables["verdicts"] = figures, verdicts
     return tables
+
+
+def regression_system(regression: Regression) -> str:
+    """The system name the references and the perflog use (:func:`regression.system_name`)."""
+    return system_name(regression.system)
+
+
+def is_references_file(path: Path) -> bool:
+    """True for a references file that ``report --save-references`` wrote (its first line)."""
+    try:
+        with path.open(encoding="utf-8", errors="replace") as f:
+            return f.readline().startswith(REFERENCES_MARK)
+    except OSError:
+        return False
+
+
+def figures_json(figures: Sequence[Any], cases: Sequence[Any], verdicts: Sequence[Any], system: str) -> dict:
+    """The figures of merit per case, as ``report --json`` prints them (what a ReFrame check extracts): each
+    case's id, name, backend, dtype, ranks, accuracy verdict, and figures (value, min, max over the repeats,
+    unit, and the reference check's result where references were given)."""
+    checked = {(v.figure.case, v.figure.figure): v.result for v in verdicts}
+    out: dict[str, Any] = {"system": system, "cases": []}
+    for c in cases:
+        mine = [f for f in figures if f.case == c.case_id]
+        out["cases"].append({
+            "case": c.case_id, "name": c.params.get("name", ""), "backend": c.params.get("backend", ""),
+            "dtype": c.params.get("dtype", ""), "ranks": c.ranks,
+            "within_tolerance": bool(c.accuracy.within_tolerance),
+            "figures": {f.figure: {"value": f.value, "min": f.low, "max": f.high, "unit": f.unit,
+                                   **({"result": checked[c.case_id, f.figure]}
+                                      if (c.case_id, f.figure) in checked else {})} for f in mine}})
+    return out
