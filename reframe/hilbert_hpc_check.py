@@ -52,11 +52,11 @@ class HilbertHpcStudy(rfm.RunOnlyRegressionTest):
     time_limit = "10m"
     tags = {"hilbert_hpc", "regression"}
     reference = {
-        # the CPU job on any system: the attention time of each case a loose bound (a slow laptop passes, a
-        # 10x slower build fails), and no lower one
+        # the CPU job on any system: the attention time of each case a loose bound (a busy laptop passes, a
+        # build 25x slower than 2 ms fails), and no lower one
         "*": {
-            "0000-grid32x32.attention_s": (0.002, None, 9.0, "s"),
-            "0001-grid32x32.attention_s": (0.002, None, 9.0, "s"),
+            "0000-grid32x32.attention_s": (0.002, None, 24.0, "s"),
+            "0001-grid32x32.attention_s": (0.002, None, 24.0, "s"),
         },
     }
 
