@@ -190,3 +190,20 @@ def test_the_shipped_reframe_check_runs_with_the_local_launcher(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Ran 1/1 test case(s)" in done.stdout and "0 failure(s)" in done.stdout, done.stdout
     assert re.search(r"P: 0000-grid32x32\.attention_s: [0-9.e-]+ s \(r:0\.002", done.stdout), done.stdout
+
+
+def test_a_strong_scaling_case_has_its_speedup_and_efficiency_with_their_ranges():
+    """The scaling table's speedup [min, max] and the efficiency (speedup x p0 / P) with the same range."""
+    from hilbert_hpc.study.regression import figures_of_merit
+
+    case = {"case": "c2", "name": "n", "attention_s": 0.5, "attention_min_s": 0.4, "attention_max_s": 0.6}
+    base = dict(case, case="c1")
+    scaling = [{"case": "c1", "speedup": 1.0, "efficiency": 1.0, "speedup_min": 0.8, "speedup_max": 1.2, "noise": ""},
+               {"case": "c2", "speedup": 1.6, "efficiency": 0.8, "speedup_min": 1.4, "speedup_max": 1.8,
+                "noise": "resolved"}]
+    figures = {(f.case, f.figure): f for f in figures_of_merit({"cases": [base, case], "strong_scaling": scaling})}
+    assert ("c1", "speedup") not in figures                  # the base of its series has none
+    speedup, efficiency = figures["c2", "speedup"], figures["c2", "efficiency"]
+    assert (speedup.value, speedup.low, speedup.high) == (1.6, 1.4, 1.8)
+    assert (efficiency.value, efficiency.low, efficiency.high) == pytest.approx((0.8, 0.7, 0.9))
+    assert (figures["c2", "attention_s"].low, figures["c2", "attention_s"].high) == (0.4, 0.6)

@@ -105,7 +105,12 @@ def figures_of_merit(tables: dict[str, list[dict[str, Any]]]) -> list[Figure]:
     for table in ("strong_scaling", "weak_scaling"):
         for row in tables.get(table, []):
             if row["case"] in rows and row.get("noise"):
-                rows[row["case"]].update({k: row[k] for k in row if k.startswith(("speedup", "efficiency"))})
+                scaling = {k: row[k] for k in row if k.startswith(("speedup", "efficiency"))}
+                if "speedup_min" in scaling and "efficiency_min" not in scaling and scaling.get("speedup"):
+                    per_rank = scaling["efficiency"] / scaling["speedup"]       # strong scaling: p0 / P
+                    scaling.update(efficiency_min=scaling["speedup_min"] * per_rank,
+                                   efficiency_max=scaling["speedup_max"] * per_rank)
+                rows[row["case"]].update(scaling)
     out = []
     for case, row in rows.items():
         for name, column, unit, _, spread in FIGURES:
