@@ -207,3 +207,38 @@ def test_a_strong_scaling_case_has_its_speedup_and_efficiency_with_their_ranges(
     assert (speedup.value, speedup.low, speedup.high) == (1.6, 1.4, 1.8)
     assert (efficiency.value, efficiency.low, efficiency.high) == pytest.approx((0.8, 0.7, 0.9))
     assert (figures["c2", "attention_s"].low, figures["c2", "attention_s"].high) == (0.4, 0.6)
+
+
+def test_a_failed_append_leaves_the_perflog_as_it_was(tmp_path, monkeypatch):
+    """A write that fails part way (a full disk) is cut back off: the perflog keeps its earlier lines whole."""
+    path = tmp_path / "logs" / "perflog.txt"
+    append_perflog(path, ["2026|s|j|c|n|attention_s|1.0|s||||"])
+    before = path.read_text()
+
+    class FullDisk:
+        def __init__(self, handle):
+            self.handle = handle
+
+        def write(self, text):
+            self.handle.write(text[: len(text) // 2])
+            self.handle.flush()
+            raise OSError(28, "No space left on device")
+
+        def __getattr__(self, name):
+            return getattr(self.handle, name)
+
+    from contextlib import contextmanager
+
+    import hilbert_hpc.study.perflog as perflog
+
+    real = perflog._locked
+
+    @contextmanager
+    def locked(p):
+        with real(p) as handle:
+            yield FullDisk(handle)
+
+    monkeypatch.setattr(perflog, "_locked", locked)
+    with pytest.raises(UserError, match="No space left on device; the perflog is left as it was"):
+        append_perflog(path, ["2027|s|j|c|n|attention_s|2.0|s||||" + "x" * 100])
+    assert path.read_text() == before and len(read_perflog(path)) == 1

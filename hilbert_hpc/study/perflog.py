@@ -95,6 +95,10 @@ def append_perflog(path: str | Path, lines: Sequence[str]) -> None:
     path = Path(path)
     if path.is_dir():
         raise UserError(f"{str(path)!r} is a folder: --perflog names a file", "--perflog")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"cannot make the folder of perflog {str(path)!r}: {exc.strerror or exc}", "--perflog") from None
     with _locked(path) as handle:
         size = os.fstat(handle.fileno()).st_size
         if size:
@@ -108,8 +112,13 @@ def append_perflog(path: str | Path, lines: Sequence[str]) -> None:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
-        except OSError as exc:
-            raise UserError(f"cannot append to perflog {str(path)!r}: {exc.strerror or exc}", "--perflog") from None
+        except OSError as exc:            # a full disk: cut off what part of the lines landed
+            try:
+                os.ftruncate(handle.fileno(), size)
+            except OSError:
+                pass
+            raise UserError(f"cannot append to perflog {str(path)!r}: {exc.strerror or exc}; the perflog is left as "
+                            f"it was", "--perflog") from None
 
 
 def read_perflog(path: str | Path) -> list[Entry]:
