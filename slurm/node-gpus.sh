@@ -24,6 +24,7 @@ failed=()
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 check() { local name=$1; shift; echo "== $name"; "$@" || { echo "== FAILED: $name"; failed+=("$name"); }; }
 hh() { python -m hilbert_hpc "$@"; }
+to_file() { local file=$1; shift; "$@" > "$file"; }                # a command's output kept in a file
 # ranks: NRANKS when set (several ranks a GPU), else one a GPU
 sys_mpirun() { mpirun -n "${NRANKS:-$NGPUS}" --bind-to none "$@"; }   # the MPI mpi4py was built with
 ca_mpirun() {                                                      # PyPI Open MPI 5 + CUDA-enabled UCX
@@ -108,6 +109,10 @@ if want training; then                                             # forward+bac
 fi
 if want long; then        # long-pattern schedules side by side: 1..NGPUS GPUs, then k ranks a GPU for each k
   tag=${NGPUS}gpu
+  for dt in bfloat16 float32; do      # a ring hop's compute alone, one process on one GPU (no time-slicing)
+    check "a ring hop's compute, one GPU, $dt" to_file "$OUT/hop_launch_$dt.txt" python tests/scripts/hop_launch.py \
+      --dtype $dt --ranks 2 4 8 16 --rows 1024 4096 16384
+  done
   for t in cuda-aware staged; do
     if [[ $t == cuda-aware && -z $CA ]]; then continue; fi
     launcher=$([[ $t == cuda-aware ]] && echo ca_mpirun || echo sys_mpirun)
@@ -115,6 +120,10 @@ if want long; then        # long-pattern schedules side by side: 1..NGPUS GPUs, 
       --transport $t -o "$OUT/long_${t}_$tag.h5"
     check "ring hop cost against rows, $NGPUS GPUs, $t" $launcher python -m hilbert_hpc run jobs/hop_cost_gpu.toml \
       --transport $t -o "$OUT/hop_cost_${t}_$tag.h5"
+    for schedule in ring gather; do   # where a long pattern's time goes: host and GPU timeline of one forward
+      check "hop timeline, $NGPUS GPUs, $t, $schedule" to_file "$OUT/hop_timeline_${t}_${schedule}_$tag.txt" \
+        $launcher python tests/scripts/hop_timeline.py --schedule $schedule --transport $t --show all
+    done
     for k in ${LONG_RANKS_PER_GPU:-2 4}; do
       NRANKS=$((NGPUS * k)) check "long patterns, $((NGPUS * k)) ranks on $NGPUS GPUs, $t" $launcher python -m \
         hilbert_hpc run jobs/long_patterns_ranks_gpu.toml --transport $t -o "$OUT/long_${t}_$((NGPUS * k))ranks_$tag.h5"
