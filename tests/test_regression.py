@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import multiprocessing
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -182,8 +181,13 @@ def test_the_shipped_reframe_check_runs_with_the_local_launcher(tmp_path):
     """reframe/hilbert_hpc_check.py under ReFrame (reframe/settings.py: this machine, local launcher): the
     job runs, every case passes its sanity check and reports its figures against the example references."""
     pytest.importorskip("reframe")
-    reframe = shutil.which("reframe") or pytest.fail("ReFrame is installed but its command is not on PATH")
-    done = subprocess.run([reframe, "-C", str(ROOT / "reframe" / "settings.py"), "-c",
+    from importlib.metadata import entry_points
+
+    (command,) = [e for e in entry_points(group="console_scripts") if e.name == "reframe"]   # its `reframe`
+    module, function = command.value.split(":")
+    reframe = [sys.executable, "-c", f"import sys; from {module} import {function}; sys.argv[0] = 'reframe'; "
+                                     f"sys.exit({function}())"]
+    done = subprocess.run([*reframe, "-C", str(ROOT / "reframe" / "settings.py"), "-c",
                            str(ROOT / "reframe" / "hilbert_hpc_check.py"), "-r", "--prefix", str(tmp_path / "rf"),
                            "-S", f"python={sys.executable}"],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
