@@ -33,6 +33,7 @@ from hilbert_hpc.backends import find_backend  # noqa: E402
 from hilbert_hpc.core.patterns import Pattern  # noqa: E402
 from hilbert_hpc.distributed.ring import gather_geometry, ring_geometry  # noqa: E402
 from hilbert_hpc.distributed.sharding import Shards, count  # noqa: E402
+from problem_args import add_problem_arguments  # noqa: E402
 
 
 def timings(call: Callable[[], None], calls: int) -> tuple[float, float, float]:
@@ -75,11 +76,7 @@ def profile(call: Callable[[], None], calls: int) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--backend", default="cuda")
-    ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--tokens", type=int, default=1 << 21)
-    ap.add_argument("--heads", type=int, default=8)
-    ap.add_argument("--head-dim", type=int, default=128)
+    add_problem_arguments(ap)
     ap.add_argument("--rows", type=int, nargs="+", default=[1024], help="rows the global pattern selects a segment")
     ap.add_argument("--ranks", type=int, nargs="+", default=[2], help="ring sizes (the block of position 1)")
     ap.add_argument("--causal", action="store_true")

@@ -32,6 +32,7 @@ from hilbert_hpc.distributed.sharding import Layout  # noqa: E402
 from hilbert_hpc.distributed.timeline import Timeline  # noqa: E402
 from hilbert_hpc.distributed.transports import resolve_transport  # noqa: E402
 from hilbert_hpc.study.measure import generation_module  # noqa: E402
+from problem_args import add_problem_arguments  # noqa: E402
 
 
 def median_ms(call: Callable[[], object], be: Any, comm: Any, repeats: int) -> float:
@@ -55,11 +56,7 @@ def max_op() -> Any:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--backend", default="cuda")
-    ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--tokens", type=int, default=1 << 21)
-    ap.add_argument("--heads", type=int, default=8)
-    ap.add_argument("--head-dim", type=int, default=128)
+    add_problem_arguments(ap)
     ap.add_argument("--local", type=int, default=2048, help="segment of the local pattern (dilation 1)")
     ap.add_argument("--rows", type=int, default=1024, help="rows the global pattern selects a segment and head")
     ap.add_argument("--schedule", choices=("gather", "ring"), default="gather")
