@@ -90,26 +90,30 @@ class FusedMemory(BackendMemory):
         return 3 * shape.row * (shape.shard * shape.itemsize + chunk * 4)
 
 
-class CudaFp32Side(CudaFp32Backend):
-    """Backend ``cuda`` in float32: the FP32 kernels of backend ``cuda-fp32`` on CuPy arrays."""
+class CudaFused(CudaFp32Backend):
+    """What backend ``cuda`` and its two sides share: the name, the memory model, and a synchronization of the
+    whole GPU (CuPy launches and torch conversions)."""
 
     name = "cuda"
-    dtypes = ("float32",)
     memory = FusedMemory()
 
     def synchronize(self) -> None:
-        """Wait for all work queued on this GPU."""
+        """Wait for all work queued on this GPU (CuPy launches and torch conversions)."""
         import cupy
 
         cupy.cuda.Device().synchronize()
 
 
-class CudaSixteenBit(CudaFp32Backend):
+class CudaFp32Side(CudaFused):
+    """Backend ``cuda`` in float32: the FP32 kernels of backend ``cuda-fp32`` on CuPy arrays."""
+
+    dtypes = ("float32",)
+
+
+class CudaSixteenBit(CudaFused):
     """Backend ``cuda`` in bfloat16 and float16: the 16-bit tensor-core kernels on torch tensors."""
 
-    name = "cuda"
     dtypes = ("bfloat16", "float16")
-    memory = FusedMemory()
 
     def kernel_choice(self, head_dim: int, dtype: str, gpu_here: bool = True,
                       cc: int | None = None) -> KernelChoice | None:
@@ -149,12 +153,6 @@ class CudaSixteenBit(CudaFp32Backend):
         sums, a 16-bit output's bits)."""
         return tensor_to_numpy(x) if is_tensor(x) else super().to_numpy(x)
 
-    def synchronize(self) -> None:
-        """Wait for all work queued on this GPU (CuPy launches and torch conversions)."""
-        import cupy
-
-        cupy.cuda.Device().synchronize()
-
     def serialized_attention(self, qs: Any, ks: Any, vs: Any, patterns: Sequence[Pattern], causal: bool,
                              scale: float, kernel: KernelChoice | None = None) -> Any:
         """Dilated attention of a whole serialized sequence with the 16-bit kernel (``kernel``: the case's choice;
@@ -170,24 +168,22 @@ class CudaSixteenBit(CudaFp32Backend):
 
 
 #: the side of backend ``cuda`` per precision: FP32, or 16 bits
-_SIDES: dict[bool, type[CudaFp32Backend]] = {False: CudaFp32Side, True: CudaSixteenBit}
+_SIDES: dict[bool, type[CudaFused]] = {False: CudaFp32Side, True: CudaSixteenBit}
 
 
-class CudaBackend(CudaFp32Backend):
+class CudaBackend(CudaFused):
     """The fused kernels in the case's dtype: :class:`CudaFp32Side` for float32, :class:`CudaSixteenBit` (torch
     tensors) for 16 bits. A case takes its side once (:meth:`for_dtype`); the methods here, for callers that hold
     the backend itself, hand each call to the side of its dtype or of its arrays (a torch tensor is 16-bit)."""
 
-    name = "cuda"
     dtypes = ("float32", "bfloat16", "float16")
-    memory = FusedMemory()
 
-    def for_dtype(self, dtype: str) -> CudaFp32Backend:
+    def for_dtype(self, dtype: str) -> CudaFused:
         """The side that computes ``dtype``: :class:`CudaSixteenBit` for bfloat16 and float16, else
         :class:`CudaFp32Side`."""
         return _SIDES[_sixteen_bit(dtype)]()
 
-    def _side_of(self, x: Any) -> CudaFp32Backend:
+    def _side_of(self, x: Any) -> CudaFused:
         """The side whose arrays ``x`` is (torch tensors are the 16-bit side's)."""
         return _SIDES[is_tensor(x)]()
 
@@ -208,10 +204,6 @@ class CudaBackend(CudaFp32Backend):
     def to_numpy(self, x: Any) -> np.ndarray:
         """A host copy (bfloat16 as float32, exactly)."""
         return self._side_of(x).to_numpy(x)
-
-    def synchronize(self) -> None:
-        """Wait for all work queued on this GPU (CuPy launches and torch conversions)."""
-        CudaSixteenBit().synchronize()
 
     def serialized_attention(self, qs: Any, ks: Any, vs: Any, patterns: Sequence[Pattern], causal: bool,
                              scale: float, kernel: KernelChoice | None = None) -> Any:

@@ -28,16 +28,17 @@ try:
 except ModuleNotFoundError:          # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
-#: the figures of merit: (name, column of the report's table, unit, higher is better, range columns)
-FIGURES: tuple[tuple[str, str, str, bool, tuple[str, str] | None], ...] = (
-    ("attention_s", "attention_s", "s", False, ("attention_min_s", "attention_max_s")),
-    ("backward_s", "backward_s", "s", False, ("backward_min_s", "backward_max_s")),
-    ("forward_backward_s", "forward_backward_s", "s", False, ("forward_backward_min_s", "forward_backward_max_s")),
-    ("tflops", "tflops", "TFLOP/s", True, None),
-    ("max_rel_err", "max_rel_err", "1", False, None),
-    ("grad_max_rel_err", "grad_max_rel_err", "1", False, None),
-    ("speedup", "speedup", "1", True, ("speedup_min", "speedup_max")),
-    ("efficiency", "efficiency", "1", True, ("efficiency_min", "efficiency_max")),
+#: the figures of merit, each a column of the report's tables: (name, unit, the columns of its range over the
+#: repeats, or None)
+FIGURES: tuple[tuple[str, str, tuple[str, str] | None], ...] = (
+    ("attention_s", "s", ("attention_min_s", "attention_max_s")),
+    ("backward_s", "s", ("backward_min_s", "backward_max_s")),
+    ("forward_backward_s", "s", ("forward_backward_min_s", "forward_backward_max_s")),
+    ("tflops", "TFLOP/s", None),
+    ("max_rel_err", "1", None),
+    ("grad_max_rel_err", "1", None),
+    ("speedup", "1", ("speedup_min", "speedup_max")),
+    ("efficiency", "1", ("efficiency_min", "efficiency_max")),
 )
 #: default tolerances of a saved reference (fractions of the value): times and rates 10 %, errors up to 10x
 #: (an error is a bound, not a target), speedup and efficiency 10 % below
@@ -113,11 +114,11 @@ def figures_of_merit(tables: dict[str, list[dict[str, Any]]]) -> list[Figure]:
                 rows[row["case"]].update(scaling)
     out = []
     for case, row in rows.items():
-        for name, column, unit, _, spread in FIGURES:
-            value = row.get(column)
+        for name, unit, spread in FIGURES:
+            value = row.get(name)
             if value is None or not isinstance(value, (int, float)) or not math.isfinite(value):
                 continue
-            if column == "tflops":      # the rate of the median time; its range from the times' range
+            if name == "tflops":      # the rate of the median time; its range from the times' range
                 low, high = _rate_range(value, row["attention_s"], row["attention_min_s"], row["attention_max_s"])
             elif spread is not None:
                 low, high = float(row.get(spread[0], value)), float(row.get(spread[1], value))
@@ -132,10 +133,6 @@ def _rate_range(rate: float, median: float, fastest: float, slowest: float) -> t
     if not (fastest > 0 and slowest > 0):
         return rate, rate
     return rate * median / slowest, rate * median / fastest
-
-
-def _higher_is_better(figure: str) -> bool:
-    return next(h for n, _, _, h, _ in FIGURES if n == figure)
 
 
 def check(figures: Sequence[Figure], references: dict[str, dict[str, Reference]]) -> list[Verdict]:

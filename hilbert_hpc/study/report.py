@@ -231,7 +231,7 @@ def report(paths: Sequence[str | Path], stream: TextIO | None = None, csv_path: 
     loaded = load_files(paths)
     notes = loaded.notes
     tables: dict[str, list[Any]] = build_tables(loaded.cases, notes, loaded.sweeps)
-    system = regression_system(regression)
+    system = system_name(regression.system)
     figures = figures_of_merit(tables) if regression.wanted() else []
     references = read_references(regression.check, system) if regression.check else {}
     verdicts = check_figures(figures, references) if regression.check else []
@@ -294,11 +294,6 @@ def report(paths: Sequence[str | Path], stream: TextIO | None = None, csv_path: 
     tables["plots"] = [str(target.path) for target, _ in plots]
     tables["figures"], tables["verdicts"] = figures, verdicts
     return tables
-
-
-def regression_system(regression: Regression) -> str:
-    """The system name the references and the perflog use (:func:`regression.system_name`)."""
-    return system_name(regression.system)
 
 
 def is_references_file(path: Path) -> bool:
