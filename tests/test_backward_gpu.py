@@ -103,16 +103,21 @@ def test_rows_no_pattern_selects_get_zero_gradients(dtype):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("head_dim", [32, 128])
-def test_key_chunks_give_the_unchunked_gradients(head_dim, causal):
+@pytest.mark.parametrize("dtype,head_dim", [("float32", 32), ("float32", 128), ("bfloat16", 64), ("bfloat16", 128)])
+def test_key_chunks_give_the_unchunked_gradients(dtype, head_dim, causal):
     """One key block per launch (many chunks, causal shifts moved by each chunk) against one launch: dK and dV
-    are the same sums in the same order, dQ the same terms added in another order."""
-    p = problem("float32", head_dim, causal, seed=3)
-    choice = choose_backward("float32", head_dim, override="")
+    are the same sums in the same order, dQ the same terms added in another order. On compute capability 9.0
+    the chunks and patterns are dependent launches that start while the one before ends: a read-add-write of dK
+    or dV before the launch before it completed would lose terms here."""
+    skip_unless_runs(dtype, choose_backward(dtype, head_dim, override="").name, head_dim)
+    p = problem(dtype, head_dim, causal, seed=3)
+    choice = choose_backward(dtype, head_dim, override="")
     whole = run(BackwardKernels(choice), p)
     chunked = run(BackwardKernels(choice, max_key_blocks=1), p)
     assert np.array_equal(chunked[1], whole[1]) and np.array_equal(chunked[2], whole[2])
     assert max_rel(chunked[0], whole[0]) <= 1e-6
+    for g, w in zip(chunked, p["want"]):
+        assert max_rel(g, w) <= TOLERANCE[dtype]
 
 
 def test_cupy_float32_arrays_and_raw_pointers():
@@ -130,3 +135,53 @@ def test_cupy_float32_arrays_and_raw_pointers():
     kernels.local_patterns(*(int(x.data.ptr) for x in (*arrays, *grads)), p["patterns"], False, p["scale"],
                            shape=arrays[0].shape)
     assert all(max_rel(cupy.asnumpy(g), w) <= 1e-6 for g, w in zip(grads, want))
+
+
+def tma_dq_configurations() -> list:
+    """(head dim, configuration) of every wgmma16_bwd configuration that adds dQ by TMA reduce-add (DQ = 1)."""
+    fam = registry.WGMMA16_BWD
+    return [(d, c) for d in fam.head_dims for c in fam.configurations(d) if fam.variant(d, "bfloat16", c).dq_map]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim,config", tma_dq_configurations())
+def test_dq_by_tma_reduce_matches_float64_and_the_atomic_kernel(head_dim, config, causal):
+    """wgmma16_bwd with dQ added through its shared tile by TMA reduce-add (DQ = 1): within the 16-bit tolerance
+    of float64 on ragged overlapping patterns, also cut into one key block per launch (every tile's rows reduced
+    through the tensor map, the last tile's past mq dropped); dK and dV bit for bit those of the atomic kernel
+    (the same sums in the same order), dQ within float32 rounding of it."""
+    skip_unless_runs("bfloat16", "wgmma16_bwd", head_dim)
+    p = problem("bfloat16", head_dim, causal, seed=5)
+    fam = registry.WGMMA16_BWD
+    atomic = choose_backward("bfloat16", head_dim, override="wgmma16_bwd:" + ",".join(map(str, (*config[:3], 0))))
+    by_tma = choose_backward("bfloat16", head_dim, override="wgmma16_bwd:" + ",".join(map(str, config)))
+    assert by_tma.variant.dq_map and not atomic.variant.dq_map and fam.name == by_tma.name
+    want = run(BackwardKernels(atomic), p)
+    for kernels in (BackwardKernels(by_tma), BackwardKernels(by_tma, max_key_blocks=1)):
+        got = run(kernels, p)
+        for name, g, w in zip(("dq", "dk", "dv"), got, p["want"]):
+            assert np.isfinite(g).all() and max_rel(g, w) <= TOLERANCE["bfloat16"], (name, max_rel(g, w))
+        assert np.array_equal(got[1], want[1]) and np.array_equal(got[2], want[2])
+        assert max_rel(got[0], want[0]) <= 1e-6
+
+
+@pytest.mark.parametrize("dtype,head_dim", [("float32", 64), ("float32", 36), ("bfloat16", 128), ("bfloat16", 20),
+                                            ("float16", 96), ("float16", 12)])
+def test_row_dot_kernel_is_the_float32_rowsum(dtype, head_dim):
+    """rowsum(dO * O) by the row_dot kernel (16-byte loads, or one element a load for rows of other sizes) on
+    torch tensors and on CuPy raw bits: within float32 rounding of the float64 sum of the rounded values, and
+    the same bits every run."""
+    import cupy
+
+    from hilbert_hpc.kernels.backward import row_dot
+
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    a, b = (torch.randn((1001, 3, head_dim), generator=gen, device="cuda").to(TORCH_DTYPES[dtype]) for _ in range(2))
+    want = (a.double() * b.double()).sum(-1)
+    got = row_dot(a, b)
+    assert got.dtype == torch.float32 and got.shape == (1001, 3) and got.is_cuda
+    assert float((got.double() - want).abs().max() / want.abs().max()) <= 1e-6
+    assert torch.equal(row_dot(a, b), got)
+    if dtype != "float32":
+        bits = [cupy.asarray(x.view(torch.int16).cpu().numpy()) for x in (a, b)]
+        assert np.array_equal(cupy.asnumpy(row_dot(*bits, dtype)), got.cpu().numpy())

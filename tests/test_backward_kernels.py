@@ -76,7 +76,8 @@ def test_choose_backward_per_gpu(cc, dtype):
 @pytest.mark.parametrize("v", WGMMA16_BWD.instantiations(), ids=[v.name for v in WGMMA16_BWD.instantiations()])
 def test_wgmma16_bwd_has_no_spills_and_wgmma_not_serialized(v):
     """ptxas for sm_90a (through NVRTC, no GPU): no local memory, wgmma not serialized, within Hopper's shared
-    memory; the PTX reads dS MN-major (imm-trans-a) and adds dQ with red.global.add.v2.f32."""
+    memory; the PTX reads dS MN-major (imm-trans-a) and adds dQ with red.global.add.v2.f32, or with DQ = 1 by
+    TMA reduce-add alone."""
     from hilbert_hpc.kernels.check import arch_ptxas_report, compile_templates
     from hilbert_hpc.kernels.program import ARCH_OPTIONS
 
@@ -84,7 +85,9 @@ def test_wgmma16_bwd_has_no_spills_and_wgmma_not_serialized(v):
     assert r["registers"] > 0 and (r["stack"], r["spill_stores"], r["spill_loads"]) == (0, 0, 0), r["log"]
     assert not r["serialized"] and v.shared_bytes <= HOPPER_SHARED, r["log"]
     ptx = compile_templates("compute_90a", v.source, [v.name], ARCH_OPTIONS)[1]
-    assert "p, 1, 1, 1, 1;" in ptx and "red.relaxed.gpu.global.add.v2.f32" in ptx
+    assert "p, 1, 1, 1, 1;" in ptx
+    assert ("red.relaxed.gpu.global.add.v2.f32" in ptx) != v.dq_map
+    assert ("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group" in ptx) == v.dq_map
 
 
 def test_backward_override(monkeypatch):
@@ -97,13 +100,13 @@ def test_backward_override(monkeypatch):
         choose_backward("float32", 64, cc=70, override="tf32x3_bwd")
     assert choose_backward("bfloat16", 64, cc=90, override="mma16_bwd:64").variant.name == \
         "dilated_bwd_mma_16<bf16_t,64,64>"
-    assert choose_backward("float16", 128, cc=90, override="wgmma16_bwd:2,0,0").variant.name == \
-        "dilated_bwd_wgmma_16<f16_t,128,2,0,0>"
-    assert choose_backward("bfloat16", 64, cc=90, override="wgmma16_bwd:2,1,3").variant.threads == 384
-    assert choose_backward("bfloat16", 128, cc=90, override="").variant.name == "dilated_bwd_wgmma_16<bf16_t,128,2,2,3>"
-    assert choose_backward("bfloat16", 128, cc=90, override="wgmma16_bwd:2,1,0").variant.threads == 256
-    with pytest.raises(ValueError, match=r"wgmma16_bwd configuration \(NWG, PIPE, STAGES\)"):
-        choose_backward("bfloat16", 64, cc=90, override="wgmma16_bwd:2,2,0")   # the handoff needs the producer
+    assert choose_backward("float16", 128, cc=90, override="wgmma16_bwd:2,0,0,0").variant.name == \
+        "dilated_bwd_wgmma_16<f16_t,128,2,0,0,0>"
+    assert choose_backward("bfloat16", 64, cc=90, override="wgmma16_bwd:2,1,3,0").variant.threads == 384
+    assert choose_backward("bfloat16", 128, cc=90, override="").variant.name == "dilated_bwd_wgmma_16<bf16_t,128,2,2,3,0>"
+    assert choose_backward("bfloat16", 128, cc=90, override="wgmma16_bwd:2,1,0,0").variant.threads == 256
+    with pytest.raises(ValueError, match=r"wgmma16_bwd configuration \(NWG, PIPE, STAGES, DQ\)"):
+        choose_backward("bfloat16", 64, cc=90, override="wgmma16_bwd:2,2,0,0")   # the handoff needs the producer
     with pytest.raises(RuntimeError, match="HILBERT_HPC_BWD_KERNEL=wgmma16_bwd: needs compute capability 9.0"):
         choose_backward("bfloat16", 64, cc=80, override="wgmma16_bwd")
     with pytest.raises(ValueError, match=r"wgmma16_bwd supports head_dim in \[64, 128\], got 96"):
@@ -236,3 +239,58 @@ def test_the_provider_takes_backward_choices_only():
     with pytest.raises(ValueError, match="chosen for head_dim 64, got 32"):
         kernels.launch(*range(9), qg=(0, 0, 0, 1), kg=(0, 0, 0, 1), vg=(0, 0, 0, 1), lg=(0, 0, 0, 1), segments=1,
                        heads=1, mq=4, mk=4, shift=None, scale=0.1, head_dim=32)
+
+
+def test_launches_of_one_call_follow_each_other(monkeypatch):
+    """Within one call every launch after the first is marked as following it (programmatic dependent launch on
+    compute capability 9.0+), key chunks included; an empty geometry launches nothing and marks nothing; the
+    first launch of each call follows nothing (what came before it on the stream is not ours)."""
+    import hilbert_hpc.kernels.backward as backward
+
+    calls = []
+    monkeypatch.setattr(backward, "compiled", lambda v: lambda grid, block, args, shared_mem, follows: calls.append(
+        (grid, follows, args[-1])))
+    choice = choose_backward("bfloat16", 64, cc=90, override="")
+    assert choice.variant.dependent_launch and choice.variant.dq_map_argument and not choice.variant.dq_map
+    kernels = BackwardKernels(choice, max_key_blocks=2)
+    kernels.local_patterns(*range(9), [(512, 1), (1024, 2), (1024, 4)], False, 0.125, shape=(1024, 4, 64))
+    assert [f for _, f, _ in calls] == [False] + [True] * (len(calls) - 1) and len(calls) > 3
+    assert all(int(last) == 0 for *_, last in calls)               # DQ = 0: a null tensor map
+    assert any(grid[1] < 1024 // choice.variant.block_queries for grid, _, _ in calls)   # chunked
+    calls.clear()
+    geometry = dict(qg=(0, 0, 0, 1), kg=(0, 0, 0, 1), vg=(0, 0, 0, 1), lg=(0, 0, 0, 1), heads=1, mq=64, mk=64,
+                    shift=None, scale=0.1, head_dim=64)
+    assert not kernels.launch(*range(9), **geometry, segments=0)
+    assert kernels.launch(*range(9), **geometry, segments=1) and calls[-1][1] is False
+    assert kernels.launch(*range(9), **geometry, segments=1, follows=True) and calls[-1][1] is True
+    assert {f.name for f in registry.FAMILIES.values() if f.dependent_launch} == {"wgmma16_bwd", "mma16_bwd",
+                                                                                  "tf32x3_bwd"}
+
+
+def test_dependent_launch_arguments_and_structures():
+    """The driver's CUlaunchAttribute (72 bytes) and CUlaunchConfig (56, stream at 32) as ctypes lays them out,
+    and the kernel arguments converted from the NumPy scalars the launchers pass."""
+    import ctypes
+
+    import numpy as np
+
+    from hilbert_hpc.kernels import dependent_launch as dl
+
+    assert ctypes.sizeof(dl._Attribute) == 72 and ctypes.sizeof(dl._Config) == 56 and dl._Config.stream.offset == 32
+    got = dl.kernel_arguments((np.uint64(2**63), np.int64(-5), np.int32(7), np.float32(0.5)))
+    assert [type(x) for x in got] == [ctypes.c_uint64, ctypes.c_int64, ctypes.c_int32, ctypes.c_float]
+    assert [x.value for x in got] == [2**63, -5, 7, 0.5]
+    with pytest.raises(TypeError, match="not supported"):
+        dl.kernel_arguments((np.float64(1.0),))
+
+
+@needs_nvrtc
+def test_row_dot_kernels_compile_for_every_gpu():
+    """rowsum(dO * O) (row_dot.cu): every dtype, vector and scalar loads, for Pascal (compute_61) and Hopper."""
+    from hilbert_hpc.kernels import program
+    from hilbert_hpc.kernels.backward import ROW_DOT_PROGRAM
+
+    assert len(ROW_DOT_PROGRAM.names) == 6
+    for target in ("compute_61", "compute_90"):
+        built = program.build(ROW_DOT_PROGRAM, target, "ptx")
+        assert set(built.lowered) == set(ROW_DOT_PROGRAM.names)

@@ -97,11 +97,12 @@ def test_hilbert_key_kernel_compiles(arch):
 
 
 def test_every_kernel_source_is_checked():
-    from hilbert_hpc.kernels.check import PLAIN_SOURCES, TEMPLATE_SOURCES
+    from hilbert_hpc.kernels.check import PLAIN_SOURCES, TEMPLATE_SOURCES, helper_programs
     from hilbert_hpc.kernels.sixteen_bit import CONVERT_SOURCE
 
     on_disk = {p.name for p in program.KERNEL_DIR.glob("*.cu")}
-    assert on_disk == {*TEMPLATE_SOURCES, CONVERT_SOURCE, *PLAIN_SOURCES}
+    helpers = {p.source for p, _ in helper_programs()}
+    assert CONVERT_SOURCE in helpers and on_disk == {*TEMPLATE_SOURCES, *helpers, *PLAIN_SOURCES}
     assert set(TEMPLATE_SOURCES) == {f.source for f in registry.FAMILIES.values()}
     headers = {p.name for p in program.KERNEL_DIR.glob("*.cuh")}
     assert headers == set(program.HEADERS)

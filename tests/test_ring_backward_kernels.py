@@ -40,10 +40,11 @@ def values(x: np.ndarray) -> np.ndarray:
 
 
 def numpy_backward_launch(q, k, v, dout, lse, delta, dq, dk, dv, *, qg, kg, vg, lg, segments, heads, mq, mk,
-                          shift, scale, head_dim):
+                          shift, scale, head_dim, follows=False):
     """One backward launch: for each (segment, head) problem, rows at base + seg*segment + head*h + i*row (dO
     and dQ like Q, dK like K, dV like V, delta like L); query i sees key j < mk (and j <= i + shift when shift
-    is not None) with P = exp(scale q k - L); dQ, dK, dV (float32) get this problem's terms added."""
+    is not None) with P = exp(scale q k - L); dQ, dK, dV (float32) get this problem's terms added. Returns
+    whether there was anything to launch, as the kernels' launcher does (``follows`` changes nothing here)."""
     qf, kf, vf, of = (values(x.reshape(-1)) for x in (q, k, v, dout))
     lf, df = lse.reshape(-1), delta.reshape(-1)
     dqf, dkf, dvf = (x.reshape(-1) for x in (dq, dk, dv))
@@ -66,6 +67,7 @@ def numpy_backward_launch(q, k, v, dout, lse, delta, dq, dk, dv, *, qg, kg, vg, 
             dvf[vi] += (p.T @ of[qi]).astype(np.float32)
             dqf[qi] += (scale * ds @ kf[ki]).astype(np.float32)
             dkf[ki] += (scale * ds.T @ qf[qi]).astype(np.float32)
+    return segments > 0 and heads > 0 and mq > 0 and mk > 0
 
 
 def provider(dtype: str) -> RingBackwardKernels:

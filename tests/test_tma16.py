@@ -238,3 +238,23 @@ def test_a_calls_plan_is_worked_out_once_and_its_launch_arguments_once_per_array
     assert first == (1, grid, args) and made[0] == (maps, table + bytes(sixteen_bit.COUNTER_BYTES))
     sixteen_bit._tma_arguments(run, other, 6 << 40, 0)
     assert len(made) == 2 and made[1][0][0].address == made[0][0][0].address + (1 << 40)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+def test_dq_maps_address_the_float32_dq_rows_of_each_backward_launch(d, causal):
+    """The float32 dQ map of wgmma16_bwd with DQ = 1 (``tma.dq_map``): for every launch of overlapping patterns
+    (head offsets, several segments), a coordinate (column, head, row, segment) is the element the kernel's
+    pointer formula adds to (q_base + s q_seg + h q_head + j q_row + c), boxes of 32 columns x 64 rows, 128-byte
+    rows of float32 (the 128-byte swizzle span)."""
+    from hilbert_hpc.kernels.launch import local_launches
+
+    n, heads, ptr = 16384, 6, 1 << 30
+    for g in local_launches([(2048, 1), (4096, 2), (8192, 4)], causal, 0.1, n, heads, d):
+        m = tma.dq_map(ptr, g["qg"], g["mq"], g["heads"], g["segments"], d)
+        assert m.element_bytes == 4 and m.box == (32, 1, 64, 1) and m.dims == (d, g["heads"], g["mq"], g["segments"])
+        assert m.box[0] * m.element_bytes in tma.SWIZZLE_OF_ROW_BYTES and (m.address - ptr) % 4 == 0
+        base = (m.address - ptr) // 4
+        for c, h, j, s in itertools.product({0, d - 1}, {0, g["heads"] - 1}, {0, g["mq"] - 1}, {0, g["segments"] - 1}):
+            want = g["qg"][0] + s * g["qg"][1] + h * g["qg"][2] + j * g["qg"][3] + c
+            assert base + m.element_offset(c, h, j, s) == want < n * heads * d

@@ -10,6 +10,23 @@ __device__ __forceinline__ void query_stats(const float* __restrict__ lse, const
     dl = i < mq ? delta[loff + i * l_row] : 0.0f;
 }
 
+// Programmatic dependent launch (compute capability 9.0; docs/kernels.md): every block lets the next backward
+// launch of the same call start once all of this launch's blocks are running (its blocks fill the SMs that this
+// launch's last wave leaves idle), and a block waits for the launch before it to complete only where it reads
+// what that launch writes: dK and dV, before their read-add-write (its dQ additions commute, its inputs were
+// written before the call). Without the launch attribute, and before 9.0, both are nothing.
+__device__ __forceinline__ void allow_next_launch() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void wait_for_previous_launch() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ void st_shared_b32(unsigned addr, unsigned x) {
     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(x) : "memory");
 }
@@ -28,12 +45,14 @@ __device__ __forceinline__ void add_pair(float* p, float x, float y) {
 // The float32 dK (times scale) and dV of a warp's 16 keys, held on the accumulator layout of mma.sync m16n8
 // (lane = 4 g + t: g[n][2 h + e] = key key0 + 8 h, column 8 n + 2 t + e), added to the float32 dk and dv rows
 // (element offsets koff + j k_row, voff + j v_row; keys past mk left alone): every old value of a row is read
-// before any is stored. The keys belong to this block alone: no atomics.
+// before any is stored, once the launch before this one has completed (wait_for_previous_launch). The keys
+// belong to this block alone: no atomics.
 template <int ND>
 __device__ __forceinline__ void add_key_gradients(float* dk, float* dv, long long koff, long long voff,
                                                   long long k_row, long long v_row, int key0, int mk, int t,
                                                   float scale, const float (&gk)[ND][4],
                                                   const float (&gv)[ND][4]) {
+    wait_for_previous_launch();
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int j = key0 + 8 * h;

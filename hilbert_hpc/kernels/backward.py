@@ -25,8 +25,8 @@ import numpy as np
 from hilbert_hpc.core.arrays import is_tensor
 from hilbert_hpc.core.blockwise import array_module
 from hilbert_hpc.kernels.launch import MAX_GRID_Y, hop_launches, local_launches
-from hilbert_hpc.kernels.program import compiled
-from hilbert_hpc.kernels.registry import BACKWARD
+from hilbert_hpc.kernels.program import Program, compiled, load
+from hilbert_hpc.kernels.registry import BACKWARD, FLOAT32, SIXTEEN_BIT_TYPES, dtype_name
 from hilbert_hpc.kernels.selection import KernelChoice
 from hilbert_hpc.kernels.sixteen_bit import device_pointer
 
@@ -96,17 +96,21 @@ class BackwardKernels:
             raise ValueError("give shape=(n, H, D) with raw pointers")
         check_arrays(self.choice, shape, q=q, k=k, v=v, dout=dout, lse=lse, delta=delta, dq=dq, dk=dk, dv=dv)
         n, heads, d = (int(x) for x in (q.shape if shape is None else shape))
+        launched = False
         for geometry in local_launches(patterns, causal, scale, n, heads, d):
-            self.launch(q, k, v, dout, lse, delta, dq, dk, dv, **geometry)
+            launched |= self.launch(q, k, v, dout, lse, delta, dq, dk, dv, **geometry, follows=launched)
 
     def launch(self, q: Any, k: Any, v: Any, dout: Any, lse: Any, delta: Any, dq: Any, dk: Any, dv: Any, *,
                qg: tuple, kg: tuple, vg: tuple, lg: tuple, segments: int, heads: int, mq: int, mk: int,
-               shift: int | None, scale: float, head_dim: int) -> None:
+               shift: int | None, scale: float, head_dim: int, follows: bool = False) -> bool:
         """One launch geometry (``launch.local_launches``' keyword arguments: base, segment, head and row
         strides in elements; dO and dQ addressed like Q, dK like K, dV like V, delta like L) over
-        ``segments x heads`` problems, split into key chunks where needed."""
+        ``segments x heads`` problems, split into key chunks where needed. ``follows``: the last thing queued
+        on the stream is a launch of this call (of the same inputs), whose end this one may overlap
+        (``kernels.dependent_launch``); the key chunks after the first follow each other so. Returns whether it
+        launched anything."""
         if segments == 0 or heads == 0 or mq == 0 or mk == 0:
-            return
+            return False
         if head_dim != self.choice.head_dim:
             raise ValueError(f"the kernel was chosen for head_dim {self.choice.head_dim}, got {head_dim}")
         if not scale > 0:
@@ -114,11 +118,27 @@ class BackwardKernels:
         chosen = self.choice.for_alignment(math.gcd(*qg, *kg, *vg, 16))
         fn = compiled(chosen)
         pointers = tuple(np.uint64(device_pointer(x)) for x in (q, k, v, dout, lse, delta, dq, dk, dv))
-        for kc, vc, mc, sc in key_chunks(kg, vg, mk, shift, chosen.block_queries, self.max_key_blocks):
+        extra = ()
+        if chosen.dq_map_argument:
+            extra = (np.uint64(dq_map_pointer(pointers[6], qg, mq, heads, segments, head_dim) if chosen.dq_map else 0),)
+        for i, (kc, vc, mc, sc) in enumerate(key_chunks(kg, vg, mk, shift, chosen.block_queries,
+                                                          self.max_key_blocks)):
             grid = (segments * heads, -(-mc // chosen.block_queries))
             args = (*pointers, *(np.int64(x) for x in (*qg, *kc, *vc, *lg)), np.int32(heads), np.int32(mq),
-                    np.int32(mc), np.int32(sc is not None), np.int32(sc or 0), np.float32(scale))
-            fn(grid, (chosen.threads,), args, shared_mem=chosen.shared_bytes)
+                    np.int32(mc), np.int32(sc is not None), np.int32(sc or 0), np.float32(scale), *extra)
+            fn(grid, (chosen.threads,), args, shared_mem=chosen.shared_bytes, follows=follows or i > 0)
+        return True
+
+
+def dq_map_pointer(dq: int, qg: tuple, mq: int, heads: int, segments: int, head_dim: int) -> int:
+    """Device address of the tensor map of the float32 dq of one launch (``tma.dq_map``), built once per
+    geometry and device (``tma.device_maps``)."""
+    import cupy
+
+    from hilbert_hpc.kernels import tma
+
+    geometry = tma.dq_map(int(dq), tuple(int(x) for x in qg), mq, heads, segments, head_dim)
+    return int(tma.device_maps(cupy.cuda.Device().id, (geometry,)).data.ptr)
 
 
 class RingBackwardKernels:
@@ -155,8 +175,10 @@ class RingBackwardKernels:
         K/V ``block``, launched in place: dQ into the shard's ``dq``, dK/dV into the accumulator block
         ``partial`` at the offsets of K/V in ``block`` (``geom``: a ``distributed.ring.RingPattern``)."""
         n, heads, d = (int(x) for x in qs.shape)
+        launched = False
         for geometry in hop_launches(geom, pos, src, pair, float(scale), heads, d):
-            self.kernels.launch(qs, block, block, dout, lse, delta, dq, partial, partial, **geometry)
+            launched |= self.kernels.launch(qs, block, block, dout, lse, delta, dq, partial, partial, **geometry,
+                                            follows=launched)
 
     def gathered(self, qs: Any, dout: Any, lse: Any, delta: Any, sequence: Any, terms: Any, gather: Any,
                  scale: float, dq: Any) -> None:
@@ -164,15 +186,19 @@ class RingBackwardKernels:
         (``distributed.gather.GatherPattern``): dQ into the shard's ``dq``, dK/dV into ``terms`` (float32, the
         layout of ``sequence``)."""
         n, heads, d = (int(x) for x in qs.shape)
+        launched = False
         for geometry in gather.launches(scale, heads, d):
-            self.kernels.launch(qs, sequence, sequence, dout, lse, delta, dq, terms, terms, **geometry)
+            launched |= self.kernels.launch(qs, sequence, sequence, dout, lse, delta, dq, terms, terms, **geometry,
+                                            follows=launched)
 
 
 def row_dot(a: Any, b: Any, dtype: str | None = None) -> Any:
-    """rowsum(a * b) over the last dimension of (N, H, D) arrays in float32, a chunk of rows at a time (the
-    float32 temporaries stay small beside the arrays): of torch tensors a torch tensor; of NumPy or CuPy
-    arrays an array of their module, 16-bit raw bits (int16 / uint16) read as values of ``dtype``
-    ('bfloat16', 'float16')."""
+    """rowsum(a * b) over the last dimension of (N, H, D) arrays in float32: of torch tensors a torch tensor; of
+    NumPy or CuPy arrays an array of their module, 16-bit raw bits (int16 / uint16) read as values of ``dtype``
+    ('bfloat16', 'float16'). GPU arrays take one pass of the ``row_dot`` kernel (row_dot.cu); host arrays a
+    chunk of rows at a time (the float32 temporaries stay small beside the arrays)."""
+    if _on_gpu(a):
+        return _row_dot_kernel(a, b, dtype)
     n, heads, d = (int(x) for x in a.shape)
     step = max(1, ROW_DOT_CHUNK // max(1, heads * d))
     if is_tensor(a):
@@ -186,6 +212,51 @@ def row_dot(a: Any, b: Any, dtype: str | None = None) -> Any:
     for r in range(0, n, step):
         rows = slice(r, r + step)
         out[rows] = (_float32_rows(a, dtype, rows) * _float32_rows(b, dtype, rows)).sum(-1)
+    return out
+
+
+#: the row_dot kernels: (element type, elements a load) of every instantiation (row_dot.cu)
+ROW_DOT_TYPES = {FLOAT32: "float", **SIXTEEN_BIT_TYPES}
+ROW_DOT_VECTOR = {FLOAT32: 4, "bfloat16": 8, "float16": 8}
+ROW_DOT_PROGRAM = Program("row_dot.cu", tuple(f"row_dot<{t},{v}>" for name, t in ROW_DOT_TYPES.items()
+                                              for v in (1, ROW_DOT_VECTOR[name])))
+ROW_DOT_THREADS = 256
+
+
+def _on_gpu(x: Any) -> bool:
+    if is_tensor(x):
+        return bool(x.is_cuda)
+    return type(x).__module__.startswith("cupy")
+
+
+def _row_dot_kernel(a: Any, b: Any, dtype: str | None) -> Any:
+    """:func:`row_dot` of two C-contiguous GPU arrays of one shape, in one kernel on the current stream."""
+    n, heads, d = (int(x) for x in a.shape)
+    if tuple(b.shape) != tuple(a.shape):
+        raise ValueError(f"row_dot of arrays of shapes {tuple(a.shape)} and {tuple(b.shape)}")
+    for x in (a, b):
+        contiguous = x.is_contiguous() if is_tensor(x) else bool(x.flags.c_contiguous)
+        if not contiguous:
+            raise ValueError("row_dot needs C-contiguous arrays")
+    itemsize = a.element_size() if is_tensor(a) else int(a.dtype.itemsize)
+    name = dtype if itemsize == 2 and dtype is not None else dtype_name(a.dtype)
+    if is_tensor(a):
+        import torch
+
+        out = torch.empty((n, heads), dtype=torch.float32, device=a.device)
+    else:
+        out = array_module(a).empty((n, heads), dtype=np.float32)
+    rows = n * heads
+    if rows == 0:
+        return out
+    pa, pb = device_pointer(a), device_pointer(b)
+    vec = ROW_DOT_VECTOR[name]
+    if (d * itemsize) % 16 or pa % 16 or pb % 16:
+        vec = 1
+    blocks = max(1, min(-(-rows * 8 // ROW_DOT_THREADS), 1 << 16))
+    fn = load(ROW_DOT_PROGRAM).function(f"row_dot<{ROW_DOT_TYPES[name]},{vec}>")
+    fn((blocks,), (ROW_DOT_THREADS,), (np.uint64(pa), np.uint64(pb), np.uint64(device_pointer(out)),
+                                        np.int64(rows), np.int32(d)))
     return out
 
 

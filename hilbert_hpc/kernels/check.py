@@ -24,6 +24,15 @@ TEMPLATE_SOURCES = tuple(dict.fromkeys(f.source for f in FAMILIES.values()))
 PLAIN_SOURCES = ("hilbert_keys.cu",)
 
 
+def helper_programs() -> list[tuple[Program, int]]:
+    """(program, oldest compute capability) of the kernels beside the registry's: the 16-bit conversions
+    (``sixteen_bit.CONVERT_PROGRAM``, 8.0) and rowsum(dO * O) (``backward.ROW_DOT_PROGRAM``, every GPU)."""
+    from hilbert_hpc.kernels.backward import ROW_DOT_PROGRAM
+    from hilbert_hpc.kernels.sixteen_bit import CONVERT_PROGRAM
+
+    return [(CONVERT_PROGRAM, 80), (ROW_DOT_PROGRAM, 60)]
+
+
 def archs_for(name: str) -> tuple[str, ...]:
     """The architectures source ``name`` is checked for: its families' own (e.g. compute_90a for wgmma),
     else those of CHECK_ARCHS its families run on (tensor-core sources: compute_80 and newer)."""
@@ -86,6 +95,10 @@ def main() -> int:
             print(f"{name} {arch}: ok, {len(info) - 1} instantiations, {info['ptx_bytes']} bytes of PTX")
         for name in (PLAIN_SOURCES if arch in CHECK_ARCHS else ()):
             print(f"{name} {arch}: ok, {compile_plain(arch, name)} bytes of PTX")
+        for p, oldest in (helper_programs() if arch in CHECK_ARCHS else ()):
+            if int(arch.split("_")[1]) >= oldest:
+                built = build(Program(p.source, p.names, OPTIONS), arch, "ptx")
+                print(f"{p.source} {arch}: ok, {len(built.lowered)} instantiations, {len(built.binary)} bytes of PTX")
     for v in (v for v in instantiations() if v.arch):
         r = arch_ptxas_report(v)
         print(f"{v.name} {v.arch}: {r['registers']} registers, {r['stack']} bytes stack, "

@@ -59,6 +59,7 @@ template <typename T, int D, int BK>
 __global__ void __launch_bounds__(32 * BK / 16)
 dilated_bwd_mma_16(DILATED_BWD_PARAMS(T))
 {
+    allow_next_launch();                     // backward.cuh: programmatic dependent launch
     using H = Half16<T>;
     using M = Mma16<T>;
     constexpr int NW = BK / 16, THREADS = 32 * NW;

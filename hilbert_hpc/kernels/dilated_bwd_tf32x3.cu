@@ -116,6 +116,7 @@ template <int D, int BK>
 __global__ void __launch_bounds__(2 * BK)
 dilated_bwd_tf32x3(DILATED_BWD_PARAMS(float))
 {
+    allow_next_launch();                     // backward.cuh: programmatic dependent launch
     constexpr int NW = BK / 16, THREADS = 32 * NW;
     constexpr int BQ = TF32X3_BWD_BQ;
     constexpr int S = D + 4;                 // floats per padded row of K, V, Q, dO

@@ -35,7 +35,13 @@
 // reads of tile it - 1's dS^T (the dQ of it - 1, every column part) are done, and waits for the 256 arrivals of
 // tile it - 1 only right before issuing that tile's dQ; the two warpgroups drift apart by up to a tile, so one's
 // softmax overlaps the other's wgmma. The last tile's dQ follows the loop.
-// At the end dK is scaled and dK, dV are added to dk, dv (read-add-write: a key row belongs to one block).
+// DQ = 1 (PIPE = 2): instead of red.global.add, a tile's scaled dQ is stored into a float32 shared tile in the
+// boxes of the tensor map *dq_map (32 columns x BQ rows each, 128-byte swizzle) and published on an mbarrier
+// (256 arrivals); warp 3 of the producer (the loads run on warps 0-2) adds it to dq by one TMA reduce-add a box,
+// waits until the tile is read and frees it on a second mbarrier, which the consumers wait for before storing the
+// next tile's dQ. docs/kernels.md has its timing (slower than DQ = 0 while the loads are cp.async).
+// At the end dK is scaled and dK, dV are added to dk, dv (read-add-write: a key row belongs to one block), after
+// the launch before this one completed (programmatic dependent launch, backward.cuh).
 // Registers (ptxas, sm_90a; NWG = 2): STAGES = 0: D = 64: 214 (PIPE = 1), 198 (PIPE = 0); D = 128: 255, 255;
 // one block of 8 warps per SM. STAGES > 0: 168 at launch, producer 40 / consumers 232 (D = 64), 24 / 240
 // (D = 128), no spills at STAGES = 3 (D = 128 spills a few bytes at STAGES = 2 and 4). Measured on an H200
@@ -59,7 +65,9 @@
 //   dS^T (keys x queries) (1 + PIPE) * BK * BQ * 2
 //   L, delta, NST stages  8 * NST * BQ
 //   STAGES > 0: mbarriers full[NST], empty[NST]: 16 * NST; PIPE = 2: + the dS^T handoff mbarrier, 8
-//   (NWG = 2: D = 64: 99,328 (PIPE = 1, STAGES = 0), 116,280 (2, 3); D = 128: 164,864 (1, 0), 198,200 (2, 3))
+//   DQ = 1: the dQ tile first, BQ * D * 4 (1024-byte aligned: + 1024 of slack), and its two mbarriers, 16
+//   (NWG = 2: D = 64: 99,328 (PIPE = 1, STAGES = 0), 116,280 (2, 3); D = 128: 164,864 (1, 0), 198,200 (2, 3),
+//   232,008 (2, 3, DQ = 1))
 // Fragments (per warp of a warpgroup, lane = 4 g + t): accumulator element 4 i + 2 h + e = (row g + 8 h of the
 // warp's 16, column 8 i + 2 t + e); element r of the 16-bit A fragment of k-step kk is accumulator element
 // 8 kk + r (dilated_fwd_wgmma_16.cu), so P^T and dS^T become A operands in place.
@@ -93,10 +101,12 @@ __device__ __forceinline__ void st_shared_f32(unsigned addr, float x) {
 // the consumer warpgroups (threads 128 .. 383 of a warp-specialized block) meet at named barrier 1
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
 
-// Shared memory of one block in bytes (the layout at the top of this file); NST stages of Q, dO, L and delta
-template <int D, int NWG, int PIPE, int NST>
+// Shared memory of one block in bytes (the layout at the top of this file); NST stages of Q, dO, L and delta;
+// DQ = 1: the float32 dQ tile first (OFF_* count from the end of it), from a 1024-byte-aligned base
+template <int D, int NWG, int PIPE, int NST, int DQ>
 struct BwdSmemWg {
     static constexpr int BK = 64 * NWG, BQ = 64;
+    static constexpr int DQ_TILE = DQ ? BQ * D * 4 : 0;   // the dQ tile: D / 32 boxes of [BQ][32] floats
     static constexpr int KV = BK * D * 2;        // K or V of the block
     static constexpr int TILE = BQ * D * 2;      // one Q or dO tile
     static constexpr int DS = BK * BQ * 2;       // one dS^T buffer
@@ -104,20 +114,29 @@ struct BwdSmemWg {
     static constexpr int OFF_DS = OFF_Q + 2 * NST * TILE;  // stage s: Q at OFF_Q + 2 s TILE, dO at + TILE
     static constexpr int OFF_L = OFF_DS + (PIPE ? 2 : 1) * DS;  // stage s: L at float 2 s BQ, delta at (2 s + 1) BQ
     static constexpr int OFF_BAR = OFF_L + 8 * NST * BQ;        // STAGES > 0: full[NST], empty[NST]
-    static constexpr int bytes = OFF_BAR + 16 * NST + (PIPE == 2 ? 8 : 0);   // PIPE = 2: + the dS^T handoff
+    static constexpr int OFF_DQBAR = OFF_BAR + 16 * NST + (PIPE == 2 ? 8 : 0);   // PIPE = 2: + the dS^T handoff
+    // DQ = 1: + dQ full and empty mbarriers, the dQ tile and the slack that aligns the base
+    static constexpr int bytes = OFF_DQBAR + (DQ ? 16 + DQ_TILE + 1024 : 0);
 };
+
+__device__ __forceinline__ void st_shared_v2_f32(unsigned addr, float x, float y) {
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
+}
 
 // STAGES = 0: every thread computes and loads (two stages, block barriers). STAGES >= 2 (NWG = 2): warpgroup 0
 // is the producer (setmaxnreg.dec to PREG), warpgroups 1 and 2 the consumers (setmaxnreg.inc to CREG): 40 / 232
 // for D = 64, 24 / 240 for D = 128 (the launch bound gives 168 each). PIPE: 0, 1, or 2 with STAGES > 0.
-template <typename T, int D, int NWG, int PIPE, int STAGES>
+// DQ = 0: the consumers add dQ to dq (red.global.add); DQ = 1 (PIPE = 2): they store it into a shared tile and
+// warp 3 of the producer adds the tile to dq by TMA reduce-add through the tensor map *dq_map (docs/kernels.md).
+template <typename T, int D, int NWG, int PIPE, int STAGES, int DQ>
 __global__ void __launch_bounds__(WG_THREADS * (NWG + (STAGES ? 1 : 0)), 1)
-dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T))
+dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ dq_map)
 {
+    allow_next_launch();                     // backward.cuh: programmatic dependent launch
     using H = Half16<T>;
     constexpr bool WS = STAGES > 0;
     constexpr int NST = WS ? STAGES : 2;     // stages of Q, dO, L and delta
-    using L = BwdSmemWg<D, NWG, PIPE, NST>;
+    using L = BwdSmemWg<D, NWG, PIPE, NST, DQ>;
     constexpr int THREADS = WG_THREADS * NWG, BK = L::BK, BQ = L::BQ;   // THREADS: the computing threads
     constexpr int NS = BQ / 2;               // score registers per thread (64 keys x BQ queries)
     constexpr int KD = D / 16;               // k-steps over the head dimension
@@ -130,14 +149,20 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T))
     static_assert((D == 64 || D == 128) && (NWG == 1 || NWG == 2), "D: 64 or 128; NWG: 1 or 2");
     static_assert(STAGES == 0 || (NWG == 2 && STAGES >= 2 && STAGES <= 4), "STAGES: 0, or 2..4 with NWG = 2");
     static_assert(PIPE >= 0 && PIPE <= 2 && (PIPE != 2 || STAGES), "PIPE: 0, 1, or 2 with STAGES");
+    static_assert(DQ == 0 || (DQ == 1 && PIPE == 2 && NC == 32), "DQ: 0, or 1 with PIPE = 2 (dQ parts of 32)");
+    constexpr int LOADERS = DQ ? WG_THREADS - 32 : WG_THREADS;   // producer threads that load (DQ: warps 0-2)
 
     extern __shared__ __align__(128) unsigned char smem_bwd[];
-    const unsigned sK = (unsigned)__cvta_generic_to_shared(smem_bwd);
+    const unsigned raw = (unsigned)__cvta_generic_to_shared(smem_bwd);
+    const unsigned sDQ = DQ ? (raw + 1023u) & ~1023u : raw;     // DQ = 1: the dQ tile (1024-byte aligned)
+    const unsigned sK = sDQ + L::DQ_TILE;
     const unsigned sV = sK + L::OFF_V, sDS = sK + L::OFF_DS;
-    float* const sL = reinterpret_cast<float*>(smem_bwd + L::OFF_L);
+    float* const sL = reinterpret_cast<float*>(smem_bwd + (sK - raw) + L::OFF_L);
 #define BWD_FULL(s) (sK + L::OFF_BAR + 8 * (s))
 #define BWD_EMPTY(s) (sK + L::OFF_BAR + 8 * (NST + (s)))
 #define BWD_DS (sK + L::OFF_BAR + 16 * NST)
+#define BWD_DQ_FULL (sK + L::OFF_DQBAR)
+#define BWD_DQ_EMPTY (sK + L::OFF_DQBAR + 8)
 
     // blocks numbered key block fastest (the grid is problems x key blocks): the key blocks of one problem run
     // at the same time and share its Q, dO, L, delta and dq in L2
@@ -162,10 +187,14 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T))
         cp_async_commit();
         if (threadIdx.x == 0) {
             for (int s = 0; s < NST; ++s) {
-                mbar_init(BWD_FULL(s), WG_THREADS);
+                mbar_init(BWD_FULL(s), LOADERS);
                 mbar_init(BWD_EMPTY(s), THREADS);
             }
             if (PIPE == 2) mbar_init(BWD_DS, THREADS);
+            if (DQ) {
+                mbar_init(BWD_DQ_FULL, THREADS);
+                mbar_init(BWD_DQ_EMPTY, 1);
+            }
             mbar_fence_init();
         }
         cp_async_wait_all();
@@ -174,14 +203,30 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T))
         if (threadIdx.x < WG_THREADS) {      // producer: Q, dO (cp.async), L and delta of tile it into stage
             setmaxnreg_dec<PREG>();      // it % STAGES; full once they landed, refilled once empty
             const int self = threadIdx.x;
+            if (DQ && self >= LOADERS) {     // warp 3: each tile's dQ, once stored, added to dq by TMA
+                if (self == LOADERS) {
+                    for (int it = 0; it < ntiles; ++it) {
+                        mbar_wait(BWD_DQ_FULL, it & 1);
+#pragma unroll
+                        for (int b = 0; b < D / 32; ++b)
+                            tma_reduce_add_4d(dq_map, sDQ + b * (BQ * 128), 32 * b, problem_head,
+                                              q_begin + it * BQ, (int)problem_seg);
+                        bulk_commit();
+                        bulk_wait_read();    // the tile may be stored again
+                        mbar_arrive(BWD_DQ_EMPTY);
+                    }
+                    bulk_wait_all();
+                }
+                return;
+            }
             float lr = 0.0f, dr = 0.0f;      // raw L and delta of row `self` of the last tile issued
             for (int it = 0; it <= ntiles; ++it) {
                 if (it < ntiles) {
                     const int s = stage_of<NST>(it), q0 = q_begin + it * BQ;
                     if (it >= NST) mbar_wait(BWD_EMPTY(s), (phase_of<NST>(it) + 1) & 1);
                     const unsigned st = sK + L::OFF_Q + 2 * s * L::TILE;
-                    stage_core_rows<T, D, BQ, WG_THREADS, 1>(st, q, qoff, q_row, q0, mq, self);
-                    stage_core_rows<T, D, BQ, WG_THREADS, 1>(st + L::TILE, dout, qoff, q_row, q0, mq, self);
+                    stage_core_rows<T, D, BQ, LOADERS, 1>(st, q, qoff, q_row, q0, mq, self);
+                    stage_core_rows<T, D, BQ, LOADERS, 1>(st + L::TILE, dout, qoff, q_row, q0, mq, self);
                     cp_async_commit();
                 }
                 if (it > 0) {                // tile it - 1 complete: its L, delta stored, then published
@@ -252,15 +297,38 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T))
         fence_async_shared();
         mbar_arrive(BWD_DS);
     };
-    // scale dQ (column part `part`) of the tile at query qt added to dq (red.global.add.v2.f32)
+    // scale dQ (column part `part`) of the tile at query qt added to dq (red.global.add.v2.f32); DQ = 1: stored
+    // into the dQ tile (the tile of tile number qt / BQ - 1 reduced first), published after the last part
     auto add_dq = [&](int qt, int part) {
+        if (DQ) {
+            const int j = (qt - q_begin) / BQ;           // the tile's number
+            if (part == 0 && j > 0) mbar_wait(BWD_DQ_EMPTY, (j - 1) & 1);
+            // the part is box NQ / 32 wg + part of [BQ][32] floats, with its tensor map's 128-byte swizzle (16-byte
+            // chunk k of row r at chunk k ^ (r % 8)); this thread's pair (row 16 warp + g + 8 h, column 8 n + 2 t)
+            // is in chunk 2 n + t / 2 of a row with r % 8 = g: at chunk (2 n + t / 2) ^ g, 8 (t % 2) bytes in
+            const unsigned at = sDQ + (NQ / 32 * wg + part) * (BQ * 128) + (16 * warp + g) * 128 +
+                                16 * ((t >> 1) ^ (g & 1)) + 8 * (t & 1);
+            const unsigned swz = 32 * (g >> 1);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int i = qt + 16 * warp + g + 8 * h;
-            if (i >= mq) continue;
-            float* row = dq + qoff + i * q_row + NQ * wg + NC * part + 2 * t;
+            for (int h = 0; h < 2; ++h)
 #pragma unroll
-            for (int n = 0; n < NC / 8; ++n) add_pair(row + 8 * n, scale * c[4 * n + 2 * h], scale * c[4 * n + 2 * h + 1]);
+                for (int n = 0; n < 4; ++n)
+                    st_shared_v2_f32(at + 8 * 128 * h + (swz ^ (32 * n)), scale * c[4 * n + 2 * h],
+                                     scale * c[4 * n + 2 * h + 1]);
+            if (part == NP - 1) {
+                fence_async_shared();
+                mbar_arrive(BWD_DQ_FULL);
+            }
+        } else {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int i = qt + 16 * warp + g + 8 * h;
+                if (i >= mq) continue;
+                float* row = dq + qoff + i * q_row + NQ * wg + NC * part + 2 * t;
+#pragma unroll
+                for (int n = 0; n < NC / 8; ++n)
+                    add_pair(row + 8 * n, scale * c[4 * n + 2 * h], scale * c[4 * n + 2 * h + 1]);
+            }
         }
     };
 
@@ -458,3 +526,5 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T))
 #undef BWD_FULL
 #undef BWD_EMPTY
 #undef BWD_DS
+#undef BWD_DQ_FULL
+#undef BWD_DQ_EMPTY

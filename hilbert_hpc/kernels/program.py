@@ -9,6 +9,7 @@ capability < 7.5: on Pascal install the ``cuda12`` extra (``cupy-cuda12x``).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -30,6 +31,8 @@ DEVICE_OPTIONS = (*OPTIONS, "-ftz=true", "--device-as-default-execution-space")
 ARCH_OPTIONS = (*OPTIONS, "-ftz=true")
 #: shared memory per block every GPU allows without opting in
 PASCAL_SHARED = 48 * 1024
+#: set to 0 to launch every kernel plainly (no programmatic dependent launch; read when a kernel is loaded)
+DEPENDENT_LAUNCH_ENV = "HILBERT_HPC_DEPENDENT_LAUNCH"
 
 
 def source(name: str) -> str:
@@ -161,7 +164,8 @@ def _compiled_on(v: Variant, device: int) -> Any:
 
 class LoadedKernel:
     """Variant ``v`` loaded on the current device from its cubin: for its own target (``v.arch``) or the
-    device's sm_XY; launched like a ``cupy.RawKernel``."""
+    device's sm_XY; launched like a ``cupy.RawKernel``, or (``follows``) as a programmatic dependent launch
+    where the variant supports it on this GPU (:mod:`hilbert_hpc.kernels.dependent_launch`)."""
 
     def __init__(self, v: Variant):
         from cupy.cuda import driver
@@ -172,9 +176,22 @@ class LoadedKernel:
         loaded = load(program(v), target_of(v, cc))
         self.variant, self.lowered, self.log = v, loaded.lowered[v.name], loaded.log
         self.function = loaded.function(v.name)
+        #: launches that follow another of the variant's on the stream may overlap its end (compute capability 9.0+)
+        self.dependent = v.dependent_launch and cc >= 90 and os.environ.get(DEPENDENT_LAUNCH_ENV, "1") != "0"
         if v.shared_bytes > PASCAL_SHARED:
             driver.funcSetAttribute(self.function.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                     v.shared_bytes)
 
-    def __call__(self, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0, stream: Any = None) -> None:
+    def __call__(self, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0, stream: Any = None,
+                 follows: bool = False) -> None:
+        """Launch on ``stream`` (default: CuPy's current stream); ``follows``: the launch before this one on the
+        stream is one of the same call whose end this one may overlap (the kernel waits for it where it must)."""
+        if follows and self.dependent:
+            import cupy
+
+            from hilbert_hpc.kernels.dependent_launch import launch_dependent
+
+            ptr = (stream or cupy.cuda.get_current_stream()).ptr
+            launch_dependent(self.function.ptr, grid, block, args, shared_mem, ptr)
+            return
         self.function(tuple(grid), tuple(block), tuple(args), shared_mem=shared_mem, stream=stream)

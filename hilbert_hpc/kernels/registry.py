@@ -59,6 +59,11 @@ class Variant:
     arch: str | None = None
     #: the variant's configuration (its template arguments after the type and head dim), for its launcher
     config: tuple = ()
+    #: a backward kernel whose last argument is a pointer to a tensor map of dq, and one that adds dQ through it
+    dq_map_argument: bool = False
+    dq_map: bool = False
+    #: launches of it that follow one another may overlap (programmatic dependent launch, compute capability 9.0+)
+    dependent_launch: bool = False
 
     def runs_on(self, cc: int) -> bool:
         """Whether a GPU of compute capability ``cc`` (major * 10 + minor) can run this variant."""
@@ -100,6 +105,13 @@ class KernelFamily:
     valid: Callable[[Config], bool] = lambda cfg: True
     #: FORWARD (DILATED_FWD_PARAMS) or BACKWARD (DILATED_BWD_PARAMS, block_queries: keys per block)
     direction: str = FORWARD
+    #: whether its kernels take a pointer to a tensor map of dq after DILATED_BWD_PARAMS (wgmma16_bwd), and
+    #: whether a configuration's kernel adds dQ through it (DQ = 1; the others are given a null pointer)
+    dq_map_argument: bool = False
+    dq_map: Callable[[Config], bool] = lambda cfg: False
+    #: whether its kernels support programmatic dependent launch (backward.cuh: allow_next_launch at the start,
+    #: wait_for_previous_launch before what an earlier launch of the same call writes)
+    dependent_launch: bool = False
 
     @property
     def head_dims(self) -> tuple[int, ...]:
@@ -127,7 +139,8 @@ class KernelFamily:
         t = SIXTEEN_BIT_TYPES.get(name, "float")
         return Variant(self.name, head_dim, self.source, self.template(t, head_dim, cfg, "float" if accumulate else t),
                        self.threads(cfg), self.block_queries(head_dim, cfg), self.shared_bytes(head_dim, cfg),
-                       self.align, self.min_cc, self.max_cc, self.arch, cfg)
+                       self.align, self.min_cc, self.max_cc, self.arch, cfg, self.dq_map_argument,
+                       self.dq_map(cfg), self.dependent_launch)
 
     def instantiations(self) -> list[Variant]:
         """Every instantiation CI compiles: each dtype and head dim with each configuration, then the
@@ -360,40 +373,39 @@ def mma16_bwd_shared_bytes(head_dim: int, keys: int) -> int:
     return 4 * (head_dim + 8) * (keys + 2 * queries) + 2 * keys * (queries + 8) + 16 * queries
 
 
-def wgmma16_bwd_shared_bytes(head_dim: int, warpgroups: int, pipe: int, stages: int) -> int:
+def wgmma16_bwd_shared_bytes(head_dim: int, warpgroups: int, pipe: int, stages: int, dq: int = 0) -> int:
     """Dynamic shared memory of one wgmma16_bwd block (BwdSmemWg in dilated_bwd_wgmma_16.cu): K and V of its
     64 NWG keys, Q, dO, L and delta of the 64-row query-tile stages (``stages``, two where 0), dS^T in 16 bits
-    (two buffers with PIPE), and with a producer (``stages`` > 0) two mbarriers per stage."""
+    (two buffers with PIPE), with a producer (``stages`` > 0) two mbarriers per stage, and with ``dq`` the
+    float32 dQ tile, its two mbarriers and 1024 bytes that align it."""
     keys, queries, n = 64 * warpgroups, 64, stages or 2
     return (4 * head_dim * keys + 4 * n * head_dim * queries + (2 if pipe else 1) * 2 * keys * queries
-            + 8 * n * queries + (16 * n if stages else 0) + (8 if pipe == 2 else 0))
+            + 8 * n * queries + (16 * n if stages else 0) + (8 if pipe == 2 else 0)
+            + (16 + 4 * queries * head_dim + 1024 if dq else 0))
 
 
-#: wgmma16_bwd per head dim: (warpgroups NWG, PIPE, STAGES), template arguments of
-#: dilated_bwd_wgmma_16<T, D, NWG, PIPE, STAGES>: a warpgroup per 64 keys (BK = 64 NWG keys per block); PIPE = 1
+#: wgmma16_bwd per head dim: (warpgroups NWG, PIPE, STAGES, DQ), template arguments of
+#: dilated_bwd_wgmma_16<T, D, NWG, PIPE, STAGES, DQ>: a warpgroup per 64 keys (BK = 64 NWG keys per block); PIPE = 1
 #: computes a tile's dQ during the next tile's softmax, PIPE = 2 too, with the consumers handing dS^T over through
 #: an mbarrier instead of a named barrier (STAGES > 0 only); STAGES = 0: every thread loads (two stages, block
-#: barriers), STAGES >= 2 (NWG = 2): a producer warpgroup fills that many stages behind mbarriers. No spills with
-#: ptxas for sm_90a (D = 128 with a producer spills a few bytes at STAGES = 2 and 4, so those are not listed).
-#: Measured on an H200 (tests/scripts/bwd_wgmma16_check.py, 2026-11-25; N = 262,144, patterns (2048,1) (4096,2)
-#: (8192,4), bf16, ms non-causal / causal, key blocks of a problem adjacent in the grid): D = 64 (H = 12):
-#: (2, 2, 3) 24.1 / 14.3, (2, 2, 4) 23.9 / 14.3 (not listed: within 1 %, more shared memory), (2, 1, 3) 24.7 /
-#: 15.3, (2, 1, 4) 24.4 / 15.3, (2, 1, 2) 28.7 / 17.7, (2, 1, 0) 28.0 / 17.1; D = 128 (H = 8): (2, 2, 3) 28.5 /
-#: 16.4, (2, 1, 3) 28.9 / 17.0, (2, 1, 0) 30.7 / 18.2, (2, 0, 0) 33.3 / 19.3. A dQ per warpgroup over its own
-#: keys (no dS^T exchange, twice the atomics: 29.3 / 17.5 at D = 64), dV and dK left running into the next tile,
-#: dQ through shared memory and one bulk reduce per row, v4 atomics, and the A operands of dV and dK from shared
-#: memory were no faster.
+#: barriers), STAGES >= 2 (NWG = 2): a producer warpgroup fills that many stages behind mbarriers; DQ = 1 (PIPE = 2):
+#: dQ stored into a shared tile and added to dq by a producer warp's TMA reduce-add instead of red.global.add. No
+#: spills with ptxas for sm_90a (D = 128 with a producer spills a few bytes at STAGES = 2 and 4, so those are not
+#: listed). Timings (H200, N = 262,144, patterns (2048,1) (4096,2) (8192,4), bf16, ms non-causal / causal):
+#: docs/kernels.md; DQ = 1 against the default in one run (2026-11-29): D = 64 26.27 / 15.41 against 24.14 / 14.58,
+#: D = 128 30.82 / 17.65 against 28.84 / 16.68.
 WGMMA16_BWD = KernelFamily(
     "wgmma16_bwd", "dilated_bwd_wgmma_16.cu", SIXTEEN_BIT,
-    lambda t, d, c, o: f"dilated_bwd_wgmma_16<{t},{d},{c[0]},{c[1]},{c[2]}>", ("NWG", "PIPE", "STAGES"),
+    lambda t, d, c, o: f"dilated_bwd_wgmma_16<{t},{d},{c[0]},{c[1]},{c[2]},{c[3]}>", ("NWG", "PIPE", "STAGES", "DQ"),
     lambda d, c: wgmma16_bwd_shared_bytes(d, *c), lambda c: 128 * (c[0] + (1 if c[2] else 0)),
-    lambda d, c: 64 * c[0], SIXTEEN_BIT_ALIGN, defaults={64: (2, 2, 3), 128: (2, 2, 3)},
-    alternatives={64: ((2, 1, 3), (2, 1, 4), (2, 1, 2), (2, 1, 0), (2, 0, 0), (1, 1, 0)),
-                  128: ((2, 1, 3), (2, 1, 0), (2, 0, 0))},
+    lambda d, c: 64 * c[0], SIXTEEN_BIT_ALIGN, defaults={64: (2, 2, 3, 0), 128: (2, 2, 3, 0)},
+    alternatives={64: ((2, 2, 3, 1), (2, 1, 3, 0), (2, 1, 4, 0), (2, 1, 2, 0), (2, 1, 0, 0), (2, 0, 0, 0),
+                       (1, 1, 0, 0)),
+                  128: ((2, 2, 3, 1), (2, 1, 3, 0), (2, 1, 0, 0), (2, 0, 0, 0))},
     min_cc=90, max_cc=90, arch=HOPPER_ARCH, max_shared=HOPPER_SHARED,
     valid=lambda c: (c[0] in (1, 2) and c[1] in (0, 1, 2) and (c[2] == 0 or (c[0] == 2 and 2 <= c[2] <= 4))
-                     and (c[1] != 2 or c[2] > 0)),
-    direction=BACKWARD)
+                     and (c[1] != 2 or c[2] > 0) and c[3] in (0, 1) and (c[3] == 0 or c[1] == 2)),
+    dq_map_argument=True, dq_map=lambda c: bool(c[3]), dependent_launch=True, direction=BACKWARD)
 
 #: mma16_bwd per head dim: keys per block BK (a warp per 16 keys), template argument of
 #: dilated_bwd_mma_16<T, D, BK>; no spills with ptxas for sm_80 and sm_90. Measured on an H100 (N = 262,144,
@@ -405,7 +417,7 @@ MMA16_BWD = KernelFamily(
     "mma16_bwd", "dilated_bwd_mma_16.cu", SIXTEEN_BIT, lambda t, d, c, o: f"dilated_bwd_mma_16<{t},{d},{c[0]}>",
     ("BK",), lambda d, c: mma16_bwd_shared_bytes(d, c[0]), lambda c: 2 * c[0], lambda d, c: c[0],
     SIXTEEN_BIT_ALIGN, defaults={d: (128,) for d in HEAD_DIMS}, alternatives={d: ((64,),) for d in HEAD_DIMS},
-    min_cc=80, valid=lambda c: c[0] in (64, 128), direction=BACKWARD)
+    min_cc=80, valid=lambda c: c[0] in (64, 128), dependent_launch=True, direction=BACKWARD)
 
 def tf32x3_bwd_shared_bytes(head_dim: int, keys: int) -> int:
     """Dynamic shared memory of one tf32x3_bwd block (dilated_bwd_tf32x3.cu): K and V of its keys, Q and dO of
@@ -423,7 +435,7 @@ TF32X3_BWD = KernelFamily(
     "tf32x3_bwd", "dilated_bwd_tf32x3.cu", (FLOAT32,), lambda t, d, c, o: f"dilated_bwd_tf32x3<{d},{c[0]}>",
     ("BK",), lambda d, c: tf32x3_bwd_shared_bytes(d, c[0]), lambda c: 2 * c[0], lambda d, c: c[0], 4,
     defaults={d: (128,) for d in HEAD_DIMS}, alternatives={d: ((64,),) for d in HEAD_DIMS},
-    min_cc=80, valid=lambda c: c[0] in (64, 128), direction=BACKWARD)
+    min_cc=80, valid=lambda c: c[0] in (64, 128), dependent_launch=True, direction=BACKWARD)
 
 #: per head dim: (keys per block BK, query tile BQ), template arguments of dilated_bwd_fma<T, D, BK, BQ>: dK and
 #: dV of BK / 4 keys per thread in 2 D / 32 x BK / 4 <= 64 registers, every block within Pascal's 48 KiB. A

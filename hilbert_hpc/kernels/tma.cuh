@@ -1,5 +1,5 @@
 // The bulk tensor copy engine (TMA, sm_90a) and what feeds a pipeline with it: tensor maps, mbarriers
-// (init, expected transaction bytes, arrive, wait on a phase), 4-D tensor loads, the per-warpgroup register
+// (init, expected transaction bytes, arrive, wait on a phase), 4-D tensor loads and reduce-adds, bulk groups, the per-warpgroup register
 // budget (setmaxnreg), and the stage and phase of iteration it in a ring of STAGES stages.
 #pragma once
 
@@ -56,6 +56,20 @@ __device__ __forceinline__ void tma_load_4d(unsigned dst, const TensorMap* map, 
     asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
                  ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar) : "memory");
 }
+
+// the float32 box at shared address src added element by element to a 4-D tensor map's box (coordinates
+// innermost first; elements out of the tensor's bounds are skipped), in this thread's current bulk group
+__device__ __forceinline__ void tma_reduce_add_4d(const TensorMap* map, unsigned src, int c0, int c1, int c2,
+                                                  int c3) {
+    asm volatile("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n"
+                 ::"l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src) : "memory");
+}
+
+// close this thread's bulk group; wait until its groups read their shared sources (the buffers may be
+// written again); wait until they completed (their writes to global memory done)
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 
 template <int REGS>
 __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS)); }

@@ -1,4 +1,5 @@
-"""Tensor maps for the warp-specialized Hopper kernel (``dilated_fwd_tma_16.cu``, variant ``tma16``).
+"""Tensor maps for the warp-specialized Hopper kernels: ``tma16``'s Q, K, V (``dilated_fwd_tma_16.cu``) and the
+float32 dQ accumulators that ``wgmma16_bwd`` with DQ = 1 adds to by TMA reduce-add (:func:`dq_map`).
 
 The kernel reads Q, K and V through the bulk tensor copy engine (TMA), which needs a ``CUtensorMap`` per
 tensor: a 128-byte descriptor that the CUDA driver builds on the host (``cuTensorMapEncodeTiled``; CuPy
@@ -22,8 +23,10 @@ from typing import Any
 
 import numpy as np
 
-#: CUtensorMapDataType CU_TENSOR_MAP_DATA_TYPE_UINT16 (the raw bits of bf16/fp16; zero fill is +0 in both)
-DATA_UINT16 = 1
+#: CUtensorMapDataType CU_TENSOR_MAP_DATA_TYPE_UINT16 (the raw bits of bf16/fp16; zero fill is +0 in both) and
+#: FLOAT32 (the backward's dQ accumulators, added to by TMA reduce-add)
+DATA_UINT16, DATA_FLOAT32 = 1, 7
+DATA_TYPE_OF_BYTES = {2: DATA_UINT16, 4: DATA_FLOAT32}
 #: CUtensorMapInterleave NONE, CUtensorMapL2promotion 256B, CUtensorMapFloatOOBfill NONE
 INTERLEAVE_NONE, L2_PROMOTION_256B, OOB_FILL_ZERO = 0, 3, 0
 #: CUtensorMapSwizzle of a box row of 128 and 64 bytes
@@ -35,42 +38,47 @@ MAP_BYTES = 128
 @dataclass(frozen=True)
 class MapGeometry:
     """One 4-D tensor map: byte address of element (0, 0, 0, 0), sizes (columns, heads, rows, segments),
-    byte strides of heads, rows and segments, and the box (columns, 1, rows, 1)."""
+    byte strides of heads, rows and segments, the box (columns, 1, rows, 1) and the bytes of an element (2: 16-bit
+    raw bits, 4: float32)."""
 
     address: int
     dims: tuple[int, int, int, int]
     strides: tuple[int, int, int]
     box: tuple[int, int, int, int]
+    element_bytes: int = ELEMENT_BYTES
 
     def element_offset(self, column: int, head: int, row: int, segment: int) -> int:
         """Element offset from the map's address of a coordinate (what the copy engine reads)."""
-        byte = (column * ELEMENT_BYTES + head * self.strides[0] + row * self.strides[1]
+        byte = (column * self.element_bytes + head * self.strides[0] + row * self.strides[1]
                 + segment * self.strides[2])
-        return byte // ELEMENT_BYTES
+        return byte // self.element_bytes
 
 
 def map_geometry(pointer: int, geo: tuple, rows: int, heads: int, segments: int, head_dim: int,
-                 box_rows: int) -> MapGeometry:
-    """The tensor map of a 16-bit tensor at device address ``pointer`` read with element-offset geometry
-    ``geo = (base, segment, head, row)``: element (column c, head h, row j, segment s) is at
-    ``base + s * segment + h * head + j * row + c``. A dimension of size one gets the packed stride
-    (the driver wants strides that are multiples of 16 bytes; the kernels' rows already are)."""
+                 box_rows: int, element_bytes: int = ELEMENT_BYTES, box_columns: int | None = None) -> MapGeometry:
+    """The tensor map of a tensor of ``element_bytes`` elements (2: 16-bit, 4: float32) at device address
+    ``pointer`` with element-offset geometry ``geo = (base, segment, head, row)``: element (column c, head h,
+    row j, segment s) is at ``base + s * segment + h * head + j * row + c``. A dimension of size one gets the
+    packed stride (the driver wants strides that are multiples of 16 bytes; the kernels' rows already are).
+    The box: ``box_columns`` (default :func:`region_columns`) by ``box_rows``."""
     base, seg, head, row = (int(x) for x in geo)
     if min(rows, heads, segments) < 1:
         raise ValueError(f"tensor map of an empty launch: rows {rows}, heads {heads}, segments {segments}")
-    head_b = head * ELEMENT_BYTES if heads > 1 else head_dim * ELEMENT_BYTES
-    row_b = row * ELEMENT_BYTES if rows > 1 else head_b * heads
-    seg_b = seg * ELEMENT_BYTES if segments > 1 else row_b * rows
+    eb = int(element_bytes)
+    head_b = head * eb if heads > 1 else head_dim * eb
+    row_b = row * eb if rows > 1 else head_b * heads
+    seg_b = seg * eb if segments > 1 else row_b * rows
     strides = (head_b, row_b, seg_b)
     for what, s in zip(("head", "row", "segment"), strides):
         if s <= 0 or s % 16 or s >= 1 << 40:
             raise ValueError(f"tensor map {what} stride of {s} bytes: must be a positive multiple of 16 below 2^40")
-    address = int(pointer) + base * ELEMENT_BYTES
+    address = int(pointer) + base * eb
     if address % 16:
         raise ValueError(f"tensor map address {address:#x} is not aligned to 16 bytes")
     if not 1 <= box_rows <= 256:
         raise ValueError(f"tensor map box of {box_rows} rows (1..256)")
-    return MapGeometry(address, (head_dim, heads, rows, segments), strides, (region_columns(head_dim), 1, box_rows, 1))
+    columns = region_columns(head_dim) if box_columns is None else int(box_columns)
+    return MapGeometry(address, (head_dim, heads, rows, segments), strides, (columns, 1, box_rows, 1), eb)
 
 
 def region_columns(head_dim: int) -> int:
@@ -91,7 +99,8 @@ def _driver() -> Any:
 
 
 def encode(g: MapGeometry) -> bytes:
-    """The 128 bytes of the CUtensorMap of ``g`` (the swizzle of its box rows, zero fill out of bounds)."""
+    """The 128 bytes of the CUtensorMap of ``g`` (the swizzle of its box rows: 128 or 64 bytes; zero fill out of
+    bounds)."""
     host = np.zeros(MAP_BYTES + 64, dtype=np.uint8)
     start = (-host.ctypes.data) % 64                      # CUtensorMap is 64-byte aligned
     view = host[start:start + MAP_BYTES]
@@ -99,8 +108,9 @@ def encode(g: MapGeometry) -> bytes:
     strides = (ctypes.c_uint64 * 3)(*g.strides)
     box = (ctypes.c_uint32 * 4)(*g.box)
     ones = (ctypes.c_uint32 * 4)(1, 1, 1, 1)
-    rc = _driver()(view.ctypes.data, DATA_UINT16, 4, g.address, dims, strides, box, ones,
-                   INTERLEAVE_NONE, SWIZZLE_OF_ROW_BYTES[g.box[0] * ELEMENT_BYTES], L2_PROMOTION_256B, OOB_FILL_ZERO)
+    rc = _driver()(view.ctypes.data, DATA_TYPE_OF_BYTES[g.element_bytes], 4, g.address, dims, strides, box, ones,
+                   INTERLEAVE_NONE, SWIZZLE_OF_ROW_BYTES[g.box[0] * g.element_bytes], L2_PROMOTION_256B,
+                   OOB_FILL_ZERO)
     if rc != 0:
         raise RuntimeError(f"cuTensorMapEncodeTiled failed (CUresult {rc}) for {g}")
     return view.tobytes()
@@ -115,3 +125,15 @@ def device_maps(device: int, geometries: tuple[MapGeometry, ...], tail: bytes = 
     data = np.frombuffer(b"".join(encode(g) for g in geometries) + tail, dtype=np.uint8)
     with cupy.cuda.Device(device):
         return cupy.asarray(data)
+
+
+#: the dQ tile a backward block adds at once: columns of one box (128 bytes of float32, the 128-byte swizzle
+#: span) and its query rows (wgmma16_bwd's BQ)
+DQ_BOX_COLUMNS, DQ_BOX_ROWS = 32, 64
+
+
+def dq_map(dq: int, qg: tuple, rows: int, heads: int, segments: int, head_dim: int) -> MapGeometry:
+    """The tensor map of the float32 dQ accumulators at device address ``dq`` of one backward launch (dQ is
+    addressed like Q: geometry ``qg``; ``rows`` = the launch's mq), boxes of DQ_BOX_COLUMNS x DQ_BOX_ROWS."""
+    return map_geometry(dq, qg, rows, heads, segments, head_dim, DQ_BOX_ROWS, element_bytes=4,
+                        box_columns=DQ_BOX_COLUMNS)

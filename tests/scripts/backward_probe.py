@@ -30,6 +30,8 @@ from hilbert_hpc.core.patterns import Pattern
 ANCHOR = [(2048, 1), (4096, 2), (8192, 4)]
 #: the 16-bit backward's share of float32 accumulators as the package sets it
 DEFAULT_SHARE = cuda_autograd.SCRATCH_SHARE
+#: more scratch shares of the 16-bit backward to run ours with (--share)
+EXTRA_SHARES: list[float] = []
 #: name -> (dtype, N, H, D, causal)
 CASES = {
     "bf16-d64": (torch.bfloat16, 262144, 12, 64, False),
@@ -58,6 +60,7 @@ def contenders(dtype):
     found = [("ours", ours, DEFAULT_SHARE)]
     if dtype in (torch.bfloat16, torch.float16):
         found.append(("ours-whole", ours, 0.0))
+        found += [(f"ours-{share:g}", ours, share) for share in EXTRA_SHARES]
     pats = [Pattern(w, r) for w, r in ANCHOR]
     for name in ("torch", "flash"):
         try:
@@ -199,7 +202,10 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--json", help="also write the rows to this file")
     parser.add_argument("--only", action="append", help="run only these contenders (default: all)")
+    parser.add_argument("--share", type=float, action="append", default=[],
+                        help="also run ours with this scratch share of the 16-bit backward (contender ours-SHARE)")
     args = parser.parse_args()
+    EXTRA_SHARES.extend(args.share)
     rows = []
     print(f"# {torch.cuda.get_device_name()}, patterns {ANCHOR}")
     for case in args.case or list(CASES):

@@ -34,9 +34,9 @@ import numpy as np  # noqa: E402
 from hilbert_hpc.core.backward import local_dilated_backward  # noqa: E402
 from hilbert_hpc.core.dilated import local_dilated_forward  # noqa: E402
 from hilbert_hpc.core.patterns import Pattern  # noqa: E402
-from hilbert_hpc.kernels.launch import local_launches  # noqa: E402
-from hilbert_hpc.kernels.program import compiled  # noqa: E402
+from hilbert_hpc.kernels.backward import BackwardKernels  # noqa: E402
 from hilbert_hpc.kernels.registry import MMA16_BWD, WGMMA16_BWD, Variant  # noqa: E402
+from hilbert_hpc.kernels.selection import KernelChoice  # noqa: E402
 
 TYPES = {"bfloat16": "bf16_t", "float16": "f16_t"}
 HEAD_DIMS = (64, 128)
@@ -74,17 +74,10 @@ def sixteen_bit(x: np.ndarray, dtype: str) -> tuple[cupy.ndarray, np.ndarray]:
     return cupy.asarray(bits), from_bf16(bits).astype(np.float64)
 
 
-def launch_all(fn, v: Variant, arrays: tuple, patterns, causal: bool, scale: float, n: int, heads: int,
-               d: int) -> None:
-    """Every launch (pattern, head offset) of the backward into the float32 dq, dk, dv of ``arrays``."""
-    ptrs = tuple(np.uint64(a.data.ptr) for a in arrays)
-    for g in local_launches(patterns, causal, scale, n, heads, d):
-        grid = (g["segments"] * g["heads"], -(-g["mk"] // v.block_queries))
-        shift = g["shift"]
-        args = (*ptrs, *(np.int64(x) for x in (*g["qg"], *g["kg"], *g["vg"], *g["lg"])),
-                np.int32(g["heads"]), np.int32(g["mq"]), np.int32(g["mk"]), np.int32(shift is not None),
-                np.int32(shift or 0), np.float32(scale))
-        fn(grid, (v.threads,), args, shared_mem=v.shared_bytes)
+def launch_all(v: Variant, dtype: str, arrays: tuple, patterns, causal: bool, scale: float) -> None:
+    """Every launch (pattern, head offset) of the backward into the float32 dq, dk, dv of ``arrays``, by the
+    package's launcher (``BackwardKernels``) with variant ``v`` forced."""
+    BackwardKernels(KernelChoice(dtype, v.head_dim, 90, v)).local_patterns(*arrays, patterns, causal, scale)
 
 
 def check_case(dtype: str, d: int, cfg: tuple, problem: tuple, causal: bool, seed: int) -> bool:
@@ -100,7 +93,7 @@ def check_case(dtype: str, d: int, cfg: tuple, problem: tuple, causal: bool, see
     grads = tuple(cupy.zeros((n, heads, d), dtype=cupy.float32) for _ in range(3))
     arrays = (q, k, v, do, cupy.asarray(lse, dtype=cupy.float32), cupy.asarray(delta, dtype=cupy.float32), *grads)
     var = variant(dtype, d, cfg)
-    launch_all(compiled(var), var, arrays, patterns, causal, scale, n, heads, d)
+    launch_all(var, dtype, arrays, patterns, causal, scale)
     cupy.cuda.Device().synchronize()
     ok, parts = True, []
     for name, got, ref in zip(("dq", "dk", "dv"), grads, want):
@@ -133,13 +126,12 @@ def time_case(dtype: str, d: int, cfg: tuple, problem: tuple, causal: bool) -> N
     delta = (0.1 * rs.standard_normal((n, heads), dtype=cupy.float32)).astype(cupy.float32)
     grads = tuple(cupy.zeros((n, heads, d), dtype=cupy.float32) for _ in range(3))
     var = variant(dtype, d, cfg)
-    fn = compiled(var)
     arrays = (q, k, v, do, lse, delta, *grads)
     times = []
     for rep in range(7):
         start, stop = cupy.cuda.Event(), cupy.cuda.Event()
         start.record()
-        launch_all(fn, var, arrays, patterns, causal, scale, n, heads, d)
+        launch_all(var, dtype, arrays, patterns, causal, scale)
         stop.record()
         stop.synchronize()
         if rep >= 2:
@@ -151,9 +143,14 @@ def time_case(dtype: str, d: int, cfg: tuple, problem: tuple, causal: bool) -> N
           f"{tflops:.0f} TFLOP/s useful", flush=True)
 
 
+#: configurations to run (--config; empty: every one of the registry)
+ONLY: list[tuple] = []
+
+
 def configs(head_dim: int) -> list[tuple]:
-    """The wgmma16_bwd configurations of ``head_dim``: the registry's default, then its alternatives."""
-    return WGMMA16_BWD.configurations(head_dim)
+    """The wgmma16_bwd configurations of ``head_dim``: the registry's default, then its alternatives (those of
+    ``--config`` only, where given)."""
+    return [c for c in WGMMA16_BWD.configurations(head_dim) if not ONLY or c in ONLY]
 
 
 def cases(quick: bool) -> list[tuple]:
@@ -171,7 +168,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="only a few accuracy cases")
     parser.add_argument("--no-time", action="store_true", help="skip the timing of the large case")
+    parser.add_argument("--config", action="append", default=[],
+                        help="only this configuration NWG,PIPE,STAGES,DQ (repeatable)")
+    parser.add_argument("--no-mma16", action="store_true", help="time no mma16_bwd beside them")
     args = parser.parse_args()
+    ONLY.extend(tuple(int(x) for x in c.split(",")) for c in args.config)
     cc = int(cupy.cuda.Device().compute_capability)
     if cc != 90:
         print(f"compute capability {cc / 10:.1f}: the wgmma backward needs 9.0 (sm_90a)")
@@ -185,7 +186,7 @@ def main() -> int:
             print(f"FAIL {dtype} D={d} cfg={cfg} n={problem[0]} causal={causal}:\n{traceback.format_exc()}", flush=True)
     if not args.no_time:
         for d, problem in ((64, ANCHOR), (128, ANCHOR_128)):
-            for cfg in ((), *configs(d)):
+            for cfg in configs(d) if args.no_mma16 else [(), *configs(d)]:
                 for causal in (False, True):
                     try:
                         time_case("bfloat16", d, cfg, problem, causal)
