@@ -68,11 +68,12 @@ def test_accumulating_instantiation_is_tma16s_float32_output():
 
 def test_every_instantiation_the_check_compiles_comes_from_the_registry(monkeypatch):
     """check.main compiles the registry's instantiations (PTX per source, ptxas per sm_90a instantiation) and
-    nothing else but the plain sources."""
+    nothing else but the plain sources and the helper programs (each for the architectures that run it)."""
     compiled: list[tuple] = []
     monkeypatch.setattr(check, "compile_ptx", lambda arch, name: compiled.append(("ptx", arch, name)) or
                         {"ptx_bytes": "1"})
     monkeypatch.setattr(check, "compile_plain", lambda arch, name: compiled.append(("plain", arch, name)) or 1)
+    monkeypatch.setattr(check, "compile_helper", lambda arch, p: compiled.append(("helper", arch, p.source)) or 1)
     monkeypatch.setattr(check, "arch_ptxas_report", lambda v: compiled.append(("ptxas", v.arch, v)) or
                         {"registers": 1, "stack": 0, "spill_stores": 0, "spill_loads": 0, "serialized": False})
     import sys
@@ -86,6 +87,9 @@ def test_every_instantiation_the_check_compiles_comes_from_the_registry(monkeypa
     sources = {f.source for f in FAMILIES.values()}
     assert {name for kind, _, name in compiled if kind == "ptx"} == sources
     assert {name for kind, _, name in compiled if kind == "plain"} == set(check.PLAIN_SOURCES)
+    helpers = {(arch, name) for kind, arch, name in compiled if kind == "helper"}
+    assert helpers == {(a, "row_dot.cu") for a in check.CHECK_ARCHS} | {("compute_80", "convert_16.cu"),
+                                                                        ("compute_90", "convert_16.cu")}
     ptxas = [v for kind, _, v in compiled if kind == "ptxas"]
     assert ptxas == [v for v in registry.instantiations() if v.arch]
     for kind, arch, name in compiled:
