@@ -202,7 +202,9 @@ def dilated_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, patt
         out = out.index_select(1, inverse)
     if out.dtype != q.dtype and q.dtype in CAST_BACK:
         out = out.to(q.dtype)
-    return out if batched else out[0]
+    # squeeze, not out[0]: select's backward copies the output gradient into a zeroed (1, N, H, D) tensor (one
+    # more tensor of the output's size at the backward's peak); squeeze's is a view of it
+    return out if batched else out.squeeze(0)
 
 
 class DilatedAttention(torch.nn.Module):

@@ -213,3 +213,18 @@ def test_the_geometry_is_made_once_per_problem(monkeypatch):
         hnn.dilated_attention(q, q, q, patterns=[(16, 3)])
     with pytest.raises(ValueError):
         hnn.dilated_attention(q, q, q, patterns=[(16, 3)])
+
+
+def test_the_output_gradient_reaches_the_op_without_a_copy():
+    """(N, H, D) inputs run as a batch of one: the output is the op's (1, N, H, D) output squeezed, so that the
+    gradient the op's backward gets is a view of the caller's (select's backward would copy it into a zeroed
+    tensor of the batched shape: one more tensor of the output's size at the backward's peak memory)."""
+    q, k, v = (torch.randn((64, 2, 8), dtype=torch.float32, requires_grad=True) for _ in range(3))
+    out = hnn.dilated_attention(q, k, v, patterns=[(16, 1), (32, 2)])
+    seen = []
+    op_node = out.grad_fn.next_functions[0][0]                      # the op's backward, after the squeeze's
+    op_node.register_prehook(lambda grads: seen.append(grads[0]))
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    assert seen[0].shape == (1, *out.shape) and seen[0].data_ptr() == dout.data_ptr()
+    assert q.grad is not None and torch.isfinite(q.grad).all()

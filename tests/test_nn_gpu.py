@@ -125,3 +125,21 @@ def test_16_bit_gradients_in_row_chunks_equal_the_whole_sequence_at_once(monkeyp
     assert torch.equal(chunked[0], whole[0])
     for got, want in zip(chunked[1:], whole[1:]):
         assert worst(got, want.double().cpu()) <= 1e-2
+
+
+def test_16_bit_forward_and_backward_peak_within_1_2_times_the_eight_tensors():
+    """Peak GPU memory of a bf16 forward and backward (the package's scratch share) over the bytes of Q, K, V,
+    O, dO, dQ, dK, dV: at most 1.2 (the float32 sums of a chunk of rows, L, delta; no copy of dO)."""
+    from hilbert_hpc.backends import cuda_autograd
+
+    n, heads, d = 65536, 4, 64
+    q, k, v, dout = (torch.randn((n, heads, d), device="cuda").to(torch.bfloat16) for _ in range(4))
+    q, k, v = (x.requires_grad_(True) for x in (q, k, v))
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    out = hnn.dilated_attention(q, k, v, patterns=[(2048, 1), (4096, 2), (8192, 4)])
+    out.backward(dout)
+    torch.cuda.synchronize()
+    eight = 8 * q.numel() * q.element_size()
+    assert cuda_autograd.SCRATCH_SHARE <= 0.1
+    assert torch.cuda.max_memory_allocated() <= 1.2 * eight, torch.cuda.max_memory_allocated() / eight
