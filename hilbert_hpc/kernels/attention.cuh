@@ -1,18 +1,7 @@
-// The pieces of the attention computation shared by the tensor-core kernels: the causal range of visible
-// keys, the online softmax of a key tile, and the one log-sum-exp merge of a partial result into the running
-// output and log-sum-exp (FP32 or 16-bit running output). Include after common.cuh and convert.cuh.
+// The pieces of the attention computation shared by the tensor-core kernels: the online softmax of a key
+// tile, and the one log-sum-exp merge of a partial result into the running output and log-sum-exp (FP32 or
+// 16-bit running output). Include after common.cuh and convert.cuh (the ranges of visible keys: mask.cuh).
 #pragma once
-
-// Keys [0, visible_key_end) hold every key visible to queries below query_end: query i sees key j when
-// j < kend and, if causal, j <= i + causal_shift (a uniform bound for a block or warpgroup).
-__device__ __forceinline__ int visible_key_end(int kend, int causal, int query_end, int causal_shift) {
-    return causal ? min(kend, max(0, query_end + causal_shift)) : kend;
-}
-
-// Keys [0, unmasked_key_end) are visible to every query from first_query on: tiles below it need no mask.
-__device__ __forceinline__ int unmasked_key_end(int kend, int causal, int first_query, int causal_shift) {
-    return causal ? min(kend, max(0, first_query + causal_shift + 1)) : kend;
-}
 
 // Lazy rescaling (softmax_tile<..., LAZY = true>): the running max m of a row moves only when a tile's max
 // exceeds it by more than RESCALE_SLACK (log2 units). Below that the probabilities exp2(mul s - m) stay at most

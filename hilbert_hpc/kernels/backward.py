@@ -254,9 +254,12 @@ def _row_dot_kernel(a: Any, b: Any, dtype: str | None) -> Any:
     if (d * itemsize) % 16 or pa % 16 or pb % 16:
         vec = 1
     blocks = max(1, min(-(-rows * 8 // ROW_DOT_THREADS), 1 << 16))
-    fn = load(ROW_DOT_PROGRAM).function(f"row_dot<{ROW_DOT_TYPES[name]},{vec}>")
-    fn((blocks,), (ROW_DOT_THREADS,), (np.uint64(pa), np.uint64(pb), np.uint64(device_pointer(out)),
-                                        np.int64(rows), np.int32(d)))
+    import cupy
+
+    with cupy.cuda.Device(a.device.index if is_tensor(a) else a.device.id):    # the arrays' GPU
+        fn = load(ROW_DOT_PROGRAM).function(f"row_dot<{ROW_DOT_TYPES[name]},{vec}>")
+        fn((blocks,), (ROW_DOT_THREADS,), (np.uint64(pa), np.uint64(pb), np.uint64(device_pointer(out)),
+                                            np.int64(rows), np.int32(d)))
     return out
 
 

@@ -1,7 +1,7 @@
 // Pieces of every forward kernel: -inf, the argument lists of the FP32 and 16-bit kernels, the offsets of a
 // block's problem, and lane reductions (warp shuffles). Headers of this folder do not include each other:
 // a kernel includes those it needs in this order: common.cuh, convert.cuh, cp_async.cuh, mma_sync.cuh,
-// wgmma.cuh, tma.cuh, attention.cuh, backward.cuh (kernels.program.source inlines them).
+// wgmma.cuh, tma.cuh, mask.cuh, attention.cuh, backward.cuh (kernels.program.source inlines them).
 #pragma once
 
 #define NEG_INF (-__int_as_float(0x7f800000))

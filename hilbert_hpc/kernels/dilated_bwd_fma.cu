@@ -16,6 +16,7 @@
 
 #include "common.cuh"
 #include "convert.cuh"
+#include "mask.cuh"
 #include "attention.cuh"
 
 #define BWD_WARPS 4
@@ -56,7 +57,7 @@ dilated_bwd_fma(DILATED_BWD_PARAMS(T))
     DILATED_FWD_PROBLEM_OFFSETS;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int k0 = blockIdx.y * BK;
-    const int qbegin = causal ? max(0, k0 - causal_shift) : 0;   // the first query that sees key k0
+    const int qbegin = first_visible_query(causal, k0, causal_shift);
     if (k0 >= mk || qbegin >= mq) return;                        // uniform: no pair of this block is visible
 
     for (int idx = threadIdx.x; idx < BK * D; idx += BWD_WARPS * 32) {

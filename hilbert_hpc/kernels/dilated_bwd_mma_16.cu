@@ -32,6 +32,7 @@
 #include "convert.cuh"
 #include "cp_async.cuh"
 #include "mma_sync.cuh"
+#include "mask.cuh"
 #include "backward.cuh"
 
 // queries of one tile of the backward: registers (S^T and dP^T: BQ / 2 each) and shared memory for D > 64
@@ -87,7 +88,7 @@ dilated_bwd_mma_16(DILATED_BWD_PARAMS(T))
     const int k0 = blockIdx.y * BK;
     DILATED_FWD_PROBLEM_OFFSETS;
 
-    const int q_begin = causal ? max(0, k0 - causal_shift) : 0;   // the first query that sees key k0
+    const int q_begin = first_visible_query(causal, k0, causal_shift);
     if (q_begin >= mq) return;               // no query sees these keys (uniform)
 
     stage_rows<T, D, BK, THREADS>(sK, k, koff, k_row, k0, mk);
@@ -131,7 +132,7 @@ dilated_bwd_mma_16(DILATED_BWD_PARAMS(T))
         const unsigned sQ = sK + OFF_Q + 2 * cur * QTILE, sO = sQ + QTILE;
         const float* const lt = sL + 2 * cur * BQ;
         const float* const dt = lt + BQ;
-        const bool masked = k0 + BK > mk || (causal && q0 + causal_shift < k0 + BK - 1);
+        const bool masked = tile_needs_mask<BK>(k0, q0, mk, causal, causal_shift);
 
         // S^T = K Q^T (16 keys of this warp x BQ queries): s[b][2 h + e] = (key key0 + 8 h, query q0 + 8 b + 2 t + e)
         float s[NQ][4];
@@ -161,9 +162,7 @@ dilated_bwd_mma_16(DILATED_BWD_PARAMS(T))
                 s[b][2 * h + 1] = exp2f(fmaf(s[b][2 * h + 1], mul, -l2.y));
                 if (masked) {
                     const int j = key0 + 8 * h, i = q0 + 8 * b + 2 * t;
-                    const bool in = j < mk;
-                    if (!in || (causal && j > i + causal_shift)) s[b][2 * h] = 0.0f;
-                    if (!in || (causal && j > i + 1 + causal_shift)) s[b][2 * h + 1] = 0.0f;
+                    mask_query_pair(s[b][2 * h], s[b][2 * h + 1], i, j, mk, causal, causal_shift);
                 }
             }
         }

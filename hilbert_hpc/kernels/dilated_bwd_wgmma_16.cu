@@ -77,6 +77,7 @@
 #include "cp_async.cuh"
 #include "wgmma.cuh"
 #include "tma.cuh"
+#include "mask.cuh"
 #include "backward.cuh"
 
 // rows [r0, r0 + ROWS) of a D-wide 16-bit matrix (row j at src + off + j * row_stride elements; rows at or
@@ -175,7 +176,7 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ dq_map
     const long long voff = v_base + problem_seg * v_seg + problem_head * v_head;
     const long long loff = l_base + problem_seg * l_seg + problem_head * l_head;
 
-    const int q_begin = causal ? max(0, k0 - causal_shift) : 0;   // the first query that sees key k0
+    const int q_begin = first_visible_query(causal, k0, causal_shift);
     if (q_begin >= mq) return;               // no query sees these keys (uniform)
     const int ntiles = (mq - q_begin + BQ - 1) / BQ;
 
@@ -360,7 +361,7 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ dq_map
         const unsigned ds_buf = sDS + (PIPE ? cur * L::DS : 0);
         const float* const lt = sL + 2 * stage * BQ;
         const float* const dt = lt + BQ;
-        const bool masked = kw0 + 64 > mk || (causal && q0 + causal_shift < kw0 + 63);
+        const bool masked = tile_needs_mask<64>(kw0, q0, mk, causal, causal_shift);
 
         // S^T = K Q^T and dP^T = V dO^T (64 keys x BQ queries each); PIPE: then dQ of the previous tile
         float s[NS], dp[NS];
@@ -401,9 +402,7 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ dq_map
                 s[4 * b + 2 * h + 1] = exp2f(fmaf(s[4 * b + 2 * h + 1], mul, -l2.y));
                 if (masked) {
                     const int j = key0 + 8 * h, i = q0 + 8 * b + 2 * t;
-                    const bool in = j < mk;
-                    if (!in || (causal && j > i + causal_shift)) s[4 * b + 2 * h] = 0.0f;
-                    if (!in || (causal && j > i + 1 + causal_shift)) s[4 * b + 2 * h + 1] = 0.0f;
+                    mask_query_pair(s[4 * b + 2 * h], s[4 * b + 2 * h + 1], i, j, mk, causal, causal_shift);
                 }
             }
         }

@@ -20,6 +20,7 @@
 
 #include "common.cuh"
 #include "convert.cuh"
+#include "mask.cuh"
 #include "attention.cuh"
 
 #define WARPS 4

@@ -17,6 +17,7 @@
 
 #include "common.cuh"
 #include "convert.cuh"
+#include "mask.cuh"
 #include "attention.cuh"
 
 #define TILED_THREADS 256

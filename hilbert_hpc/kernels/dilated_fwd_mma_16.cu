@@ -25,6 +25,7 @@
 #include "convert.cuh"
 #include "cp_async.cuh"
 #include "mma_sync.cuh"
+#include "mask.cuh"
 #include "attention.cuh"
 
 #define MMA16_WARPS 4

@@ -29,6 +29,7 @@
 #include "convert.cuh"
 #include "cp_async.cuh"
 #include "mma_sync.cuh"
+#include "mask.cuh"
 #include "attention.cuh"
 
 #define MMA_WARPS 4

@@ -64,6 +64,7 @@
 #include "convert.cuh"
 #include "wgmma.cuh"
 #include "tma.cuh"
+#include "mask.cuh"
 #include "attention.cuh"
 
 // Shared memory of one block in bytes (from a 1024-byte-aligned base): Q of NC warpgroups, STAGES x (K, V)

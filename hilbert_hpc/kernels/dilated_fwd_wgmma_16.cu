@@ -54,6 +54,7 @@
 #include "cp_async.cuh"
 #include "mma_sync.cuh"
 #include "wgmma.cuh"
+#include "mask.cuh"
 #include "attention.cuh"
 
 // rows [r0, r0 + ROWS) of a D-wide 16-bit matrix (row j at src + off + j * row_stride elements; rows at or

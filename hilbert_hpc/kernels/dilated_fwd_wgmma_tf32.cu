@@ -46,6 +46,7 @@
 #include "convert.cuh"
 #include "cp_async.cuh"
 #include "wgmma.cuh"
+#include "mask.cuh"
 #include "attention.cuh"
 
 // k-steps per fresh accumulator. Larger groups are not faster (H100, 2026-11-27, in turns against 2): 4: 1.00x

@@ -21,7 +21,7 @@ from hilbert_hpc.kernels.registry import Variant
 KERNEL_DIR = Path(__file__).resolve().parent
 OPTIONS = ("-std=c++14",)
 #: headers the sources include, inlined by ``source`` (so compile caches see their text)
-HEADERS = ("common.cuh", "convert.cuh", "cp_async.cuh", "mma_sync.cuh", "wgmma.cuh", "tma.cuh",
+HEADERS = ("common.cuh", "convert.cuh", "cp_async.cuh", "mma_sync.cuh", "wgmma.cuh", "tma.cuh", "mask.cuh",
            "attention.cuh", "backward.cuh")
 #: NVRTC options of the kernels compiled for the device's own sm_XY: the ones CuPy's RawModule gave them
 #: (-ftz=true, --device-as-default-execution-space; its -I folders name no header these sources include), so
