@@ -323,7 +323,7 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
             const TmaItem wi = item_at(item);
             const int kend = wi.kend, ntiles = wi.ntiles;
             const int qwg = wi.qblock + WG_QUERIES * w;
-            // visible_key_end / unmasked_key_end of attention.cuh, spelled out: through the helpers the cubin differs
+            // visible_key_end / unmasked_key_end of mask.cuh, spelled out: through the helpers the cubin differs
             int kend_wg = (qwg < mq) ? kend : 0;
             if (causal) kend_wg = min(kend_wg, max(0, qwg + WG_QUERIES + causal_shift));
             const int open_end = causal ? min(kend, max(0, qwg + causal_shift + 1)) : kend;

@@ -135,7 +135,7 @@ dilated_fwd_wgmma_16(DILATED_FWD16_PARAMS(T))
 
     // this warpgroup's queries and keys: tiles at or past kend_wg are skipped, those below open_end unmasked
     const int qwg = qblock + WG_QUERIES * wg;
-    // visible_key_end / unmasked_key_end of attention.cuh, spelled out: through the helpers the cubin differs
+    // visible_key_end / unmasked_key_end of mask.cuh, spelled out: through the helpers the cubin differs
     int kend_wg = (qwg < mq) ? kend : 0;
     if (causal) kend_wg = min(kend_wg, max(0, qwg + WG_QUERIES + causal_shift));
     const int open_end = causal ? min(kend, max(0, qwg + causal_shift + 1)) : kend;
