@@ -144,10 +144,10 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ dq_map
     constexpr int KQ = BQ / 16;              // k-steps over the queries of a tile
     constexpr int KB = BK / 16;              // k-steps over the keys of the block (dQ)
     constexpr int NQ = D / NWG;              // dQ columns of one warpgroup
-    constexpr int NP = (PIPE && NQ > 32) ? 2 : 1;   // PIPE: dQ in column parts of 32 (fewer live registers)
+    constexpr int NP = (PIPE && NQ > 48) ? 2 : 1;   // PIPE: dQ in column parts of 32 (fewer live registers)
     constexpr int NC = NQ / NP;              // columns of one part
     constexpr int PREG = D == 64 ? 40 : 24, CREG = D == 64 ? 232 : 240;   // STAGES > 0: registers per thread
-    static_assert((D == 64 || D == 128) && (NWG == 1 || NWG == 2), "D: 64 or 128; NWG: 1 or 2");
+    static_assert((D == 64 || D == 96 || D == 128) && (NWG == 1 || NWG == 2), "D: 64, 96 or 128; NWG: 1 or 2");
     static_assert(STAGES == 0 || (NWG == 2 && STAGES >= 2 && STAGES <= 4), "STAGES: 0, or 2..4 with NWG = 2");
     static_assert(PIPE >= 0 && PIPE <= 2 && (PIPE != 2 || STAGES), "PIPE: 0, 1, or 2 with STAGES");
     static_assert(DQ == 0 || (DQ == 1 && PIPE == 2 && NC == 32), "DQ: 0, or 1 with PIPE = 2 (dQ parts of 32)");

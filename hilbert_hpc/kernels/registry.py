@@ -393,12 +393,13 @@ def wgmma16_bwd_shared_bytes(head_dim: int, warpgroups: int, pipe: int, stages: 
 #: spills with ptxas for sm_90a (D = 128 with a producer spills a few bytes at STAGES = 2 and 4, so those are not
 #: listed). Timings (H200, N = 262,144, patterns (2048,1) (4096,2) (8192,4), bf16, ms non-causal / causal):
 #: docs/kernels.md; DQ = 1 against the default in one run (2026-11-29): D = 64 26.27 / 15.41 against 24.14 / 14.58,
-#: D = 128 30.82 / 17.65 against 28.84 / 16.68.
+#: D = 128 30.82 / 17.65 against 28.84 / 16.68. D = 96 (H = 8), (2, 2, 3, 0): 23.04 / 12.99 against mma16_bwd's
+#: 39.22 / 22.08 (2026-11-29).
 WGMMA16_BWD = KernelFamily(
     "wgmma16_bwd", "dilated_bwd_wgmma_16.cu", SIXTEEN_BIT,
     lambda t, d, c, o: f"dilated_bwd_wgmma_16<{t},{d},{c[0]},{c[1]},{c[2]},{c[3]}>", ("NWG", "PIPE", "STAGES", "DQ"),
     lambda d, c: wgmma16_bwd_shared_bytes(d, *c), lambda c: 128 * (c[0] + (1 if c[2] else 0)),
-    lambda d, c: 64 * c[0], SIXTEEN_BIT_ALIGN, defaults={64: (2, 2, 3, 0), 128: (2, 2, 3, 0)},
+    lambda d, c: 64 * c[0], SIXTEEN_BIT_ALIGN, defaults={64: (2, 2, 3, 0), 96: (2, 2, 3, 0), 128: (2, 2, 3, 0)},
     alternatives={64: ((2, 2, 3, 1), (2, 1, 3, 0), (2, 1, 4, 0), (2, 1, 2, 0), (2, 1, 0, 0), (2, 0, 0, 0),
                        (1, 1, 0, 0)),
                   128: ((2, 2, 3, 1), (2, 1, 3, 0), (2, 1, 0, 0), (2, 0, 0, 0))},

@@ -247,6 +247,20 @@ struct Wgmma16<bf16_t, 32> {
 };
 
 template <>
+struct Wgmma16<bf16_t, 48> {
+    template <int SCALE_D, int TRANS_A = 0, int TRANS_B = 0>
+    static __device__ __forceinline__ void ss(float (&d)[24], desc_t da, desc_t db) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %26, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}, %24, %25, p, 1, 1, %27, %28;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
+            : "l"(da), "l"(db), "n"(SCALE_D), "n"(TRANS_A), "n"(TRANS_B));
+    }
+};
+
+template <>
 struct Wgmma16<bf16_t, 64> {
     template <int SCALE_D, int TRANS_A = 0, int TRANS_B = 0>
     static __device__ __forceinline__ void ss(float (&d)[32], desc_t da, desc_t db) {
@@ -397,6 +411,20 @@ struct Wgmma16<f16_t, 32> {
             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
               "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(SCALE_D), "n"(TRANS_B));
+    }
+};
+
+template <>
+struct Wgmma16<f16_t, 48> {
+    template <int SCALE_D, int TRANS_A = 0, int TRANS_B = 0>
+    static __device__ __forceinline__ void ss(float (&d)[24], desc_t da, desc_t db) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %26, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n48k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}, %24, %25, p, 1, 1, %27, %28;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
+            : "l"(da), "l"(db), "n"(SCALE_D), "n"(TRANS_A), "n"(TRANS_B));
     }
 };
 

@@ -4,13 +4,13 @@
     python3 tests/scripts/bwd_wgmma16_check.py --quick    # a few cases, then the timing
     python3 tests/scripts/bwd_wgmma16_check.py --no-time  # accuracy only
 
-1. Accuracy: for bfloat16 and float16, D 64/128, each configuration of the registry, causal and not,
+1. Accuracy: for bfloat16 and float16, D 64/96/128, each configuration of the registry, causal and not,
    n = 1024, H = 4, patterns (256,1) (512,2) (1024,4), and a ragged problem (n = 1200, patterns (200,1) (600,2)
    (1200,3): 320, 300 and 400 selected rows, none a multiple of a tile). Inputs, reference and rule as
    tests/scripts/bwd_mma16_check.py: float64 ``local_dilated_backward`` on the rounded inputs, L and delta
    float32, max |err| / max |ref| <= 2e-2 for each of dQ, dK, dV, and finite.
 2. Timing (CUDA events, median of 5 after 2 warm-ups): n = 262,144, patterns (2048,1) (4096,2) (8192,4),
-   bfloat16, D = 64 (H = 12) and D = 128 (H = 8), each configuration, non-causal and causal, and mma16_bwd (BK = 128) in
+   bfloat16, D = 64 (H = 12), D = 96 and D = 128 (H = 8), each configuration, non-causal and causal, and mma16_bwd (BK = 128) in
    the same run; useful TFLOP/s with the backward counted as 2.5 x the forward's 4 m m D FLOPs per problem.
 
 Exit code 1 when any case fails (or fails to compile or launch); 0 otherwise.
@@ -39,12 +39,14 @@ from hilbert_hpc.kernels.registry import MMA16_BWD, WGMMA16_BWD, Variant  # noqa
 from hilbert_hpc.kernels.selection import KernelChoice  # noqa: E402
 
 TYPES = {"bfloat16": "bf16_t", "float16": "f16_t"}
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 96, 128)
 TOLERANCE = 2e-2
 EVEN = (1024, 4, [Pattern(256, 1), Pattern(512, 2), Pattern(1024, 4)])
 RAGGED = (1200, 4, [Pattern(200, 1), Pattern(600, 2), Pattern(1200, 3)])
 ANCHOR = (262144, 12, [Pattern(2048, 1), Pattern(4096, 2), Pattern(8192, 4)])
 ANCHOR_128 = (262144, 8, ANCHOR[2])
+#: the timing problem of each head dim
+TIMED = {64: ANCHOR, 96: ANCHOR_128, 128: ANCHOR_128}
 
 
 def variant(dtype: str, head_dim: int, config: tuple) -> Variant:
@@ -158,7 +160,8 @@ def cases(quick: bool) -> list[tuple]:
     if quick:
         return [("bfloat16", 64, configs(64)[0], EVEN, False), ("bfloat16", 64, configs(64)[0], EVEN, True),
                 ("float16", 128, configs(128)[0], EVEN, True), ("bfloat16", 128, configs(128)[0], RAGGED, True),
-                ("float16", 64, configs(64)[0], RAGGED, False)]
+                ("float16", 64, configs(64)[0], RAGGED, False), ("float16", 96, configs(96)[0], RAGGED, True),
+                ("bfloat16", 96, configs(96)[0], EVEN, False)]
     full = [(dt, d, w, EVEN, c) for dt in TYPES for d in HEAD_DIMS for w in configs(d) for c in (False, True)]
     ragged = [(dt, d, w, RAGGED, c) for dt in TYPES for d in HEAD_DIMS for w in configs(d) for c in (False, True)]
     return full + ragged
@@ -171,6 +174,7 @@ def main() -> int:
     parser.add_argument("--config", action="append", default=[],
                         help="only this configuration NWG,PIPE,STAGES,DQ (repeatable)")
     parser.add_argument("--no-mma16", action="store_true", help="time no mma16_bwd beside them")
+    parser.add_argument("--head-dim", type=int, action="append", choices=HEAD_DIMS, help="time only these head dims")
     args = parser.parse_args()
     ONLY.extend(tuple(int(x) for x in c.split(",")) for c in args.config)
     cc = int(cupy.cuda.Device().compute_capability)
@@ -185,7 +189,7 @@ def main() -> int:
             failed += 1
             print(f"FAIL {dtype} D={d} cfg={cfg} n={problem[0]} causal={causal}:\n{traceback.format_exc()}", flush=True)
     if not args.no_time:
-        for d, problem in ((64, ANCHOR), (128, ANCHOR_128)):
+        for d, problem in ((d, TIMED[d]) for d in args.head_dim or HEAD_DIMS):
             for cfg in configs(d) if args.no_mma16 else [(), *configs(d)]:
                 for causal in (False, True):
                     try:
