@@ -24,7 +24,7 @@ import numpy as np
 
 from hilbert_hpc.core.arrays import is_tensor
 from hilbert_hpc.core.blockwise import array_module
-from hilbert_hpc.kernels.launch import MAX_GRID_Y, hop_launches, local_launches
+from hilbert_hpc.kernels.launch import MAX_GRID_Y, geometry_arguments, hop_launches, local_launches
 from hilbert_hpc.kernels.program import Program, compiled, load
 from hilbert_hpc.kernels.registry import BACKWARD, FLOAT32, SIXTEEN_BIT_TYPES, dtype_name
 from hilbert_hpc.kernels.selection import KernelChoice
@@ -124,8 +124,7 @@ class BackwardKernels:
         for i, (kc, vc, mc, sc) in enumerate(key_chunks(kg, vg, mk, shift, chosen.block_queries,
                                                           self.max_key_blocks)):
             grid = (segments * heads, -(-mc // chosen.block_queries))
-            args = (*pointers, *(np.int64(x) for x in (*qg, *kc, *vc, *lg)), np.int32(heads), np.int32(mq),
-                    np.int32(mc), np.int32(sc is not None), np.int32(sc or 0), np.float32(scale), *extra)
+            args = (*pointers, *geometry_arguments(qg, kc, vc, lg, heads, mq, mc, sc, scale), *extra)
             fn(grid, (chosen.threads,), args, shared_mem=chosen.shared_bytes, follows=follows or i > 0)
         return True
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from hilbert_hpc.kernels.launch import FusedKernels, query_chunks
+from hilbert_hpc.kernels.launch import FusedKernels, geometry_arguments, query_chunks
 from hilbert_hpc.kernels.program import compiled
 from hilbert_hpc.kernels.selection import KernelChoice
 
@@ -33,9 +33,7 @@ def launch(choice: KernelChoice, q: Array, k: Array, v: Array, out: Array, lse: 
     fn = compiled(chosen)
     for qc, lc, mc, sc in query_chunks(qg, lg, mq, shift, chosen.block_queries):
         grid = (segments * heads, -(-mc // chosen.block_queries))
-        args = (q, k, v, out, lse, *(np.int64(x) for x in (*qc, *kg, *vg, *lc)),
-                np.int32(heads), np.int32(mc), np.int32(mk), np.int32(sc is not None),
-                np.int32(sc or 0), np.float32(scale))
+        args = (q, k, v, out, lse, *geometry_arguments(qc, kg, vg, lc, heads, mc, mk, sc, scale))
         fn(grid, (chosen.threads,), args, shared_mem=chosen.shared_bytes)
 
 

@@ -28,6 +28,15 @@ Launcher = Callable[..., None]
 MAX_GRID_Y = 65535
 
 
+def geometry_arguments(qg: tuple, kg: tuple, vg: tuple, lg: tuple, heads: int, mq: int, mk: int, shift: int | None,
+                       scale: float) -> tuple:
+    """The arguments after the array pointers of ``DILATED_FWD_PARAMS``, ``DILATED_FWD16_PARAMS`` and
+    ``DILATED_BWD_PARAMS`` (common.cuh), as the kernels take them: the base, segment, head and row strides of Q,
+    K, V and L (int64), heads, mq, mk, causal, causal shift (int32), scale (float32)."""
+    return (*(np.int64(x) for x in (*qg, *kg, *vg, *lg)), np.int32(heads), np.int32(mq), np.int32(mk),
+            np.int32(shift is not None), np.int32(shift or 0), np.float32(scale))
+
+
 def query_chunks(qg: tuple, lg: tuple, mq: int, shift: int | None, block_queries: int,
                  max_blocks: int = MAX_GRID_Y) -> list[tuple[tuple, tuple, int, int | None]]:
     """``(qg, lg, mq, shift)`` of launches that together cover ``mq`` query rows with at most ``max_blocks``

@@ -21,7 +21,8 @@ from typing import Any, Sequence
 import numpy as np
 
 import hilbert_hpc.kernels.tma as tma
-from hilbert_hpc.kernels.launch import FusedKernels, hop_launches, local_launches, query_chunks, segment_dilation
+from hilbert_hpc.kernels.launch import (FusedKernels, geometry_arguments, hop_launches, local_launches, query_chunks,
+                                        segment_dilation)
 from hilbert_hpc.kernels.program import Program, compiled, load
 from hilbert_hpc.kernels.registry import SIXTEEN_BIT_ALIGN, SIXTEEN_BIT_TYPES, Variant, dtype_name
 from hilbert_hpc.kernels.selection import KernelChoice, choose
@@ -101,9 +102,7 @@ def launch_parts(choice: KernelChoice, q: Any, k: Any, v: Any, out: Any, lse: An
     for p in parts:
         for qc, lc, mc, sc in query_chunks(p["qg"], p["lg"], p["mq"], p["shift"], chosen.block_queries):
             grid = (p["segments"] * p["heads"], -(-mc // chosen.block_queries))
-            args = (*ptrs, *(np.int64(x) for x in (*qc, *p["kg"], *p["vg"], *lc)),
-                    np.int32(p["heads"]), np.int32(mc), np.int32(p["mk"]), np.int32(sc is not None),
-                    np.int32(sc or 0), np.float32(p["scale"]))
+            args = (*ptrs, *geometry_arguments(qc, p["kg"], p["vg"], lc, p["heads"], mc, p["mk"], sc, p["scale"]))
             fn(grid, (chosen.threads,), args, shared_mem=chosen.shared_bytes)
 
 
