@@ -2,8 +2,8 @@
 
     python tests/scripts/cubin_digests.py > digests.txt          # one line: label target sha256
 
-Every instantiation the compile checks know (``registry.instantiations()``, the conversion kernels and the
-Hilbert keys): the
+Every instantiation the compile checks know (``registry.instantiations()``, the helper programs of
+``kernels.check.helper_programs``: the conversions and rowsum(dO * O), and the Hilbert keys): the
 architecture-specific ones for their own target (sm_90a), the others for the device targets below that
 they run on. Needs CuPy and NVRTC (cupy-cuda12x, nvidia-cuda-nvrtc-cu12), no GPU.
 
@@ -39,13 +39,12 @@ atexit.register(shutil.rmtree, os.environ["CUPY_CACHE_DIR"], True)              
 
 #: device compute capabilities whose sm_XY cubins are compared (Pascal to Hopper)
 DEVICE_CCS = (61, 70, 75, 80, 86, 89, 90)
-#: oldest compute capability of the conversion kernels (bf16 arithmetic, used with the 16-bit kernels)
-CONVERT_MIN_CC = 80
 
 
 def programs() -> list[tuple[str, str, tuple[str, ...], tuple[str, ...], str, object]]:
     """(label, source, name expressions, NVRTC options as the package gave them, target, variant or None)."""
-    from hilbert_hpc.kernels import program, sixteen_bit
+    from hilbert_hpc.kernels import program
+    from hilbert_hpc.kernels.check import helper_programs
     from hilbert_hpc.kernels.registry import instantiations
 
     out = []
@@ -53,25 +52,25 @@ def programs() -> list[tuple[str, str, tuple[str, ...], tuple[str, ...], str, ob
         targets = [v.arch] if v.arch else [f"sm_{cc}" for cc in DEVICE_CCS if v.min_cc <= cc <= v.max_cc]
         for t in targets:
             out.append((f"{v.variant}:{v.name}", v.source, (v.name,), tuple(program.OPTIONS), t, v))
-    convert = tuple(sixteen_bit.convert_names())
-    out += [("convert:" + "|".join(convert), sixteen_bit.CONVERT_SOURCE, convert, tuple(program.OPTIONS), f"sm_{cc}",
-             None)
-            for cc in DEVICE_CCS if cc >= CONVERT_MIN_CC]
+    for p, oldest in helper_programs():          # the conversions (8.0+) and rowsum(dO * O) (every GPU)
+        label = p.source.removesuffix(".cu") + ":" + "|".join(p.names)
+        out += [(label, p.source, p.names, tuple(program.OPTIONS), f"sm_{cc}", None)
+                for cc in DEVICE_CCS if cc >= oldest]
     out += [("keys:hilbert_keys", "hilbert_keys.cu", (), ("-std=c++14",), f"sm_{cc}", None) for cc in DEVICE_CCS]
     return out
 
 
 def via_entry(source: str, names: tuple[str, ...], options: tuple[str, ...], target: str, v: object) -> bytes:
     """The cubin the package loads today: its own Program for the variant, the conversions or the keys."""
-    from hilbert_hpc.kernels import program, sixteen_bit
+    from hilbert_hpc.kernels import program
+    from hilbert_hpc.kernels.check import helper_programs
     from hilbert_hpc.tools import gpu_ordering
 
+    helpers = {h.source: h for h, _ in helper_programs()}
     if v is not None:
         p = program.program(v)
-    elif source == sixteen_bit.CONVERT_SOURCE:
-        p = sixteen_bit.CONVERT_PROGRAM
     else:
-        p = gpu_ordering.KEYS_PROGRAM
+        p = helpers.get(source, gpu_ordering.KEYS_PROGRAM)
     assert p.source == source and (not names or p.names == names), (p, names)
     return program.build(p, target).binary
 
