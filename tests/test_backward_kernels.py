@@ -109,6 +109,8 @@ def test_backward_override(monkeypatch):
         choose_backward("bfloat16", 64, cc=90, override="wgmma16_bwd:2,2,0,0")   # the handoff needs the producer
     with pytest.raises(RuntimeError, match="HILBERT_HPC_BWD_KERNEL=wgmma16_bwd: needs compute capability 9.0"):
         choose_backward("bfloat16", 64, cc=80, override="wgmma16_bwd")
+    with pytest.raises(ValueError, match=r"\(NWG, PIPE, STAGES, DQ\) = \(2, 2, 3, 1\) is not supported at head_dim 96"):
+        choose_backward("float16", 96, cc=90, override="wgmma16_bwd:2,2,3,1")   # DQ = 1: dQ parts of 32 columns
     with pytest.raises(ValueError, match=r"wgmma16_bwd supports head_dim in \[64, 96, 128\], got 32"):
         choose_backward("bfloat16", 32, cc=90, override="wgmma16_bwd")
     with pytest.raises(RuntimeError, match="HILBERT_HPC_BWD_KERNEL=tma16: unknown 16-bit backward kernel variant"):

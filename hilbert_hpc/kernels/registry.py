@@ -101,8 +101,10 @@ class KernelFamily:
     max_shared: int | None = None
     #: whether it has an instantiation merging into a float32 running output (tma16), compiled for each default
     float32_output: bool = False
-    #: whether a configuration is one the source supports (a forced configuration is checked against it)
+    #: whether a configuration is one the source supports (a forced configuration is checked against it), and
+    #: whether it is at a head dim the family has
     valid: Callable[[Config], bool] = lambda cfg: True
+    valid_at: Callable[[int, Config], bool] = lambda head_dim, cfg: True
     #: FORWARD (DILATED_FWD_PARAMS) or BACKWARD (DILATED_BWD_PARAMS, block_queries: keys per block)
     direction: str = FORWARD
     #: whether its kernels take a pointer to a tensor map of dq after DILATED_BWD_PARAMS (wgmma16_bwd), and
@@ -134,6 +136,9 @@ class KernelFamily:
         cfg = tuple(int(x) for x in (self.defaults[head_dim] if config is None else config))
         if len(cfg) != len(self.config_fields) or not self.valid(cfg):
             raise ValueError(f"{self.name} configuration ({', '.join(self.config_fields)}) = {cfg} is not supported")
+        if not self.valid_at(head_dim, cfg):
+            raise ValueError(f"{self.name} configuration ({', '.join(self.config_fields)}) = {cfg} is not supported "
+                             f"at head_dim {head_dim}")
         if accumulate and not self.float32_output:
             raise ValueError(f"{self.name} has no float32 running output")
         t = SIXTEEN_BIT_TYPES.get(name, "float")
@@ -406,6 +411,7 @@ WGMMA16_BWD = KernelFamily(
     min_cc=90, max_cc=90, arch=HOPPER_ARCH, max_shared=HOPPER_SHARED,
     valid=lambda c: (c[0] in (1, 2) and c[1] in (0, 1, 2) and (c[2] == 0 or (c[0] == 2 and 2 <= c[2] <= 4))
                      and (c[1] != 2 or c[2] > 0) and c[3] in (0, 1) and (c[3] == 0 or c[1] == 2)),
+    valid_at=lambda d, c: c[3] == 0 or d in (64, 128),      # DQ = 1: dQ parts of 32 columns (not D = 96)
     dq_map_argument=True, dq_map=lambda c: bool(c[3]), dependent_launch=True, direction=BACKWARD)
 
 #: mma16_bwd per head dim: keys per block BK (a warp per 16 keys), template argument of
