@@ -68,8 +68,10 @@ def breakdown(case: str, share: float, repeat: int) -> None:
     kernels: dict[str, float] = collections.defaultdict(float)
     forward_names = ("dilated_fwd", "widen_16", "narrow_16")
     for e in prof.events():
-        us = getattr(e, "device_time", 0.0) or getattr(e, "cuda_time", 0.0)
-        if us <= 0 or any(f in e.name for f in forward_names) or e.device_type.name != "CUDA":
+        if e.device_type.name != "CUDA" or any(f in e.name for f in forward_names):
+            continue
+        us = e.device_time
+        if us <= 0:
             continue
         groups[group_of(e.name)] += us / 1e3 / repeat
         kernels[e.name[:70]] += us / 1e3 / repeat
