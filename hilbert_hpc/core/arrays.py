@@ -19,6 +19,16 @@ def _cupy_array(x: Any) -> bool:
     return cupy is not None and isinstance(x, cupy.ndarray)
 
 
+def on_gpu(x: Any) -> bool:
+    """True for a CuPy array or a torch tensor on a CUDA device."""
+    return bool(x.is_cuda) if is_tensor(x) else _cupy_array(x)
+
+
+def is_c_contiguous(x: Any) -> bool:
+    """Whether a torch tensor, or a NumPy / CuPy array, is C-contiguous."""
+    return bool(x.is_contiguous()) if is_tensor(x) else bool(x.flags.c_contiguous)
+
+
 class RowReader:
     """Indexing it copies just the indexed rows of a (device) array to the host, as a NumPy array."""
 

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from hilbert_hpc.core.arrays import is_tensor
+from hilbert_hpc.core.arrays import is_c_contiguous, is_tensor, on_gpu
 from hilbert_hpc.core.blockwise import array_module
 from hilbert_hpc.kernels.launch import MAX_GRID_Y, geometry_arguments, hop_launches, local_launches
 from hilbert_hpc.kernels.program import Program, compiled, load
@@ -58,7 +58,7 @@ def check_arrays(choice: KernelChoice, shape: Sequence[int] | None = None, **arr
         if x is None or isinstance(x, (int, np.integer)):
             continue
         sixteen = choice.sixteen_bit and name in INPUTS
-        contiguous = x.is_contiguous() if hasattr(x, "is_contiguous") else bool(x.flags.c_contiguous)
+        contiguous = is_c_contiguous(x)
         itemsize = x.element_size() if hasattr(x, "element_size") else int(x.dtype.itemsize)
         ok = itemsize == 2 if sixteen else "float32" in str(x.dtype)
         if not (contiguous and ok):
@@ -96,8 +96,14 @@ class BackwardKernels:
             raise ValueError("give shape=(n, H, D) with raw pointers")
         check_arrays(self.choice, shape, q=q, k=k, v=v, dout=dout, lse=lse, delta=delta, dq=dq, dk=dk, dv=dv)
         n, heads, d = (int(x) for x in (q.shape if shape is None else shape))
+        self.launch_each(local_launches(patterns, causal, scale, n, heads, d), q, k, v, dout, lse, delta, dq, dk, dv)
+
+    def launch_each(self, geometries: Sequence[dict], q: Any, k: Any, v: Any, dout: Any, lse: Any, delta: Any,
+                    dq: Any, dk: Any, dv: Any) -> None:
+        """:meth:`launch` of each geometry in order, every one after the first that launched anything following
+        it (``follows``: programmatic dependent launch)."""
         launched = False
-        for geometry in local_launches(patterns, causal, scale, n, heads, d):
+        for geometry in geometries:
             launched |= self.launch(q, k, v, dout, lse, delta, dq, dk, dv, **geometry, follows=launched)
 
     def launch(self, q: Any, k: Any, v: Any, dout: Any, lse: Any, delta: Any, dq: Any, dk: Any, dv: Any, *,
@@ -174,10 +180,8 @@ class RingBackwardKernels:
         K/V ``block``, launched in place: dQ into the shard's ``dq``, dK/dV into the accumulator block
         ``partial`` at the offsets of K/V in ``block`` (``geom``: a ``distributed.ring.RingPattern``)."""
         n, heads, d = (int(x) for x in qs.shape)
-        launched = False
-        for geometry in hop_launches(geom, pos, src, pair, float(scale), heads, d):
-            launched |= self.kernels.launch(qs, block, block, dout, lse, delta, dq, partial, partial, **geometry,
-                                            follows=launched)
+        self.kernels.launch_each(hop_launches(geom, pos, src, pair, float(scale), heads, d), qs, block, block, dout,
+                                 lse, delta, dq, partial, partial)
 
     def gathered(self, qs: Any, dout: Any, lse: Any, delta: Any, sequence: Any, terms: Any, gather: Any,
                  scale: float, dq: Any) -> None:
@@ -185,10 +189,8 @@ class RingBackwardKernels:
         (``distributed.gather.GatherPattern``): dQ into the shard's ``dq``, dK/dV into ``terms`` (float32, the
         layout of ``sequence``)."""
         n, heads, d = (int(x) for x in qs.shape)
-        launched = False
-        for geometry in gather.launches(scale, heads, d):
-            launched |= self.kernels.launch(qs, sequence, sequence, dout, lse, delta, dq, terms, terms, **geometry,
-                                            follows=launched)
+        self.kernels.launch_each(gather.launches(scale, heads, d), qs, sequence, sequence, dout, lse, delta, dq,
+                                 terms, terms)
 
 
 def row_dot(a: Any, b: Any, dtype: str | None = None) -> Any:
@@ -196,7 +198,7 @@ def row_dot(a: Any, b: Any, dtype: str | None = None) -> Any:
     NumPy or CuPy arrays an array of their module, 16-bit raw bits (int16 / uint16) read as values of ``dtype``
     ('bfloat16', 'float16'). GPU arrays take one pass of the ``row_dot`` kernel (row_dot.cu); host arrays a
     chunk of rows at a time (the float32 temporaries stay small beside the arrays)."""
-    if _on_gpu(a):
+    if on_gpu(a):
         return _row_dot_kernel(a, b, dtype)
     n, heads, d = (int(x) for x in a.shape)
     step = max(1, ROW_DOT_CHUNK // max(1, heads * d))
@@ -222,21 +224,13 @@ ROW_DOT_PROGRAM = Program("row_dot.cu", tuple(f"row_dot<{t},{v}>" for name, t in
 ROW_DOT_THREADS = 256
 
 
-def _on_gpu(x: Any) -> bool:
-    if is_tensor(x):
-        return bool(x.is_cuda)
-    return type(x).__module__.startswith("cupy")
-
-
 def _row_dot_kernel(a: Any, b: Any, dtype: str | None) -> Any:
     """:func:`row_dot` of two C-contiguous GPU arrays of one shape, in one kernel on the current stream."""
     n, heads, d = (int(x) for x in a.shape)
     if tuple(b.shape) != tuple(a.shape):
         raise ValueError(f"row_dot of arrays of shapes {tuple(a.shape)} and {tuple(b.shape)}")
-    for x in (a, b):
-        contiguous = x.is_contiguous() if is_tensor(x) else bool(x.flags.c_contiguous)
-        if not contiguous:
-            raise ValueError("row_dot needs C-contiguous arrays")
+    if not (is_c_contiguous(a) and is_c_contiguous(b)):
+        raise ValueError("row_dot needs C-contiguous arrays")
     itemsize = a.element_size() if is_tensor(a) else int(a.dtype.itemsize)
     name = dtype if itemsize == 2 and dtype is not None else dtype_name(a.dtype)
     if is_tensor(a):

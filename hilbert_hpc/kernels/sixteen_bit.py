@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from hilbert_hpc.core.arrays import is_c_contiguous
 import hilbert_hpc.kernels.tma as tma
 from hilbert_hpc.kernels.launch import (FusedKernels, geometry_arguments, hop_launches, local_launches, query_chunks,
                                         segment_dilation)
@@ -271,7 +272,7 @@ def check_arrays(q: Any, k: Any, v: Any, out: Any, lse: Any) -> None:
             if int(x) % 16:
                 raise ValueError(f"the 16-bit kernel needs {name} aligned to 16 bytes, got address {int(x):#x}")
             continue
-        contiguous = x.is_contiguous() if hasattr(x, "is_contiguous") else bool(x.flags.c_contiguous)
+        contiguous = is_c_contiguous(x)
         itemsize = x.element_size() if hasattr(x, "element_size") else int(x.dtype.itemsize)
         wanted = 4 if name == "lse" else 2
         if not contiguous or itemsize != wanted:

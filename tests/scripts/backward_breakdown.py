@@ -95,7 +95,7 @@ def main() -> int:
     parser.add_argument("--host-rowsum", action="store_true", help="rowsum(dO * O) by torch's element-wise kernels")
     args = parser.parse_args()
     if args.host_rowsum:
-        backward_kernels._on_gpu = lambda x: False
+        backward_kernels.on_gpu = lambda x: False
     for case in args.case or ["bf16-d64"]:
         for share in args.share or [cuda_autograd.SCRATCH_SHARE]:
             breakdown(case, share, args.repeat)
