@@ -137,25 +137,28 @@ def test_cupy_float32_arrays_and_raw_pointers():
     assert all(max_rel(cupy.asnumpy(g), w) <= 1e-6 for g, w in zip(grads, want))
 
 
-def tma_dq_configurations() -> list:
-    """(head dim, configuration) of every wgmma16_bwd configuration that adds dQ by TMA reduce-add (DQ = 1)."""
+def tensor_map_configurations() -> list:
+    """(head dim, configuration) of every wgmma16_bwd configuration that reads tensor maps: dQ added by TMA
+    reduce-add (DQ = 1), Q and dO loaded by TMA (LOAD = 1), or both."""
     fam = registry.WGMMA16_BWD
-    return [(d, c) for d in fam.head_dims for c in fam.configurations(d) if fam.variant(d, "bfloat16", c).dq_map]
+    return [(d, c) for d in fam.head_dims for c in fam.configurations(d)
+            if fam.variant(d, "bfloat16", c).tensor_maps]
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("head_dim,config", tma_dq_configurations())
-def test_dq_by_tma_reduce_matches_float64_and_the_atomic_kernel(head_dim, config, causal):
-    """wgmma16_bwd with dQ added through its shared tile by TMA reduce-add (DQ = 1): within the 16-bit tolerance
-    of float64 on ragged overlapping patterns, also cut into one key block per launch (every tile's rows reduced
-    through the tensor map, the last tile's past mq dropped); dK and dV bit for bit those of the atomic kernel
-    (the same sums in the same order), dQ within float32 rounding of it."""
+@pytest.mark.parametrize("head_dim,config", tensor_map_configurations())
+def test_tensor_map_kernels_match_float64_and_the_cp_async_atomic_kernel(head_dim, config, causal):
+    """wgmma16_bwd with dQ added through its shared tile by TMA reduce-add (DQ = 1) and/or Q and dO loaded by TMA
+    into swizzled tiles (LOAD = 1): within the 16-bit tolerance of float64 on ragged overlapping patterns, also cut
+    into one key block per launch (every tile's rows through the tensor maps, the last tile's past mq zero-filled
+    or dropped); dK and dV bit for bit those of the same kernel with cp.async loads and atomic dQ (the same sums in
+    the same order), dQ within float32 rounding of it."""
     skip_unless_runs("bfloat16", "wgmma16_bwd", head_dim)
     p = problem("bfloat16", head_dim, causal, seed=5)
     fam = registry.WGMMA16_BWD
-    atomic = choose_backward("bfloat16", head_dim, override="wgmma16_bwd:" + ",".join(map(str, (*config[:3], 0))))
+    atomic = choose_backward("bfloat16", head_dim, override="wgmma16_bwd:" + ",".join(map(str, (*config[:3], 0, 0))))
     by_tma = choose_backward("bfloat16", head_dim, override="wgmma16_bwd:" + ",".join(map(str, config)))
-    assert by_tma.variant.dq_map and not atomic.variant.dq_map and fam.name == by_tma.name
+    assert by_tma.variant.tensor_maps and not atomic.variant.tensor_maps and fam.name == by_tma.name
     want = run(BackwardKernels(atomic), p)
     for kernels in (BackwardKernels(by_tma), BackwardKernels(by_tma, max_key_blocks=1)):
         got = run(kernels, p)

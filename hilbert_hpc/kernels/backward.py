@@ -125,8 +125,10 @@ class BackwardKernels:
         fn = compiled(chosen)
         pointers = tuple(np.uint64(device_pointer(x)) for x in (q, k, v, dout, lse, delta, dq, dk, dv))
         extra = ()
-        if chosen.dq_map_argument:
-            extra = (np.uint64(dq_map_pointer(pointers[6], qg, mq, heads, segments, head_dim) if chosen.dq_map else 0),)
+        if chosen.maps_argument:
+            maps = tensor_maps(pointers[6], pointers[0], pointers[3], qg, mq, heads, segments, head_dim) \
+                if chosen.tensor_maps else 0
+            extra = (np.uint64(maps),)
         for i, (kc, vc, mc, sc) in enumerate(key_chunks(kg, vg, mk, shift, chosen.block_queries,
                                                           self.max_key_blocks)):
             grid = (segments * heads, -(-mc // chosen.block_queries))
@@ -135,15 +137,19 @@ class BackwardKernels:
         return True
 
 
-def dq_map_pointer(dq: int, qg: tuple, mq: int, heads: int, segments: int, head_dim: int) -> int:
-    """Device address of the tensor map of the float32 dq of one launch (``tma.dq_map``), built once per
-    geometry and device (``tma.device_maps``)."""
+def tensor_maps(dq: int, q: int, dout: int, qg: tuple, mq: int, heads: int, segments: int, head_dim: int) -> int:
+    """Device address of the tensor maps of one launch at ``qg`` (dQ and dO are addressed like Q): the float32
+    ``dq`` (``tma.dq_map``), then the 16-bit ``q`` and ``dout`` in boxes of one 64-row query tile
+    (``tma.query_tile_map``), built once per geometry and device (``tma.device_maps``)."""
     import cupy
 
     from hilbert_hpc.kernels import tma
 
-    geometry = tma.dq_map(int(dq), tuple(int(x) for x in qg), mq, heads, segments, head_dim)
-    return int(tma.device_maps(cupy.cuda.Device().id, (geometry,)).data.ptr)
+    g = tuple(int(x) for x in qg)
+    geometries = (tma.dq_map(int(dq), g, mq, heads, segments, head_dim),
+                  tma.query_tile_map(int(q), g, mq, heads, segments, head_dim),
+                  tma.query_tile_map(int(dout), g, mq, heads, segments, head_dim))
+    return int(tma.device_maps(cupy.cuda.Device().id, geometries).data.ptr)
 
 
 class RingBackwardKernels:

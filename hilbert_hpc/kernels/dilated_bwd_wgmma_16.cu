@@ -99,25 +99,47 @@ __device__ __forceinline__ void st_shared_f32(unsigned addr, float x) {
     asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(x) : "memory");
 }
 
+// Descriptors of a staged Q or dO tile of BQ rows in the layout LOAD gives it (0: core-matrix order, D columns;
+// 1: the copy engine's 128-byte swizzle, regions of 64 columns of BQ rows, BQ 128 bytes apart), read K-major (the
+// B of S^T and dP^T; k-step ks = 16 columns) or MN-major (the B of dV and dK; k-step kk = 16 queries). Steps are
+// offsets in 16-byte units, added to the descriptor's start address.
+template <int D, int BQ, int LOAD>
+struct StagedTile {
+    static __device__ __forceinline__ desc_t k_major(unsigned base) {
+        return LOAD ? smem_desc_swizzled<128>(base, 16) : smem_desc(base, 128, 16 * D);
+    }
+    static __device__ __forceinline__ unsigned k_step(int ks) {   // region ks / 4, + 32 (ks % 4) bytes
+        return LOAD ? 8 * BQ * (ks / 4) + 2 * (ks % 4) : 16 * ks;
+    }
+    static __device__ __forceinline__ desc_t mn_major(unsigned base) {
+        return LOAD ? smem_desc_swizzled<128>(base, BQ * 128) : smem_desc(base, 16 * D, 128);
+    }
+    static __device__ __forceinline__ unsigned mn_step(int kk) { return LOAD ? 128 * kk : 2 * D * kk; }
+};
+
 // the consumer warpgroups (threads 128 .. 383 of a warp-specialized block) meet at named barrier 1
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
 
 // Shared memory of one block in bytes (the layout at the top of this file); NST stages of Q, dO, L and delta;
-// DQ = 1: the float32 dQ tile first (OFF_* count from the end of it), from a 1024-byte-aligned base
-template <int D, int NWG, int PIPE, int NST, int DQ>
+// a Q or dO tile stores TD columns (D, or with LOAD = 1 whole swizzled regions of 64); DQ = 1: the float32 dQ
+// tile first (OFF_* count from the end of it); ALIGN: swizzled tiles (DQ = 1 or LOAD = 1), from a 1024-byte-aligned
+// base at offsets that keep them so
+template <int D, int TD, int NWG, int PIPE, int NST, int DQ, int ALIGN>
 struct BwdSmemWg {
     static constexpr int BK = 64 * NWG, BQ = 64;
     static constexpr int DQ_TILE = DQ ? BQ * D * 4 : 0;   // the dQ tile: D / 32 boxes of [BQ][32] floats
     static constexpr int KV = BK * D * 2;        // K or V of the block
-    static constexpr int TILE = BQ * D * 2;      // one Q or dO tile
+    static constexpr int TILE = BQ * TD * 2;     // one Q or dO tile
+    static constexpr int REGION = BQ * 128;      // LOAD = 1: one swizzled region (64 columns) of a tile
     static constexpr int DS = BK * BQ * 2;       // one dS^T buffer
     static constexpr int OFF_V = KV, OFF_Q = 2 * KV;
     static constexpr int OFF_DS = OFF_Q + 2 * NST * TILE;  // stage s: Q at OFF_Q + 2 s TILE, dO at + TILE
     static constexpr int OFF_L = OFF_DS + (PIPE ? 2 : 1) * DS;  // stage s: L at float 2 s BQ, delta at (2 s + 1) BQ
     static constexpr int OFF_BAR = OFF_L + 8 * NST * BQ;        // STAGES > 0: full[NST], empty[NST]
     static constexpr int OFF_DQBAR = OFF_BAR + 16 * NST + (PIPE == 2 ? 8 : 0);   // PIPE = 2: + the dS^T handoff
-    // DQ = 1: + dQ full and empty mbarriers, the dQ tile and the slack that aligns the base
-    static constexpr int bytes = OFF_DQBAR + (DQ ? 16 + DQ_TILE + 1024 : 0);
+    static constexpr int bytes = OFF_DQBAR + (DQ ? 16 + DQ_TILE : 0);   // DQ = 1: + dQ full and empty mbarriers
+    static constexpr bool ALIGNED = ALIGN;
+    static_assert(!ALIGN || (KV % 1024 == 0 && TILE % 1024 == 0 && DQ_TILE % 1024 == 0), "swizzled tiles aligned");
 };
 
 __device__ __forceinline__ void st_shared_v2_f32(unsigned addr, float x, float y) {
@@ -128,16 +150,22 @@ __device__ __forceinline__ void st_shared_v2_f32(unsigned addr, float x, float y
 // is the producer (setmaxnreg.dec to PREG), warpgroups 1 and 2 the consumers (setmaxnreg.inc to CREG): 40 / 232
 // for D = 64, 24 / 240 for D = 128 (the launch bound gives 168 each). PIPE: 0, 1, or 2 with STAGES > 0.
 // DQ = 0: the consumers add dQ to dq (red.global.add); DQ = 1 (PIPE = 2): they store it into a shared tile and
-// warp 3 of the producer adds the tile to dq by TMA reduce-add through the tensor map *dq_map (docs/kernels.md).
-template <typename T, int D, int NWG, int PIPE, int STAGES, int DQ>
+// warp 3 of the producer adds the tile to dq by TMA reduce-add through the tensor map maps[0] (docs/kernels.md).
+// LOAD = 0: the producer's threads load Q and dO by cp.async into core-matrix order; LOAD = 1 (STAGES > 0): one
+// producer thread loads them by TMA through the tensor maps maps[1] (Q) and maps[2] (dO), 128-byte swizzled.
+// maps: null unless DQ = 1 or LOAD = 1.
+template <typename T, int D, int NWG, int PIPE, int STAGES, int DQ, int LOAD>
 __global__ void __launch_bounds__(WG_THREADS * (NWG + (STAGES ? 1 : 0)), 1)
-dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ dq_map)
+dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps)
 {
     allow_next_launch();                     // backward.cuh: programmatic dependent launch
     using H = Half16<T>;
     constexpr bool WS = STAGES > 0;
     constexpr int NST = WS ? STAGES : 2;     // stages of Q, dO, L and delta
-    using L = BwdSmemWg<D, NWG, PIPE, NST, DQ>;
+    constexpr int TD = LOAD ? (D + 63) / 64 * 64 : D;   // stored columns of a Q or dO tile
+    constexpr int NR = TD / 64;              // LOAD = 1: swizzled regions of 64 columns (128-byte rows) of a tile
+    using L = BwdSmemWg<D, TD, NWG, PIPE, NST, DQ, DQ || LOAD>;
+    using Tile = StagedTile<D, 64, LOAD>;    // descriptors of the Q and dO tiles
     constexpr int THREADS = WG_THREADS * NWG, BK = L::BK, BQ = L::BQ;   // THREADS: the computing threads
     constexpr int NS = BQ / 2;               // score registers per thread (64 keys x BQ queries)
     constexpr int KD = D / 16;               // k-steps over the head dimension
@@ -151,14 +179,20 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ dq_map
     static_assert(STAGES == 0 || (NWG == 2 && STAGES >= 2 && STAGES <= 4), "STAGES: 0, or 2..4 with NWG = 2");
     static_assert(PIPE >= 0 && PIPE <= 2 && (PIPE != 2 || STAGES), "PIPE: 0, 1, or 2 with STAGES");
     static_assert(DQ == 0 || (DQ == 1 && PIPE == 2 && NC == 32), "DQ: 0, or 1 with PIPE = 2 (dQ parts of 32)");
-    constexpr int LOADERS = DQ ? WG_THREADS - 32 : WG_THREADS;   // producer threads that load (DQ: warps 0-2)
+    static_assert(LOAD == 0 || (LOAD == 1 && STAGES), "LOAD: 0, or 1 with STAGES");
+    // producer threads that load, arriving on full[s] (LOAD = 0: warps 0-2 with DQ = 1, else all four; LOAD = 1:
+    // the BQ threads that store L and delta, and thread 0 once more with the TMA's expected bytes)
+    constexpr int LOADERS = LOAD ? BQ : DQ ? WG_THREADS - 32 : WG_THREADS;
+    constexpr int WRITER = WG_THREADS - 32;  // DQ = 1: the first thread of the producer's dQ writer warp (3)
 
-    extern __shared__ __align__(128) unsigned char smem_bwd[];
-    const unsigned raw = (unsigned)__cvta_generic_to_shared(smem_bwd);
-    const unsigned sDQ = DQ ? (raw + 1023u) & ~1023u : raw;     // DQ = 1: the dQ tile (1024-byte aligned)
+    // the window 1024-byte aligned (the swizzled tiles need it): by its declaration, not by arithmetic on its
+    // address, which would keep the base in a register (and spill at D = 128)
+    extern __shared__ __align__(1024) unsigned char smem_bwd[];
+    const unsigned sDQ = (unsigned)__cvta_generic_to_shared(smem_bwd);   // DQ = 1: the dQ tile
+    if (L::ALIGNED && (sDQ & 1023u)) __trap();   // (never: the declaration aligns it)
     const unsigned sK = sDQ + L::DQ_TILE;
     const unsigned sV = sK + L::OFF_V, sDS = sK + L::OFF_DS;
-    float* const sL = reinterpret_cast<float*>(smem_bwd + (sK - raw) + L::OFF_L);
+    float* const sL = reinterpret_cast<float*>(smem_bwd + L::DQ_TILE + L::OFF_L);
 #define BWD_FULL(s) (sK + L::OFF_BAR + 8 * (s))
 #define BWD_EMPTY(s) (sK + L::OFF_BAR + 8 * (NST + (s)))
 #define BWD_DS (sK + L::OFF_BAR + 16 * NST)
@@ -188,7 +222,7 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ dq_map
         cp_async_commit();
         if (threadIdx.x == 0) {
             for (int s = 0; s < NST; ++s) {
-                mbar_init(BWD_FULL(s), LOADERS);
+                mbar_init(BWD_FULL(s), LOADERS + LOAD);
                 mbar_init(BWD_EMPTY(s), THREADS);
             }
             if (PIPE == 2) mbar_init(BWD_DS, THREADS);
@@ -201,22 +235,47 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ dq_map
         cp_async_wait_all();
         fence_async_shared();
         __syncthreads();                     // K, V and the barriers ready
-        if (threadIdx.x < WG_THREADS) {      // producer: Q, dO (cp.async), L and delta of tile it into stage
-            setmaxnreg_dec<PREG>();      // it % STAGES; full once they landed, refilled once empty
+        if (threadIdx.x < WG_THREADS) {      // producer: Q, dO, L and delta of tile it into stage it % STAGES;
+            setmaxnreg_dec<PREG>();      // full once they landed, refilled once empty
             const int self = threadIdx.x;
-            if (DQ && self >= LOADERS) {     // warp 3: each tile's dQ, once stored, added to dq by TMA
-                if (self == LOADERS) {
+            if (DQ && self >= WRITER) {      // warp 3: each tile's dQ, once stored, added to dq by TMA
+                if (self == WRITER) {
                     for (int it = 0; it < ntiles; ++it) {
                         mbar_wait(BWD_DQ_FULL, it & 1);
 #pragma unroll
                         for (int b = 0; b < D / 32; ++b)
-                            tma_reduce_add_4d(dq_map, sDQ + b * (BQ * 128), 32 * b, problem_head,
+                            tma_reduce_add_4d(maps, sDQ + b * (BQ * 128), 32 * b, problem_head,
                                               q_begin + it * BQ, (int)problem_seg);
                         bulk_commit();
                         bulk_wait_read();    // the tile may be stored again
                         mbar_arrive(BWD_DQ_EMPTY);
                     }
                     bulk_wait_all();
+                }
+                return;
+            }
+            if (LOAD) {                      // thread 0: Q and dO by TMA; threads 0 .. BQ - 1: L and delta
+                if (self >= BQ) return;
+                for (int it = 0; it < ntiles; ++it) {
+                    const int s = stage_of<NST>(it), q0 = q_begin + it * BQ;
+                    if (it >= NST) mbar_wait(BWD_EMPTY(s), (phase_of<NST>(it) + 1) & 1);
+                    if (self == 0) {
+                        const unsigned st = sK + L::OFF_Q + 2 * s * L::TILE;
+                        mbar_expect_tx(BWD_FULL(s), 2 * L::TILE);
+#pragma unroll
+                        for (int r = 0; r < NR; ++r) {
+                            tma_load_4d(st + r * L::REGION, maps + 1, 64 * r, problem_head, q0, (int)problem_seg,
+                                        BWD_FULL(s));
+                            tma_load_4d(st + L::TILE + r * L::REGION, maps + 2, 64 * r, problem_head, q0,
+                                        (int)problem_seg, BWD_FULL(s));
+                        }
+                    }
+                    float l2, dl;
+                    query_stats(lse, delta, loff, l_row, q0 + self, mq, l2, dl);
+                    const unsigned sl = sK + L::OFF_L + 4 * (2 * s * BQ + self);
+                    st_shared_f32(sl, l2);
+                    st_shared_f32(sl + 4 * BQ, dl);
+                    mbar_arrive(BWD_FULL(s));
                 }
                 return;
             }
@@ -370,14 +429,14 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ dq_map
         pin(c);
         wgmma_fence();
         {
-            const desc_t bq = smem_desc(sQ, 128, 16 * D), bo = smem_desc(sO, 128, 16 * D);
+            const desc_t bq = Tile::k_major(sQ), bo = Tile::k_major(sO);
             Wgmma16<T, BQ>::template ss<0>(s, dKw, bq);
 #pragma unroll
-            for (int ks = 1; ks < KD; ++ks) Wgmma16<T, BQ>::template ss<1>(s, dKw + 16 * ks, bq + 16 * ks);
+            for (int ks = 1; ks < KD; ++ks) Wgmma16<T, BQ>::template ss<1>(s, dKw + 16 * ks, bq + Tile::k_step(ks));
             wgmma_commit();
             Wgmma16<T, BQ>::template ss<0>(dp, dVw, bo);
 #pragma unroll
-            for (int ks = 1; ks < KD; ++ks) Wgmma16<T, BQ>::template ss<1>(dp, dVw + 16 * ks, bo + 16 * ks);
+            for (int ks = 1; ks < KD; ++ks) Wgmma16<T, BQ>::template ss<1>(dp, dVw + 16 * ks, bo + Tile::k_step(ks));
             wgmma_commit();
         }
         if (PIPE) {
@@ -416,9 +475,9 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ dq_map
         pin_u(pa);
         wgmma_fence();
         {
-            const desc_t bo = smem_desc(sO, 16 * D, 128);      // k-step kk (16 queries): + 32 D kk bytes
+            const desc_t bo = Tile::mn_major(sO);
 #pragma unroll
-            for (int kk = 0; kk < KQ; ++kk) Wgmma16<T, D>::template rs<1, 1>(gv, pa[kk], bo + 2 * D * kk);
+            for (int kk = 0; kk < KQ; ++kk) Wgmma16<T, D>::template rs<1, 1>(gv, pa[kk], bo + Tile::mn_step(kk));
         }
         wgmma_commit();
         if (PIPE)
@@ -451,9 +510,9 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ dq_map
         pin_u(da);
         wgmma_fence();
         {
-            const desc_t bq = smem_desc(sQ, 16 * D, 128);
+            const desc_t bq = Tile::mn_major(sQ);
 #pragma unroll
-            for (int kk = 0; kk < KQ; ++kk) Wgmma16<T, D>::template rs<1, 1>(gk, da[kk], bq + 2 * D * kk);
+            for (int kk = 0; kk < KQ; ++kk) Wgmma16<T, D>::template rs<1, 1>(gk, da[kk], bq + Tile::mn_step(kk));
         }
         wgmma_commit();
         if (PIPE) {

@@ -59,9 +59,10 @@ class Variant:
     arch: str | None = None
     #: the variant's configuration (its template arguments after the type and head dim), for its launcher
     config: tuple = ()
-    #: a backward kernel whose last argument is a pointer to a tensor map of dq, and one that adds dQ through it
-    dq_map_argument: bool = False
-    dq_map: bool = False
+    #: a backward kernel whose last argument is a pointer to the tensor maps of a launch (``backward.tensor_maps``:
+    #: dq, q, dout), and one that reads them (the others are given a null pointer)
+    maps_argument: bool = False
+    tensor_maps: bool = False
     #: launches of it that follow one another may overlap (programmatic dependent launch, compute capability 9.0+)
     dependent_launch: bool = False
 
@@ -107,10 +108,10 @@ class KernelFamily:
     valid_at: Callable[[int, Config], bool] = lambda head_dim, cfg: True
     #: FORWARD (DILATED_FWD_PARAMS) or BACKWARD (DILATED_BWD_PARAMS, block_queries: keys per block)
     direction: str = FORWARD
-    #: whether its kernels take a pointer to a tensor map of dq after DILATED_BWD_PARAMS (wgmma16_bwd), and
-    #: whether a configuration's kernel adds dQ through it (DQ = 1; the others are given a null pointer)
-    dq_map_argument: bool = False
-    dq_map: Callable[[Config], bool] = lambda cfg: False
+    #: whether its kernels take a pointer to tensor maps (dq, q, dout) after DILATED_BWD_PARAMS (wgmma16_bwd), and
+    #: whether a configuration's kernel reads them (DQ = 1 or LOAD = 1; the others are given a null pointer)
+    maps_argument: bool = False
+    tensor_maps: Callable[[Config], bool] = lambda cfg: False
     #: whether its kernels support programmatic dependent launch (backward.cuh: allow_next_launch at the start,
     #: wait_for_previous_launch before what an earlier launch of the same call writes)
     dependent_launch: bool = False
@@ -144,8 +145,8 @@ class KernelFamily:
         t = SIXTEEN_BIT_TYPES.get(name, "float")
         return Variant(self.name, head_dim, self.source, self.template(t, head_dim, cfg, "float" if accumulate else t),
                        self.threads(cfg), self.block_queries(head_dim, cfg), self.shared_bytes(head_dim, cfg),
-                       self.align, self.min_cc, self.max_cc, self.arch, cfg, self.dq_map_argument,
-                       self.dq_map(cfg), self.dependent_launch)
+                       self.align, self.min_cc, self.max_cc, self.arch, cfg, self.maps_argument,
+                       self.tensor_maps(cfg), self.dependent_launch)
 
     def instantiations(self) -> list[Variant]:
         """Every instantiation CI compiles: each dtype and head dim with each configuration, then the
@@ -378,41 +379,49 @@ def mma16_bwd_shared_bytes(head_dim: int, keys: int) -> int:
     return 4 * (head_dim + 8) * (keys + 2 * queries) + 2 * keys * (queries + 8) + 16 * queries
 
 
-def wgmma16_bwd_shared_bytes(head_dim: int, warpgroups: int, pipe: int, stages: int, dq: int = 0) -> int:
+def wgmma16_bwd_shared_bytes(head_dim: int, warpgroups: int, pipe: int, stages: int, dq: int = 0,
+                             load: int = 0) -> int:
     """Dynamic shared memory of one wgmma16_bwd block (BwdSmemWg in dilated_bwd_wgmma_16.cu): K and V of its
-    64 NWG keys, Q, dO, L and delta of the 64-row query-tile stages (``stages``, two where 0), dS^T in 16 bits
-    (two buffers with PIPE), with a producer (``stages`` > 0) two mbarriers per stage, and with ``dq`` the
-    float32 dQ tile, its two mbarriers and 1024 bytes that align it."""
+    64 NWG keys, Q, dO, L and delta of the 64-row query-tile stages (``stages``, two where 0; with ``load`` whole
+    regions of 64 columns), dS^T in 16 bits (two buffers with PIPE), with a producer (``stages`` > 0) two mbarriers
+    per stage, and with ``dq`` the float32 dQ tile and its two mbarriers."""
     keys, queries, n = 64 * warpgroups, 64, stages or 2
-    return (4 * head_dim * keys + 4 * n * head_dim * queries + (2 if pipe else 1) * 2 * keys * queries
+    tile_columns = -(-head_dim // 64) * 64 if load else head_dim
+    return (4 * head_dim * keys + 4 * n * tile_columns * queries + (2 if pipe else 1) * 2 * keys * queries
             + 8 * n * queries + (16 * n if stages else 0) + (8 if pipe == 2 else 0)
-            + (16 + 4 * queries * head_dim + 1024 if dq else 0))
+            + (16 + 4 * queries * head_dim if dq else 0))
 
 
-#: wgmma16_bwd per head dim: (warpgroups NWG, PIPE, STAGES, DQ), template arguments of
-#: dilated_bwd_wgmma_16<T, D, NWG, PIPE, STAGES, DQ>: a warpgroup per 64 keys (BK = 64 NWG keys per block); PIPE = 1
-#: computes a tile's dQ during the next tile's softmax, PIPE = 2 too, with the consumers handing dS^T over through
-#: an mbarrier instead of a named barrier (STAGES > 0 only); STAGES = 0: every thread loads (two stages, block
-#: barriers), STAGES >= 2 (NWG = 2): a producer warpgroup fills that many stages behind mbarriers; DQ = 1 (PIPE = 2):
-#: dQ stored into a shared tile and added to dq by a producer warp's TMA reduce-add instead of red.global.add. No
-#: spills with ptxas for sm_90a (D = 128 with a producer spills a few bytes at STAGES = 2 and 4, so those are not
-#: listed). Timings (H200, N = 262,144, patterns (2048,1) (4096,2) (8192,4), bf16, ms non-causal / causal):
-#: docs/kernels.md; DQ = 1 against the default in one run (2026-11-29): D = 64 26.27 / 15.41 against 24.14 / 14.58,
-#: D = 128 30.82 / 17.65 against 28.84 / 16.68. D = 96 (H = 8), (2, 2, 3, 0): 23.04 / 12.99 against mma16_bwd's
-#: 39.22 / 22.08 (2026-11-29).
+#: wgmma16_bwd per head dim: (warpgroups NWG, PIPE, STAGES, DQ, LOAD), template arguments of
+#: dilated_bwd_wgmma_16<T, D, NWG, PIPE, STAGES, DQ, LOAD>: a warpgroup per 64 keys (BK = 64 NWG keys per block);
+#: PIPE = 1 computes a tile's dQ during the next tile's softmax, PIPE = 2 too, with the consumers handing dS^T over
+#: through an mbarrier instead of a named barrier (STAGES > 0 only); STAGES = 0: every thread loads (two stages,
+#: block barriers), STAGES >= 2 (NWG = 2): a producer warpgroup fills that many stages behind mbarriers; DQ = 1
+#: (PIPE = 2): dQ stored into a shared tile and added to dq by a producer warp's TMA reduce-add instead of
+#: red.global.add; LOAD = 1 (STAGES > 0): one producer thread loads Q and dO by TMA (128-byte swizzle) instead of
+#: the producer's threads by cp.async. No spills with ptxas for sm_90a (D = 128 with a producer spills a few bytes
+#: at STAGES = 2 and 4, so those are not listed). Timings (H200, N = 262,144, patterns (2048,1) (4096,2) (8192,4),
+#: bf16, ms non-causal / causal): docs/kernels.md; DQ = 1 against the default in one run (2026-11-29): D = 64
+#: 26.27 / 15.41 against 24.14 / 14.58, D = 128 30.82 / 17.65 against 28.84 / 16.68. D = 96 (H = 8),
+#: (2, 2, 3, 0, 0): 23.04 / 12.99 against mma16_bwd's 39.22 / 22.08 (2026-11-29).
 WGMMA16_BWD = KernelFamily(
     "wgmma16_bwd", "dilated_bwd_wgmma_16.cu", SIXTEEN_BIT,
-    lambda t, d, c, o: f"dilated_bwd_wgmma_16<{t},{d},{c[0]},{c[1]},{c[2]},{c[3]}>", ("NWG", "PIPE", "STAGES", "DQ"),
+    lambda t, d, c, o: f"dilated_bwd_wgmma_16<{t},{d},{','.join(map(str, c))}>",
+    ("NWG", "PIPE", "STAGES", "DQ", "LOAD"),
     lambda d, c: wgmma16_bwd_shared_bytes(d, *c), lambda c: 128 * (c[0] + (1 if c[2] else 0)),
-    lambda d, c: 64 * c[0], SIXTEEN_BIT_ALIGN, defaults={64: (2, 2, 3, 0), 96: (2, 2, 3, 0), 128: (2, 2, 3, 0)},
-    alternatives={64: ((2, 2, 3, 1), (2, 1, 3, 0), (2, 1, 4, 0), (2, 1, 2, 0), (2, 1, 0, 0), (2, 0, 0, 0),
-                       (1, 1, 0, 0)),
-                  128: ((2, 2, 3, 1), (2, 1, 3, 0), (2, 1, 0, 0), (2, 0, 0, 0))},
+    lambda d, c: 64 * c[0], SIXTEEN_BIT_ALIGN,
+    defaults={64: (2, 2, 3, 1, 1), 96: (2, 2, 3, 0, 1), 128: (2, 2, 3, 1, 1)},
+    alternatives={64: ((2, 2, 3, 0, 1), (2, 2, 3, 0, 0), (2, 2, 3, 1, 0), (2, 1, 3, 0, 0), (2, 1, 4, 0, 0),
+                       (2, 1, 2, 0, 0), (2, 1, 0, 0, 0), (2, 0, 0, 0, 0), (1, 1, 0, 0, 0)),
+                  96: ((2, 2, 3, 0, 0),),
+                  128: ((2, 2, 3, 0, 1), (2, 2, 3, 0, 0), (2, 2, 3, 1, 0), (2, 1, 3, 0, 0), (2, 1, 0, 0, 0),
+                        (2, 0, 0, 0, 0))},
     min_cc=90, max_cc=90, arch=HOPPER_ARCH, max_shared=HOPPER_SHARED,
     valid=lambda c: (c[0] in (1, 2) and c[1] in (0, 1, 2) and (c[2] == 0 or (c[0] == 2 and 2 <= c[2] <= 4))
-                     and (c[1] != 2 or c[2] > 0) and c[3] in (0, 1) and (c[3] == 0 or c[1] == 2)),
+                     and (c[1] != 2 or c[2] > 0) and c[3] in (0, 1) and (c[3] == 0 or c[1] == 2)
+                     and c[4] in (0, 1) and (c[4] == 0 or c[2] > 0)),
     valid_at=lambda d, c: c[3] == 0 or d in (64, 128),      # DQ = 1: dQ parts of 32 columns (not D = 96)
-    dq_map_argument=True, dq_map=lambda c: bool(c[3]), dependent_launch=True, direction=BACKWARD)
+    maps_argument=True, tensor_maps=lambda c: bool(c[3] or c[4]), dependent_launch=True, direction=BACKWARD)
 
 #: mma16_bwd per head dim: keys per block BK (a warp per 16 keys), template argument of
 #: dilated_bwd_mma_16<T, D, BK>; no spills with ptxas for sm_80 and sm_90. Measured on an H100 (N = 262,144,

@@ -1,5 +1,6 @@
-"""Tensor maps for the warp-specialized Hopper kernels: ``tma16``'s Q, K, V (``dilated_fwd_tma_16.cu``) and the
-float32 dQ accumulators that ``wgmma16_bwd`` with DQ = 1 adds to by TMA reduce-add (:func:`dq_map`).
+"""Tensor maps for the warp-specialized Hopper kernels: ``tma16``'s Q, K, V (``dilated_fwd_tma_16.cu``), and
+``wgmma16_bwd``'s float32 dQ accumulators that it adds to by TMA reduce-add with DQ = 1 (:func:`dq_map`) and Q
+and dO tiles that it loads by TMA with LOAD = 1 (:func:`query_tile_map`).
 
 The kernel reads Q, K and V through the bulk tensor copy engine (TMA), which needs a ``CUtensorMap`` per
 tensor: a 128-byte descriptor that the CUDA driver builds on the host (``cuTensorMapEncodeTiled``; CuPy
@@ -127,9 +128,19 @@ def device_maps(device: int, geometries: tuple[MapGeometry, ...], tail: bytes = 
         return cupy.asarray(data)
 
 
+#: query rows of a backward block's tile (wgmma16_bwd's BQ): the rows of a Q or dO box and of a dQ box
+QUERY_TILE_ROWS = 64
+
+
+def query_tile_map(pointer: int, qg: tuple, rows: int, heads: int, segments: int, head_dim: int) -> MapGeometry:
+    """The tensor map of a 16-bit Q or dO of one backward launch (geometry ``qg``, ``rows`` = the launch's mq):
+    boxes of one region of columns by one query tile, as wgmma16_bwd with LOAD = 1 stages them."""
+    return map_geometry(pointer, qg, rows, heads, segments, head_dim, QUERY_TILE_ROWS)
+
+
 #: the dQ tile a backward block adds at once: columns of one box (128 bytes of float32, the 128-byte swizzle
 #: span) and its query rows (wgmma16_bwd's BQ)
-DQ_BOX_COLUMNS, DQ_BOX_ROWS = 32, 64
+DQ_BOX_COLUMNS, DQ_BOX_ROWS = 32, QUERY_TILE_ROWS
 
 
 def dq_map(dq: int, qg: tuple, rows: int, heads: int, segments: int, head_dim: int) -> MapGeometry:
