@@ -178,7 +178,7 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps)
     static_assert((D == 64 || D == 96 || D == 128) && (NWG == 1 || NWG == 2), "D: 64, 96 or 128; NWG: 1 or 2");
     static_assert(STAGES == 0 || (NWG == 2 && STAGES >= 2 && STAGES <= 4), "STAGES: 0, or 2..4 with NWG = 2");
     static_assert(PIPE >= 0 && PIPE <= 2 && (PIPE != 2 || STAGES), "PIPE: 0, 1, or 2 with STAGES");
-    static_assert(DQ == 0 || (DQ == 1 && PIPE == 2 && NC == 32), "DQ: 0, or 1 with PIPE = 2 (dQ parts of 32)");
+    static_assert(DQ == 0 || (DQ == 1 && PIPE == 2 && (NC == 32 || NC == 48)), "DQ: 0, or 1 with PIPE = 2");
     static_assert(LOAD == 0 || (LOAD == 1 && STAGES), "LOAD: 0, or 1 with STAGES");
     // producer threads that load, arriving on full[s] (LOAD = 0: warps 0-2 with DQ = 1, else all four; LOAD = 1:
     // the BQ threads that store L and delta, and thread 0 once more with the TMA's expected bytes)
@@ -217,9 +217,18 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps)
     float next_l = 0.0f, next_d = 0.0f;      // STAGES = 0: L and delta of row tid of the next tile
     if (WS) {
         constexpr int ALL = THREADS + WG_THREADS;
-        stage_core_rows<T, D, BK, ALL>(sK, k, koff, k_row, k0, mk, threadIdx.x);
-        stage_core_rows<T, D, BK, ALL>(sV, v, voff, v_row, k0, mk, threadIdx.x);
-        cp_async_commit();
+        // LOAD = 1: Q and dO of tile it into stage it % NST by TMA (one thread), completing on full[stage]
+        auto load_tile = [&](int it) {
+            const int s = stage_of<NST>(it), q0 = q_begin + it * BQ;
+            const unsigned st = sK + L::OFF_Q + 2 * s * L::TILE;
+            mbar_expect_tx(BWD_FULL(s), 2 * L::TILE);
+#pragma unroll
+            for (int r = 0; r < NR; ++r) {
+                tma_load_4d(st + r * L::REGION, maps + 1, 64 * r, problem_head, q0, (int)problem_seg, BWD_FULL(s));
+                tma_load_4d(st + L::TILE + r * L::REGION, maps + 2, 64 * r, problem_head, q0, (int)problem_seg,
+                            BWD_FULL(s));
+            }
+        };
         if (threadIdx.x == 0) {
             for (int s = 0; s < NST; ++s) {
                 mbar_init(BWD_FULL(s), LOADERS + LOAD);
@@ -231,7 +240,12 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps)
                 mbar_init(BWD_DQ_EMPTY, 1);
             }
             mbar_fence_init();
+            if (LOAD)                        // the first stages' Q and dO load while K and V do
+                for (int it = 0; it < min(NST, ntiles); ++it) load_tile(it);
         }
+        stage_core_rows<T, D, BK, ALL>(sK, k, koff, k_row, k0, mk, threadIdx.x);
+        stage_core_rows<T, D, BK, ALL>(sV, v, voff, v_row, k0, mk, threadIdx.x);
+        cp_async_commit();
         cp_async_wait_all();
         fence_async_shared();
         __syncthreads();                     // K, V and the barriers ready
@@ -256,19 +270,11 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps)
             }
             if (LOAD) {                      // thread 0: Q and dO by TMA; threads 0 .. BQ - 1: L and delta
                 if (self >= BQ) return;
-                for (int it = 0; it < ntiles; ++it) {
+                for (int it = 0; it < ntiles; ++it) {   // (the first NST tiles' Q and dO issued above)
                     const int s = stage_of<NST>(it), q0 = q_begin + it * BQ;
-                    if (it >= NST) mbar_wait(BWD_EMPTY(s), (phase_of<NST>(it) + 1) & 1);
-                    if (self == 0) {
-                        const unsigned st = sK + L::OFF_Q + 2 * s * L::TILE;
-                        mbar_expect_tx(BWD_FULL(s), 2 * L::TILE);
-#pragma unroll
-                        for (int r = 0; r < NR; ++r) {
-                            tma_load_4d(st + r * L::REGION, maps + 1, 64 * r, problem_head, q0, (int)problem_seg,
-                                        BWD_FULL(s));
-                            tma_load_4d(st + L::TILE + r * L::REGION, maps + 2, 64 * r, problem_head, q0,
-                                        (int)problem_seg, BWD_FULL(s));
-                        }
+                    if (it >= NST) {
+                        mbar_wait(BWD_EMPTY(s), (phase_of<NST>(it) + 1) & 1);
+                        if (self == 0) load_tile(it);
                     }
                     float l2, dl;
                     query_stats(lse, delta, loff, l_row, q0 + self, mq, l2, dl);
@@ -366,15 +372,27 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps)
             // the part is box NQ / 32 wg + part of [BQ][32] floats, with its tensor map's 128-byte swizzle (16-byte
             // chunk k of row r at chunk k ^ (r % 8)); this thread's pair (row 16 warp + g + 8 h, column 8 n + 2 t)
             // is in chunk 2 n + t / 2 of a row with r % 8 = g: at chunk (2 n + t / 2) ^ g, 8 (t % 2) bytes in
-            const unsigned at = sDQ + (NQ / 32 * wg + part) * (BQ * 128) + (16 * warp + g) * 128 +
-                                16 * ((t >> 1) ^ (g & 1)) + 8 * (t & 1);
-            const unsigned swz = 32 * (g >> 1);
+            if (NC == 32) {
+                const unsigned at = sDQ + (NQ / 32 * wg + part) * (BQ * 128) + (16 * warp + g) * 128 +
+                                    16 * ((t >> 1) ^ (g & 1)) + 8 * (t & 1);
+                const unsigned swz = 32 * (g >> 1);
 #pragma unroll
-            for (int h = 0; h < 2; ++h)
+                for (int h = 0; h < 2; ++h)
 #pragma unroll
-                for (int n = 0; n < 4; ++n)
-                    st_shared_v2_f32(at + 8 * 128 * h + (swz ^ (32 * n)), scale * c[4 * n + 2 * h],
-                                     scale * c[4 * n + 2 * h + 1]);
+                    for (int n = 0; n < 4; ++n)
+                        st_shared_v2_f32(at + 8 * 128 * h + (swz ^ (32 * n)), scale * c[4 * n + 2 * h],
+                                         scale * c[4 * n + 2 * h + 1]);
+            } else {                         // NC = 48 (D = 96): column col of the tile is in box col / 32, at
+#pragma unroll                               // chunk col % 32 / 4 (^ g), 4 (col % 4) bytes in
+                for (int h = 0; h < 2; ++h)
+#pragma unroll
+                    for (int n = 0; n < NC / 8; ++n) {
+                        const int col = NQ * wg + NC * part + 8 * n + 2 * t;
+                        const unsigned at = sDQ + (col >> 5) * (BQ * 128) + (16 * warp + g + 8 * h) * 128 +
+                                            16 * (((col & 31) >> 2) ^ g) + 4 * (col & 3);
+                        st_shared_v2_f32(at, scale * c[4 * n + 2 * h], scale * c[4 * n + 2 * h + 1]);
+                    }
+            }
             if (part == NP - 1) {
                 fence_async_shared();
                 mbar_arrive(BWD_DQ_FULL);

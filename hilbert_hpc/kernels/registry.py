@@ -410,17 +410,16 @@ WGMMA16_BWD = KernelFamily(
     ("NWG", "PIPE", "STAGES", "DQ", "LOAD"),
     lambda d, c: wgmma16_bwd_shared_bytes(d, *c), lambda c: 128 * (c[0] + (1 if c[2] else 0)),
     lambda d, c: 64 * c[0], SIXTEEN_BIT_ALIGN,
-    defaults={64: (2, 2, 3, 1, 1), 96: (2, 2, 3, 0, 1), 128: (2, 2, 3, 1, 1)},
+    defaults={64: (2, 2, 3, 1, 1), 96: (2, 2, 3, 1, 1), 128: (2, 2, 3, 1, 1)},
     alternatives={64: ((2, 2, 3, 0, 1), (2, 2, 3, 0, 0), (2, 2, 3, 1, 0), (2, 1, 3, 0, 0), (2, 1, 4, 0, 0),
                        (2, 1, 2, 0, 0), (2, 1, 0, 0, 0), (2, 0, 0, 0, 0), (1, 1, 0, 0, 0)),
-                  96: ((2, 2, 3, 0, 0),),
+                  96: ((2, 2, 3, 0, 1), (2, 2, 3, 0, 0)),
                   128: ((2, 2, 3, 0, 1), (2, 2, 3, 0, 0), (2, 2, 3, 1, 0), (2, 1, 3, 0, 0), (2, 1, 0, 0, 0),
                         (2, 0, 0, 0, 0))},
     min_cc=90, max_cc=90, arch=HOPPER_ARCH, max_shared=HOPPER_SHARED,
     valid=lambda c: (c[0] in (1, 2) and c[1] in (0, 1, 2) and (c[2] == 0 or (c[0] == 2 and 2 <= c[2] <= 4))
                      and (c[1] != 2 or c[2] > 0) and c[3] in (0, 1) and (c[3] == 0 or c[1] == 2)
                      and c[4] in (0, 1) and (c[4] == 0 or c[2] > 0)),
-    valid_at=lambda d, c: c[3] == 0 or d in (64, 128),      # DQ = 1: dQ parts of 32 columns (not D = 96)
     maps_argument=True, tensor_maps=lambda c: bool(c[3] or c[4]), dependent_launch=True, direction=BACKWARD)
 
 #: mma16_bwd per head dim: keys per block BK (a warp per 16 keys), template argument of
