@@ -139,7 +139,7 @@ def test_cupy_float32_arrays_and_raw_pointers():
 
 def tensor_map_configurations() -> list:
     """(head dim, configuration) of every wgmma16_bwd configuration that reads tensor maps: dQ added by TMA
-    reduce-add (DQ = 1), Q and dO loaded by TMA (LOAD = 1), or both."""
+    reduce-add (DQ = 1), Q and dO loaded by TMA (LOAD = 1), dK and dV added by TMA reduce-add (DKV = 1)."""
     fam = registry.WGMMA16_BWD
     return [(d, c) for d in fam.head_dims for c in fam.configurations(d)
             if fam.variant(d, "bfloat16", c).tensor_maps]
@@ -148,15 +148,16 @@ def tensor_map_configurations() -> list:
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("head_dim,config", tensor_map_configurations())
 def test_tensor_map_kernels_match_float64_and_the_cp_async_atomic_kernel(head_dim, config, causal):
-    """wgmma16_bwd with dQ added through its shared tile by TMA reduce-add (DQ = 1) and/or Q and dO loaded by TMA
-    into swizzled tiles (LOAD = 1): within the 16-bit tolerance of float64 on ragged overlapping patterns, also cut
-    into one key block per launch (every tile's rows through the tensor maps, the last tile's past mq zero-filled
-    or dropped); dK and dV bit for bit those of the same kernel with cp.async loads and atomic dQ (the same sums in
-    the same order), dQ within float32 rounding of it."""
+    """wgmma16_bwd with dQ added through its shared tile by TMA reduce-add (DQ = 1), Q and dO loaded by TMA into
+    swizzled tiles (LOAD = 1), dK and dV added from shared tiles by TMA reduce-add (DKV = 1): within the 16-bit
+    tolerance of float64 on ragged overlapping patterns, also cut into one key block per launch (every tile's rows
+    through the tensor maps, rows past mq or mk zero-filled or dropped); dK and dV bit for bit those of the same
+    kernel with cp.async loads, atomic dQ and read-add-write dK, dV (the same sums in the same order, launch after
+    launch), dQ within float32 rounding of it."""
     skip_unless_runs("bfloat16", "wgmma16_bwd", head_dim)
     p = problem("bfloat16", head_dim, causal, seed=5)
     fam = registry.WGMMA16_BWD
-    atomic = choose_backward("bfloat16", head_dim, override="wgmma16_bwd:" + ",".join(map(str, (*config[:3], 0, 0))))
+    atomic = choose_backward("bfloat16", head_dim, override="wgmma16_bwd:" + ",".join(map(str, (*config[:3], 0, 0, 0))))
     by_tma = choose_backward("bfloat16", head_dim, override="wgmma16_bwd:" + ",".join(map(str, config)))
     assert by_tma.variant.tensor_maps and not atomic.variant.tensor_maps and fam.name == by_tma.name
     want = run(BackwardKernels(atomic), p)

@@ -77,7 +77,8 @@ def test_choose_backward_per_gpu(cc, dtype):
 def test_wgmma16_bwd_has_no_spills_and_wgmma_not_serialized(v):
     """ptxas for sm_90a (through NVRTC, no GPU): no local memory, wgmma not serialized, within Hopper's shared
     memory; the PTX reads dS MN-major (imm-trans-a) and adds dQ with red.global.add.v2.f32, or with DQ = 1 by
-    TMA reduce-add alone; it loads Q and dO by cp.async, or with LOAD = 1 by TMA alone."""
+    TMA reduce-add alone; it loads Q and dO by cp.async, or with LOAD = 1 by TMA alone; TMA reduce-adds only with
+    DQ = 1 or DKV = 1."""
     from hilbert_hpc.kernels.check import arch_ptxas_report, compile_templates
     from hilbert_hpc.kernels.program import ARCH_OPTIONS
 
@@ -86,11 +87,11 @@ def test_wgmma16_bwd_has_no_spills_and_wgmma_not_serialized(v):
     assert not r["serialized"] and v.shared_bytes <= HOPPER_SHARED, r["log"]
     ptx = compile_templates("compute_90a", v.source, [v.name], ARCH_OPTIONS)[1]
     assert "p, 1, 1, 1, 1;" in ptx
-    dq_by_tma, load_by_tma = (bool(x) for x in v.config[3:5])
+    dq_by_tma, load_by_tma, dkv_by_tma = (bool(x) for x in v.config[3:6])
     assert ("red.relaxed.gpu.global.add.v2.f32" in ptx) != dq_by_tma
-    assert ("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group" in ptx) == dq_by_tma
+    assert ("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group" in ptx) == (dq_by_tma or dkv_by_tma)
     assert ("cp.async.bulk.tensor.4d.shared::cluster.global" in ptx) == load_by_tma
-    assert v.tensor_maps == (dq_by_tma or load_by_tma)
+    assert v.tensor_maps == (dq_by_tma or load_by_tma or dkv_by_tma)
 
 
 def test_backward_override(monkeypatch):
@@ -103,20 +104,19 @@ def test_backward_override(monkeypatch):
         choose_backward("float32", 64, cc=70, override="tf32x3_bwd")
     assert choose_backward("bfloat16", 64, cc=90, override="mma16_bwd:64").variant.name == \
         "dilated_bwd_mma_16<bf16_t,64,64>"
-    assert choose_backward("float16", 128, cc=90, override="wgmma16_bwd:2,0,0,0,0").variant.name == \
-        "dilated_bwd_wgmma_16<f16_t,128,2,0,0,0,0>"
-    assert choose_backward("bfloat16", 64, cc=90, override="wgmma16_bwd:2,1,3,0,1").variant.threads == 384
-    assert choose_backward("bfloat16", 128, cc=90, override="").variant.name == "dilated_bwd_wgmma_16<bf16_t,128,2,2,3,1,1>"
-    assert choose_backward("bfloat16", 128, cc=90, override="wgmma16_bwd:2,1,0,0,0").variant.threads == 256
-    with pytest.raises(ValueError, match=r"wgmma16_bwd configuration \(NWG, PIPE, STAGES, DQ, LOAD\)"):
-        choose_backward("bfloat16", 64, cc=90, override="wgmma16_bwd:2,2,0,0,0")   # the handoff needs the producer
-    with pytest.raises(ValueError, match=r"\(NWG, PIPE, STAGES, DQ, LOAD\) = \(2, 1, 0, 0, 1\) is not supported"):
-        choose_backward("bfloat16", 64, cc=90, override="wgmma16_bwd:2,1,0,0,1")   # TMA loads need the producer
+    assert choose_backward("float16", 128, cc=90, override="wgmma16_bwd:2,0,0,0,0,0").variant.name == \
+        "dilated_bwd_wgmma_16<f16_t,128,2,0,0,0,0,0>"
+    assert choose_backward("bfloat16", 64, cc=90, override="wgmma16_bwd:2,1,3,0,1,0").variant.threads == 384
+    assert choose_backward("bfloat16", 128, cc=90, override="").variant.name == "dilated_bwd_wgmma_16<bf16_t,128,2,2,3,1,1,0>"
+    assert choose_backward("bfloat16", 128, cc=90, override="wgmma16_bwd:2,1,0,0,0,0").variant.threads == 256
+    with pytest.raises(ValueError, match=r"wgmma16_bwd configuration \(NWG, PIPE, STAGES, DQ, LOAD, DKV\)"):
+        choose_backward("bfloat16", 64, cc=90, override="wgmma16_bwd:2,2,0,0,0,0")   # the handoff needs the producer
+    with pytest.raises(ValueError, match=r"\(NWG, PIPE, STAGES, DQ, LOAD, DKV\) = \(2, 1, 0, 0, 1, 0\) is not supported"):
+        choose_backward("bfloat16", 64, cc=90, override="wgmma16_bwd:2,1,0,0,1,0")   # TMA loads need the producer
     with pytest.raises(RuntimeError, match="HILBERT_HPC_BWD_KERNEL=wgmma16_bwd: needs compute capability 9.0"):
         choose_backward("bfloat16", 64, cc=80, override="wgmma16_bwd")
-    with pytest.raises(ValueError, match=r"\(NWG, PIPE, STAGES, DQ, LOAD\) = \(2, 2, 3, 1, 0\) is not supported at "
-                                         r"head_dim 96"):
-        choose_backward("float16", 96, cc=90, override="wgmma16_bwd:2,2,3,1,0")   # DQ = 1: dQ parts of 32 columns
+    with pytest.raises(ValueError, match=r"\(NWG, PIPE, STAGES, DQ, LOAD, DKV\) = \(2, 1, 0, 0, 0, 1\) is not supported"):
+        choose_backward("float16", 96, cc=90, override="wgmma16_bwd:2,1,0,0,0,1")   # dK, dV by TMA need the producer
     with pytest.raises(ValueError, match=r"wgmma16_bwd supports head_dim in \[64, 96, 128\], got 32"):
         choose_backward("bfloat16", 32, cc=90, override="wgmma16_bwd")
     with pytest.raises(RuntimeError, match="HILBERT_HPC_BWD_KERNEL=tma16: unknown 16-bit backward kernel variant"):
@@ -265,8 +265,9 @@ def test_launches_of_one_call_follow_each_other(monkeypatch):
     kernels.local_patterns(*range(9), [(512, 1), (1024, 2), (1024, 4)], False, 0.125, shape=(1024, 4, 64))
     assert [f for _, f, _ in calls] == [False] + [True] * (len(calls) - 1) and len(calls) > 3
     assert all(int(last) == 4096 for *_, last in calls)            # the launch's tensor maps
-    assert maps and all(tuple(int(x) for x in a[:3]) == (6, 0, 3) for a in maps)   # of dq, q and dout
-    atomic = choose_backward("bfloat16", 64, cc=90, override="wgmma16_bwd:2,2,3,0,0")
+    assert maps and all(tuple(int(x) for x in a[0]) == tuple(range(9)) for a in maps)   # of the launch's arrays
+    assert len({a[2] for a in maps}) > 1                           # each key chunk's own dk map
+    atomic = choose_backward("bfloat16", 64, cc=90, override="wgmma16_bwd:2,2,3,0,0,0")
     calls.clear()
     BackwardKernels(atomic).local_patterns(*range(9), [(512, 1)], False, 0.125, shape=(1024, 4, 64))
     assert calls and all(int(last) == 0 for *_, last in calls)     # no map read: a null pointer

@@ -241,20 +241,28 @@ def test_a_calls_plan_is_worked_out_once_and_its_launch_arguments_once_per_array
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("d", [64, 128])
-def test_dq_maps_address_the_float32_dq_rows_of_each_backward_launch(d, causal):
-    """The float32 dQ map of wgmma16_bwd with DQ = 1 (``tma.dq_map``): for every launch of overlapping patterns
-    (head offsets, several segments), a coordinate (column, head, row, segment) is the element the kernel's
-    pointer formula adds to (q_base + s q_seg + h q_head + j q_row + c), boxes of 32 columns x 64 rows, 128-byte
-    rows of float32 (the 128-byte swizzle span)."""
+@pytest.mark.parametrize("d", [64, 96, 128])
+def test_backward_maps_address_the_rows_of_each_backward_launch(d, causal):
+    """The tensor maps of wgmma16_bwd (``backward.tensor_maps``'s geometries): for every launch of overlapping
+    patterns (head offsets, several segments) and each of its key chunks, a coordinate (column, head, row, segment)
+    is the element the kernel's pointer formula reaches (base + s seg + h head + j row + c): the float32 dq (like
+    Q), dk (like K), dv (like V) in boxes of 32 columns x 64 rows (128-byte rows, the 128-byte swizzle span), the
+    16-bit Q and dO in boxes of one region (64 columns) x one query tile."""
+    from hilbert_hpc.kernels.backward import key_chunks
     from hilbert_hpc.kernels.launch import local_launches
 
     n, heads, ptr = 16384, 6, 1 << 30
     for g in local_launches([(2048, 1), (4096, 2), (8192, 4)], causal, 0.1, n, heads, d):
-        m = tma.dq_map(ptr, g["qg"], g["mq"], g["heads"], g["segments"], d)
-        assert m.element_bytes == 4 and m.box == (32, 1, 64, 1) and m.dims == (d, g["heads"], g["mq"], g["segments"])
-        assert m.box[0] * m.element_bytes in tma.SWIZZLE_OF_ROW_BYTES and (m.address - ptr) % 4 == 0
-        base = (m.address - ptr) // 4
-        for c, h, j, s in itertools.product({0, d - 1}, {0, g["heads"] - 1}, {0, g["mq"] - 1}, {0, g["segments"] - 1}):
-            want = g["qg"][0] + s * g["qg"][1] + h * g["qg"][2] + j * g["qg"][3] + c
-            assert base + m.element_offset(c, h, j, s) == want < n * heads * d
+        for kc, vc, mc, _ in key_chunks(g["kg"], g["vg"], g["mk"], g["shift"], 128, 4):
+            maps = [(tma.accumulator_map(ptr, geo, rows, g["heads"], g["segments"], d), geo, rows, 4, (32, 1, 64, 1))
+                    for geo, rows in ((g["qg"], g["mq"]), (kc, mc), (vc, mc))]
+            maps += [(tma.query_tile_map(ptr, g["qg"], g["mq"], g["heads"], g["segments"], d), g["qg"], g["mq"], 2,
+                      (64, 1, 64, 1))]
+            for m, geo, rows, size, box in maps:
+                assert m.element_bytes == size and m.box == box and m.dims == (d, g["heads"], rows, g["segments"])
+                assert m.box[0] * m.element_bytes in tma.SWIZZLE_OF_ROW_BYTES and (m.address - ptr) % size == 0
+                base = (m.address - ptr) // size
+                for c, h, j, s in itertools.product({0, d - 1}, {0, g["heads"] - 1}, {0, rows - 1},
+                                                    {0, g["segments"] - 1}):
+                    want = geo[0] + s * geo[1] + h * geo[2] + j * geo[3] + c
+                    assert base + m.element_offset(c, h, j, s) == want < n * heads * d

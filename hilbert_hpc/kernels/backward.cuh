@@ -44,7 +44,8 @@ __device__ __forceinline__ void add_pair(float* p, float x, float y) {
 
 // The float32 dK (times scale) and dV of a warp's 16 keys, held on the accumulator layout of mma.sync m16n8
 // (lane = 4 g + t: g[n][2 h + e] = key key0 + 8 h, column 8 n + 2 t + e), added to the float32 dk and dv rows
-// (element offsets koff + j k_row, voff + j v_row; keys past mk left alone): every old value of a row is read
+// (element offsets koff + j k_row, voff + j v_row; keys past mk left alone), the product scale dK rounded before
+// the addition (as an addition by TMA reduce-add from a stored tile rounds it): every old value of a row is read
 // before any is stored, once the launch before this one has completed (wait_for_previous_launch). The keys
 // belong to this block alone: no atomics.
 template <int ND>
@@ -67,7 +68,8 @@ __device__ __forceinline__ void add_key_gradients(float* dk, float* dv, long lon
         }
 #pragma unroll
         for (int n = 0; n < ND; ++n) {
-            krow[4 * n] = make_float2(pk[n].x + scale * gk[n][2 * h], pk[n].y + scale * gk[n][2 * h + 1]);
+            krow[4 * n] = make_float2(pk[n].x + __fmul_rn(scale, gk[n][2 * h]),
+                                      pk[n].y + __fmul_rn(scale, gk[n][2 * h + 1]));
             vrow[4 * n] = make_float2(pv[n].x + gv[n][2 * h], pv[n].y + gv[n][2 * h + 1]);
         }
     }

@@ -124,31 +124,37 @@ class BackwardKernels:
         chosen = self.choice.for_alignment(math.gcd(*qg, *kg, *vg, 16))
         fn = compiled(chosen)
         pointers = tuple(np.uint64(device_pointer(x)) for x in (q, k, v, dout, lse, delta, dq, dk, dv))
-        extra = ()
-        if chosen.maps_argument:
-            maps = tensor_maps(pointers[6], pointers[0], pointers[3], qg, mq, heads, segments, head_dim) \
-                if chosen.tensor_maps else 0
-            extra = (np.uint64(maps),)
         for i, (kc, vc, mc, sc) in enumerate(key_chunks(kg, vg, mk, shift, chosen.block_queries,
                                                           self.max_key_blocks)):
             grid = (segments * heads, -(-mc // chosen.block_queries))
+            extra = ()
+            if chosen.maps_argument:
+                maps = tensor_maps(pointers, qg, kc, vc, mq, mc, heads, segments, head_dim) \
+                    if chosen.tensor_maps else 0
+                extra = (np.uint64(maps),)
             args = (*pointers, *geometry_arguments(qg, kc, vc, lg, heads, mq, mc, sc, scale), *extra)
             fn(grid, (chosen.threads,), args, shared_mem=chosen.shared_bytes, follows=follows or i > 0)
         return True
 
 
-def tensor_maps(dq: int, q: int, dout: int, qg: tuple, mq: int, heads: int, segments: int, head_dim: int) -> int:
-    """Device address of the tensor maps of one launch at ``qg`` (dQ and dO are addressed like Q): the float32
-    ``dq`` (``tma.dq_map``), then the 16-bit ``q`` and ``dout`` in boxes of one 64-row query tile
-    (``tma.query_tile_map``), built once per geometry and device (``tma.device_maps``)."""
+def tensor_maps(pointers: tuple, qg: tuple, kg: tuple, vg: tuple, mq: int, mk: int, heads: int, segments: int,
+                head_dim: int) -> int:
+    """Device address of the tensor maps of one launch (``pointers``: q, k, v, dout, lse, delta, dq, dk, dv; dQ and
+    dO addressed like Q at ``qg``, dK like K at ``kg``, dV like V at ``vg``; ``mq`` query and ``mk`` key rows): the
+    float32 ``dq`` (``tma.accumulator_map``), the 16-bit ``q`` and ``dout`` in boxes of one query tile
+    (``tma.query_tile_map``), the float32 ``dk`` and ``dv``; built once per geometry and device
+    (``tma.device_maps``)."""
     import cupy
 
     from hilbert_hpc.kernels import tma
 
-    g = tuple(int(x) for x in qg)
-    geometries = (tma.dq_map(int(dq), g, mq, heads, segments, head_dim),
-                  tma.query_tile_map(int(q), g, mq, heads, segments, head_dim),
-                  tma.query_tile_map(int(dout), g, mq, heads, segments, head_dim))
+    q, _, _, dout, _, _, dq, dk, dv = (int(p) for p in pointers)
+    qg, kg, vg = (tuple(int(x) for x in g) for g in (qg, kg, vg))
+    geometries = (tma.accumulator_map(dq, qg, mq, heads, segments, head_dim),
+                  tma.query_tile_map(q, qg, mq, heads, segments, head_dim),
+                  tma.query_tile_map(dout, qg, mq, heads, segments, head_dim),
+                  tma.accumulator_map(dk, kg, mk, heads, segments, head_dim),
+                  tma.accumulator_map(dv, vg, mk, heads, segments, head_dim))
     return int(tma.device_maps(cupy.cuda.Device().id, geometries).data.ptr)
 
 

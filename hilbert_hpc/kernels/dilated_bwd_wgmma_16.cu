@@ -95,6 +95,10 @@ __device__ __forceinline__ void stage_core_rows(unsigned dst, const T* __restric
     }
 }
 
+__device__ __forceinline__ void st_shared_v2_f32(unsigned addr, float x, float y) {
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
+}
+
 __device__ __forceinline__ void st_shared_f32(unsigned addr, float x) {
     asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(x) : "memory");
 }
@@ -117,12 +121,30 @@ struct StagedTile {
     static __device__ __forceinline__ unsigned mn_step(int kk) { return LOAD ? 128 * kk : 2 * D * kk; }
 };
 
+// A warpgroup's float32 accumulators of 64 rows x 8 NB columns (fragment [NB][4]: row 16 warp + g + 8 h, column
+// c0 + 8 n + 2 t + e), times mul, stored into a [64][W] float32 tile at byte address base (1024-byte aligned) in
+// the layout of a tensor map's boxes of [64][32] floats with the 128-byte swizzle: box col / 32 at 64 * 128 col / 32
+// bytes, 16-byte chunk col % 32 / 4 of row r at chunk (col % 32 / 4) ^ (r % 8), 4 (col % 4) bytes in
+template <int NB>
+__device__ __forceinline__ void store_swizzled_boxes(unsigned base, int c0, const float (&a)[NB][4], float mul,
+                                                     int warp, int g, int t) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int n = 0; n < NB; ++n) {
+            const int col = c0 + 8 * n + 2 * t;
+            const unsigned at = base + (col >> 5) * (64 * 128) + (16 * warp + g + 8 * h) * 128 +
+                                16 * (((col & 31) >> 2) ^ g) + 4 * (col & 3);
+            st_shared_v2_f32(at, mul * a[n][2 * h], mul * a[n][2 * h + 1]);
+        }
+}
+
 // the consumer warpgroups (threads 128 .. 383 of a warp-specialized block) meet at named barrier 1
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
 
 // Shared memory of one block in bytes (the layout at the top of this file); NST stages of Q, dO, L and delta;
 // a Q or dO tile stores TD columns (D, or with LOAD = 1 whole swizzled regions of 64); DQ = 1: the float32 dQ
-// tile first (OFF_* count from the end of it); ALIGN: swizzled tiles (DQ = 1 or LOAD = 1), from a 1024-byte-aligned
+// tile first (OFF_* count from the end of it); ALIGN: swizzled tiles (DQ, LOAD or DKV = 1), from a 1024-byte-aligned
 // base at offsets that keep them so
 template <int D, int TD, int NWG, int PIPE, int NST, int DQ, int ALIGN>
 struct BwdSmemWg {
@@ -132,6 +154,8 @@ struct BwdSmemWg {
     static constexpr int TILE = BQ * TD * 2;     // one Q or dO tile
     static constexpr int REGION = BQ * 128;      // LOAD = 1: one swizzled region (64 columns) of a tile
     static constexpr int DS = BK * BQ * 2;       // one dS^T buffer
+    static constexpr int GRAD_TILE = 64 * D * 4; // DKV = 1: a warpgroup's float32 dK or dV, over K, V and the stages
+    static constexpr bool GRADS_FIT = 2 * NWG * GRAD_TILE <= 2 * KV + 2 * NST * TILE;
     static constexpr int OFF_V = KV, OFF_Q = 2 * KV;
     static constexpr int OFF_DS = OFF_Q + 2 * NST * TILE;  // stage s: Q at OFF_Q + 2 s TILE, dO at + TILE
     static constexpr int OFF_L = OFF_DS + (PIPE ? 2 : 1) * DS;  // stage s: L at float 2 s BQ, delta at (2 s + 1) BQ
@@ -139,12 +163,9 @@ struct BwdSmemWg {
     static constexpr int OFF_DQBAR = OFF_BAR + 16 * NST + (PIPE == 2 ? 8 : 0);   // PIPE = 2: + the dS^T handoff
     static constexpr int bytes = OFF_DQBAR + (DQ ? 16 + DQ_TILE : 0);   // DQ = 1: + dQ full and empty mbarriers
     static constexpr bool ALIGNED = ALIGN;
-    static_assert(!ALIGN || (KV % 1024 == 0 && TILE % 1024 == 0 && DQ_TILE % 1024 == 0), "swizzled tiles aligned");
+    static_assert(!ALIGN || (KV % 1024 == 0 && TILE % 1024 == 0 && DQ_TILE % 1024 == 0 && GRAD_TILE % 1024 == 0),
+                  "swizzled tiles aligned");
 };
-
-__device__ __forceinline__ void st_shared_v2_f32(unsigned addr, float x, float y) {
-    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
-}
 
 // STAGES = 0: every thread computes and loads (two stages, block barriers). STAGES >= 2 (NWG = 2): warpgroup 0
 // is the producer (setmaxnreg.dec to PREG), warpgroups 1 and 2 the consumers (setmaxnreg.inc to CREG): 40 / 232
@@ -153,8 +174,10 @@ __device__ __forceinline__ void st_shared_v2_f32(unsigned addr, float x, float y
 // warp 3 of the producer adds the tile to dq by TMA reduce-add through the tensor map maps[0] (docs/kernels.md).
 // LOAD = 0: the producer's threads load Q and dO by cp.async into core-matrix order; LOAD = 1 (STAGES > 0): one
 // producer thread loads them by TMA through the tensor maps maps[1] (Q) and maps[2] (dO), 128-byte swizzled.
-// maps: null unless DQ = 1 or LOAD = 1.
-template <typename T, int D, int NWG, int PIPE, int STAGES, int DQ, int LOAD>
+// DKV = 0: every consumer thread adds its dK, dV to dk, dv (read-add-write); DKV = 1 (STAGES > 0): the consumers
+// store them into swizzled float32 tiles over K, V and the stages, and one thread a warpgroup adds them by TMA
+// reduce-add through maps[3] (dk) and maps[4] (dv). maps: null unless DQ, LOAD or DKV is 1.
+template <typename T, int D, int NWG, int PIPE, int STAGES, int DQ, int LOAD, int DKV>
 __global__ void __launch_bounds__(WG_THREADS * (NWG + (STAGES ? 1 : 0)), 1)
 dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps)
 {
@@ -164,7 +187,7 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps)
     constexpr int NST = WS ? STAGES : 2;     // stages of Q, dO, L and delta
     constexpr int TD = LOAD ? (D + 63) / 64 * 64 : D;   // stored columns of a Q or dO tile
     constexpr int NR = TD / 64;              // LOAD = 1: swizzled regions of 64 columns (128-byte rows) of a tile
-    using L = BwdSmemWg<D, TD, NWG, PIPE, NST, DQ, DQ || LOAD>;
+    using L = BwdSmemWg<D, TD, NWG, PIPE, NST, DQ, DQ || LOAD || DKV>;
     using Tile = StagedTile<D, 64, LOAD>;    // descriptors of the Q and dO tiles
     constexpr int THREADS = WG_THREADS * NWG, BK = L::BK, BQ = L::BQ;   // THREADS: the computing threads
     constexpr int NS = BQ / 2;               // score registers per thread (64 keys x BQ queries)
@@ -180,6 +203,7 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps)
     static_assert(PIPE >= 0 && PIPE <= 2 && (PIPE != 2 || STAGES), "PIPE: 0, 1, or 2 with STAGES");
     static_assert(DQ == 0 || (DQ == 1 && PIPE == 2 && (NC == 32 || NC == 48)), "DQ: 0, or 1 with PIPE = 2");
     static_assert(LOAD == 0 || (LOAD == 1 && STAGES), "LOAD: 0, or 1 with STAGES");
+    static_assert(DKV == 0 || (DKV == 1 && STAGES && L::GRADS_FIT), "DKV: 0, or 1 with STAGES");
     // producer threads that load, arriving on full[s] (LOAD = 0: warps 0-2 with DQ = 1, else all four; LOAD = 1:
     // the BQ threads that store L and delta, and thread 0 once more with the TMA's expected bytes)
     constexpr int LOADERS = LOAD ? BQ : DQ ? WG_THREADS - 32 : WG_THREADS;
@@ -382,16 +406,9 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps)
                     for (int n = 0; n < 4; ++n)
                         st_shared_v2_f32(at + 8 * 128 * h + (swz ^ (32 * n)), scale * c[4 * n + 2 * h],
                                          scale * c[4 * n + 2 * h + 1]);
-            } else {                         // NC = 48 (D = 96): column col of the tile is in box col / 32, at
-#pragma unroll                               // chunk col % 32 / 4 (^ g), 4 (col % 4) bytes in
-                for (int h = 0; h < 2; ++h)
-#pragma unroll
-                    for (int n = 0; n < NC / 8; ++n) {
-                        const int col = NQ * wg + NC * part + 8 * n + 2 * t;
-                        const unsigned at = sDQ + (col >> 5) * (BQ * 128) + (16 * warp + g + 8 * h) * 128 +
-                                            16 * (((col & 31) >> 2) ^ g) + 4 * (col & 3);
-                        st_shared_v2_f32(at, scale * c[4 * n + 2 * h], scale * c[4 * n + 2 * h + 1]);
-                    }
+            } else {                         // NC = 48 (D = 96): parts that straddle boxes
+                store_swizzled_boxes<NC / 8>(sDQ, NQ * wg + NC * part, reinterpret_cast<const float (&)[NC / 8][4]>(c),
+                                             scale, warp, g, t);
             }
             if (part == NP - 1) {
                 fence_async_shared();
@@ -595,9 +612,28 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps)
 
     // dK (scaled) and dV of this thread's keys added to dk, dv (the accumulators' layout is backward.cuh's
     // [D / 8][4] fragment, flattened)
-    add_key_gradients<D / 8>(dk, dv, koff, voff, k_row, v_row, key0, mk, t, scale,
-                             reinterpret_cast<const float (&)[D / 8][4]>(gk),
-                             reinterpret_cast<const float (&)[D / 8][4]>(gv));
+    const auto& fk = reinterpret_cast<const float (&)[D / 8][4]>(gk);
+    const auto& fv = reinterpret_cast<const float (&)[D / 8][4]>(gv);
+    if (DKV) {   // into shared tiles over K, V and the stages (every consumer is done with them), then by TMA
+        consumers_sync();
+        const unsigned tk = sK + 2 * wg * L::GRAD_TILE, tv = tk + L::GRAD_TILE;
+        store_swizzled_boxes<D / 8>(tk, 0, fk, scale, warp, g, t);
+        store_swizzled_boxes<D / 8>(tv, 0, fv, 1.0f, warp, g, t);
+        fence_async_shared();
+        consumers_sync();                    // every tile stored
+        if ((tid & (WG_THREADS - 1)) == 0) { // thread 0 of a warpgroup adds its dK and dV tiles (the previous launch's
+            wait_for_previous_launch();      // additions to the same rows done first: the same order every run)
+#pragma unroll
+            for (int b = 0; b < D / 32; ++b) {
+                tma_reduce_add_4d(maps + 3, tk + b * (64 * 128), 32 * b, problem_head, kw0, (int)problem_seg);
+                tma_reduce_add_4d(maps + 4, tv + b * (64 * 128), 32 * b, problem_head, kw0, (int)problem_seg);
+            }
+            bulk_commit();
+            bulk_wait_read();                // the tiles read before the block's shared memory is freed
+        }
+    } else {
+        add_key_gradients<D / 8>(dk, dv, koff, voff, k_row, v_row, key0, mk, t, scale, fk, fv);
+    }
 }
 #undef BWD_FULL
 #undef BWD_EMPTY

@@ -102,10 +102,8 @@ class KernelFamily:
     max_shared: int | None = None
     #: whether it has an instantiation merging into a float32 running output (tma16), compiled for each default
     float32_output: bool = False
-    #: whether a configuration is one the source supports (a forced configuration is checked against it), and
-    #: whether it is at a head dim the family has
+    #: whether a configuration is one the source supports (a forced configuration is checked against it)
     valid: Callable[[Config], bool] = lambda cfg: True
-    valid_at: Callable[[int, Config], bool] = lambda head_dim, cfg: True
     #: FORWARD (DILATED_FWD_PARAMS) or BACKWARD (DILATED_BWD_PARAMS, block_queries: keys per block)
     direction: str = FORWARD
     #: whether its kernels take a pointer to tensor maps (dq, q, dout) after DILATED_BWD_PARAMS (wgmma16_bwd), and
@@ -137,9 +135,6 @@ class KernelFamily:
         cfg = tuple(int(x) for x in (self.defaults[head_dim] if config is None else config))
         if len(cfg) != len(self.config_fields) or not self.valid(cfg):
             raise ValueError(f"{self.name} configuration ({', '.join(self.config_fields)}) = {cfg} is not supported")
-        if not self.valid_at(head_dim, cfg):
-            raise ValueError(f"{self.name} configuration ({', '.join(self.config_fields)}) = {cfg} is not supported "
-                             f"at head_dim {head_dim}")
         if accumulate and not self.float32_output:
             raise ValueError(f"{self.name} has no float32 running output")
         t = SIXTEEN_BIT_TYPES.get(name, "float")
@@ -380,11 +375,12 @@ def mma16_bwd_shared_bytes(head_dim: int, keys: int) -> int:
 
 
 def wgmma16_bwd_shared_bytes(head_dim: int, warpgroups: int, pipe: int, stages: int, dq: int = 0,
-                             load: int = 0) -> int:
+                             load: int = 0, dkv: int = 0) -> int:
     """Dynamic shared memory of one wgmma16_bwd block (BwdSmemWg in dilated_bwd_wgmma_16.cu): K and V of its
     64 NWG keys, Q, dO, L and delta of the 64-row query-tile stages (``stages``, two where 0; with ``load`` whole
     regions of 64 columns), dS^T in 16 bits (two buffers with PIPE), with a producer (``stages`` > 0) two mbarriers
-    per stage, and with ``dq`` the float32 dQ tile and its two mbarriers."""
+    per stage, and with ``dq`` the float32 dQ tile and its two mbarriers (``dkv``: dK and dV are staged over K, V
+    and the stages, no more)."""
     keys, queries, n = 64 * warpgroups, 64, stages or 2
     tile_columns = -(-head_dim // 64) * 64 if load else head_dim
     return (4 * head_dim * keys + 4 * n * tile_columns * queries + (2 if pipe else 1) * 2 * keys * queries
@@ -392,14 +388,15 @@ def wgmma16_bwd_shared_bytes(head_dim: int, warpgroups: int, pipe: int, stages: 
             + (16 + 4 * queries * head_dim if dq else 0))
 
 
-#: wgmma16_bwd per head dim: (warpgroups NWG, PIPE, STAGES, DQ, LOAD), template arguments of
-#: dilated_bwd_wgmma_16<T, D, NWG, PIPE, STAGES, DQ, LOAD>: a warpgroup per 64 keys (BK = 64 NWG keys per block);
+#: wgmma16_bwd per head dim: (warpgroups NWG, PIPE, STAGES, DQ, LOAD, DKV), template arguments of
+#: dilated_bwd_wgmma_16<T, D, NWG, PIPE, STAGES, DQ, LOAD, DKV>: a warpgroup per 64 keys (BK = 64 NWG keys per block);
 #: PIPE = 1 computes a tile's dQ during the next tile's softmax, PIPE = 2 too, with the consumers handing dS^T over
 #: through an mbarrier instead of a named barrier (STAGES > 0 only); STAGES = 0: every thread loads (two stages,
 #: block barriers), STAGES >= 2 (NWG = 2): a producer warpgroup fills that many stages behind mbarriers; DQ = 1
 #: (PIPE = 2): dQ stored into a shared tile and added to dq by a producer warp's TMA reduce-add instead of
 #: red.global.add; LOAD = 1 (STAGES > 0): one producer thread loads Q and dO by TMA (128-byte swizzle) instead of
-#: the producer's threads by cp.async. No spills with ptxas for sm_90a (D = 128 with a producer spills a few bytes
+#: the producer's threads by cp.async; DKV = 1 (STAGES > 0): dK and dV added to dk, dv by TMA reduce-add from
+#: shared tiles instead of every consumer thread's read-add-write. No spills with ptxas for sm_90a (D = 128 with a producer spills a few bytes
 #: at STAGES = 2 and 4, so those are not listed). Timings (H200, N = 262,144, patterns (2048,1) (4096,2) (8192,4),
 #: bf16, ms non-causal / causal): docs/kernels.md; DQ = 1 against the default in one run (2026-11-29): D = 64
 #: 26.27 / 15.41 against 24.14 / 14.58, D = 128 30.82 / 17.65 against 28.84 / 16.68. D = 96 (H = 8),
@@ -407,20 +404,20 @@ def wgmma16_bwd_shared_bytes(head_dim: int, warpgroups: int, pipe: int, stages: 
 WGMMA16_BWD = KernelFamily(
     "wgmma16_bwd", "dilated_bwd_wgmma_16.cu", SIXTEEN_BIT,
     lambda t, d, c, o: f"dilated_bwd_wgmma_16<{t},{d},{','.join(map(str, c))}>",
-    ("NWG", "PIPE", "STAGES", "DQ", "LOAD"),
+    ("NWG", "PIPE", "STAGES", "DQ", "LOAD", "DKV"),
     lambda d, c: wgmma16_bwd_shared_bytes(d, *c), lambda c: 128 * (c[0] + (1 if c[2] else 0)),
     lambda d, c: 64 * c[0], SIXTEEN_BIT_ALIGN,
-    defaults={64: (2, 2, 3, 1, 1), 96: (2, 2, 3, 1, 1), 128: (2, 2, 3, 1, 1)},
-    alternatives={64: ((2, 2, 3, 0, 1), (2, 2, 3, 0, 0), (2, 2, 3, 1, 0), (2, 1, 3, 0, 0), (2, 1, 4, 0, 0),
-                       (2, 1, 2, 0, 0), (2, 1, 0, 0, 0), (2, 0, 0, 0, 0), (1, 1, 0, 0, 0)),
-                  96: ((2, 2, 3, 0, 1), (2, 2, 3, 0, 0)),
-                  128: ((2, 2, 3, 0, 1), (2, 2, 3, 0, 0), (2, 2, 3, 1, 0), (2, 1, 3, 0, 0), (2, 1, 0, 0, 0),
-                        (2, 0, 0, 0, 0))},
+    defaults={64: (2, 2, 3, 1, 1, 0), 96: (2, 2, 3, 1, 1, 0), 128: (2, 2, 3, 1, 1, 0)},
+    alternatives={64: ((2, 2, 3, 1, 1, 1), (2, 2, 3, 0, 1, 0), (2, 2, 3, 0, 0, 0), (2, 1, 3, 0, 0, 0),
+                       (2, 1, 0, 0, 0, 0), (2, 0, 0, 0, 0, 0), (1, 1, 0, 0, 0, 0)),
+                  96: ((2, 2, 3, 1, 1, 1), (2, 2, 3, 0, 1, 0), (2, 2, 3, 0, 0, 0)),
+                  128: ((2, 2, 3, 1, 1, 1), (2, 2, 3, 0, 1, 0), (2, 2, 3, 0, 0, 0), (2, 1, 3, 0, 0, 0),
+                        (2, 0, 0, 0, 0, 0))},
     min_cc=90, max_cc=90, arch=HOPPER_ARCH, max_shared=HOPPER_SHARED,
     valid=lambda c: (c[0] in (1, 2) and c[1] in (0, 1, 2) and (c[2] == 0 or (c[0] == 2 and 2 <= c[2] <= 4))
                      and (c[1] != 2 or c[2] > 0) and c[3] in (0, 1) and (c[3] == 0 or c[1] == 2)
-                     and c[4] in (0, 1) and (c[4] == 0 or c[2] > 0)),
-    maps_argument=True, tensor_maps=lambda c: bool(c[3] or c[4]), dependent_launch=True, direction=BACKWARD)
+                     and c[4] in (0, 1) and (c[4] == 0 or c[2] > 0) and c[5] in (0, 1) and (c[5] == 0 or c[2] > 0)),
+    maps_argument=True, tensor_maps=lambda c: bool(c[3] or c[4] or c[5]), dependent_launch=True, direction=BACKWARD)
 
 #: mma16_bwd per head dim: keys per block BK (a warp per 16 keys), template argument of
 #: dilated_bwd_mma_16<T, D, BK>; no spills with ptxas for sm_80 and sm_90. Measured on an H100 (N = 262,144,

@@ -1,6 +1,6 @@
 """Tensor maps for the warp-specialized Hopper kernels: ``tma16``'s Q, K, V (``dilated_fwd_tma_16.cu``), and
-``wgmma16_bwd``'s float32 dQ accumulators that it adds to by TMA reduce-add with DQ = 1 (:func:`dq_map`) and Q
-and dO tiles that it loads by TMA with LOAD = 1 (:func:`query_tile_map`).
+``wgmma16_bwd``'s float32 dQ, dK and dV accumulators that it adds to by TMA reduce-add with DQ = 1 and DKV = 1
+(:func:`accumulator_map`) and Q and dO tiles that it loads by TMA with LOAD = 1 (:func:`query_tile_map`).
 
 The kernel reads Q, K and V through the bulk tensor copy engine (TMA), which needs a ``CUtensorMap`` per
 tensor: a 128-byte descriptor that the CUDA driver builds on the host (``cuTensorMapEncodeTiled``; CuPy
@@ -128,7 +128,8 @@ def device_maps(device: int, geometries: tuple[MapGeometry, ...], tail: bytes = 
         return cupy.asarray(data)
 
 
-#: query rows of a backward block's tile (wgmma16_bwd's BQ): the rows of a Q or dO box and of a dQ box
+#: query rows of a backward block's tile (wgmma16_bwd's BQ), and keys of one of its warpgroups: the rows of a Q, dO
+#: or accumulator box
 QUERY_TILE_ROWS = 64
 
 
@@ -138,13 +139,14 @@ def query_tile_map(pointer: int, qg: tuple, rows: int, heads: int, segments: int
     return map_geometry(pointer, qg, rows, heads, segments, head_dim, QUERY_TILE_ROWS)
 
 
-#: the dQ tile a backward block adds at once: columns of one box (128 bytes of float32, the 128-byte swizzle
-#: span) and its query rows (wgmma16_bwd's BQ)
-DQ_BOX_COLUMNS, DQ_BOX_ROWS = 32, QUERY_TILE_ROWS
+#: an accumulator box a backward block adds at once: columns of one box (128 bytes of float32, the 128-byte swizzle
+#: span) and rows (wgmma16_bwd's query tile, or a warpgroup's keys)
+ACCUMULATOR_BOX_COLUMNS, ACCUMULATOR_BOX_ROWS = 32, QUERY_TILE_ROWS
 
 
-def dq_map(dq: int, qg: tuple, rows: int, heads: int, segments: int, head_dim: int) -> MapGeometry:
-    """The tensor map of the float32 dQ accumulators at device address ``dq`` of one backward launch (dQ is
-    addressed like Q: geometry ``qg``; ``rows`` = the launch's mq), boxes of DQ_BOX_COLUMNS x DQ_BOX_ROWS."""
-    return map_geometry(dq, qg, rows, heads, segments, head_dim, DQ_BOX_ROWS, element_bytes=4,
-                        box_columns=DQ_BOX_COLUMNS)
+def accumulator_map(pointer: int, geo: tuple, rows: int, heads: int, segments: int, head_dim: int) -> MapGeometry:
+    """The tensor map of float32 gradient accumulators at device address ``pointer`` of one backward launch: dq
+    (addressed like Q: ``geo`` = its ``qg``, ``rows`` = mq), dk or dv (like K or V, ``rows`` = the launch's mk), in
+    boxes of ACCUMULATOR_BOX_COLUMNS x ACCUMULATOR_BOX_ROWS."""
+    return map_geometry(pointer, geo, rows, heads, segments, head_dim, ACCUMULATOR_BOX_ROWS, element_bytes=4,
+                        box_columns=ACCUMULATOR_BOX_COLUMNS)
