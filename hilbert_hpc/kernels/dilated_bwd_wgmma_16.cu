@@ -11,11 +11,14 @@
 // keys are staged once. Q, dO, L and delta per tile:
 //   STAGES = 0: every thread loads, two stages (Q, dO by cp.async; L, delta through registers, one tile
 //     ahead), one block barrier a tile (PIPE = 1) that publishes the next stage;
-//   STAGES >= 2 (NWG = 2): warpgroup 0 is a producer (setmaxnreg.dec) that fills STAGES stages by cp.async,
-//     publishes tile it on full[it % STAGES] (128 arrivals, after its copies landed and a proxy fence) and
-//     refills a stage once empty[s] has the 256 arrivals of the consumers (warpgroups 1, 2, setmaxnreg.inc),
-//     which meet only at named barrier 1 (dS^T of the previous tile published; PIPE = 2: an mbarrier) instead
-//     of a block barrier.
+//   STAGES >= 2 (NWG = 2): warpgroup 0 is a producer (setmaxnreg.dec) that fills STAGES stages, publishes tile
+//     it on full[it % STAGES] and refills a stage once empty[s] has the 256 arrivals of the consumers
+//     (warpgroups 1, 2, setmaxnreg.inc), which meet only at named barrier 1 (dS^T of the previous tile
+//     published; PIPE = 2: an mbarrier) instead of a block barrier. LOAD = 0: Q and dO by cp.async from the
+//     producer's threads (full: 128 arrivals after the copies landed and a proxy fence); LOAD = 1: by TMA from
+//     one thread through the tensor maps maps[1], maps[2] (boxes of 64 columns x BQ rows, 128-byte swizzle,
+//     rows past mq zero-filled; full: the copies' bytes, one arrival with them and one from each of the 64
+//     threads that store L and delta), the first NST stages issued while K and V load.
 // Per query tile and computing warpgroup:
 //   S^T = K Q^T and dP^T = V dO^T (D / 16 wgmma m64n64k16 each, A = this warpgroup's K / V rows and B = the
 //     Q / dO tile from shared memory, both K-major; issued together, S^T waited for first);
@@ -36,15 +39,19 @@
 // tile it - 1 only right before issuing that tile's dQ; the two warpgroups drift apart by up to a tile, so one's
 // softmax overlaps the other's wgmma. The last tile's dQ follows the loop.
 // DQ = 1 (PIPE = 2): instead of red.global.add, a tile's scaled dQ is stored into a float32 shared tile in the
-// boxes of the tensor map *dq_map (32 columns x BQ rows each, 128-byte swizzle) and published on an mbarrier
-// (256 arrivals); warp 3 of the producer (the loads run on warps 0-2) adds it to dq by one TMA reduce-add a box,
-// waits until the tile is read and frees it on a second mbarrier, which the consumers wait for before storing the
-// next tile's dQ. docs/kernels.md has its timing (slower than DQ = 0 while the loads are cp.async).
-// At the end dK is scaled and dK, dV are added to dk, dv (read-add-write: a key row belongs to one block), after
-// the launch before this one completed (programmatic dependent launch, backward.cuh).
+// boxes of the tensor map maps[0] (32 columns x BQ rows each, 128-byte swizzle) and published on an mbarrier
+// (256 arrivals); warp 3 of the producer adds it to dq by one TMA reduce-add a box, waits until the tile is read
+// and frees it on a second mbarrier, which the consumers wait for before storing the next tile's dQ (with LOAD = 0
+// slower than DQ = 0: the loads then lose a warp; with LOAD = 1 the default, docs/kernels.md).
+// At the end dK is scaled and dK, dV are added to dk, dv after the launch before this one completed
+// (programmatic dependent launch, backward.cuh): DKV = 0: read-add-write by every consumer thread (a key row
+// belongs to one block); DKV = 1: stored as float32 tiles over K, V and the stages in the boxes of maps[3] (dk)
+// and maps[4] (dv) and added by one TMA reduce-add a box from thread 0 of each warpgroup.
 // Registers (ptxas, sm_90a; NWG = 2): STAGES = 0: D = 64: 214 (PIPE = 1), 198 (PIPE = 0); D = 128: 255, 255;
 // one block of 8 warps per SM. STAGES > 0: 168 at launch, producer 40 / consumers 232 (D = 64), 24 / 240
-// (D = 128), no spills at STAGES = 3 (D = 128 spills a few bytes at STAGES = 2 and 4). Measured on an H200
+// (D = 96, 128), no spills at STAGES = 3 (D = 128 spills a few bytes at STAGES = 2 and 4). LOAD = 1 defaults
+// (2, 2, 3, 1, 1, 0), H200, 2026-11-29: D = 64 361 useful TFLOP/s, causal 285; D = 96 407 / 327; D = 128
+// 437 / 354 (docs/performance.md). Earlier, before the TMA loads, on an H200
 // (tests/scripts/bwd_wgmma16_check.py, 2026-11-25; N = 262,144, patterns (2048,1) (4096,2) (8192,4), bf16,
 // useful TFLOP/s = 2.5 x the forward's FLOPs): D = 64 (H = 12) (2, 2, 3): 299, causal 253 ((2, 1, 3): 292 / 235);
 // D = 128 (H = 8) (2, 2, 3): 338, causal 294 ((2, 1, 3): 333 / 283, (2, 1, 0): 314 / 264). Numbering the blocks
@@ -57,17 +64,20 @@
 // (cp.reduce.async.bulk) per row, red.global.add.v4.f32 after a lane exchange, the A operands of dV and dK
 // (P^T, dS^T) read from shared memory.
 //
-// Shared memory (bytes), no swizzle, every tile in core-matrix order [row / 8][col / 8][row % 8][8] (as in
+// Shared memory (bytes); K, V and dS^T in core-matrix order [row / 8][col / 8][row % 8][8], no swizzle (as in
 // dilated_fwd_wgmma_16.cu: K-major descriptors LBO = 128, SBO = 16 W for a W-wide tile; the same tile read
-// MN-major with LBO = 16 W, SBO = 128):
+// MN-major with LBO = 16 W, SBO = 128), Q and dO so too with LOAD = 0, with LOAD = 1 as the copy engine's
+// 128-byte swizzle writes them (StagedTile); from a 1024-byte-aligned window where any tile is swizzled:
 //   K, V of the block     2 * BK * D * 2
-//   Q, dO, NST stages     2 * NST * BQ * D * 2 (NST = STAGES, or 2 where STAGES = 0)
+//   Q, dO, NST stages     2 * NST * BQ * TD * 2 (NST = STAGES, or 2 where STAGES = 0; TD = D, or LOAD = 1 whole
+//                         regions of 64 columns: 128 at D = 96)
 //   dS^T (keys x queries) (1 + PIPE) * BK * BQ * 2
 //   L, delta, NST stages  8 * NST * BQ
 //   STAGES > 0: mbarriers full[NST], empty[NST]: 16 * NST; PIPE = 2: + the dS^T handoff mbarrier, 8
-//   DQ = 1: the dQ tile first, BQ * D * 4 (1024-byte aligned: + 1024 of slack), and its two mbarriers, 16
-//   (NWG = 2: D = 64: 99,328 (PIPE = 1, STAGES = 0), 116,280 (2, 3); D = 128: 164,864 (1, 0), 198,200 (2, 3),
-//   232,008 (2, 3, DQ = 1))
+//   DQ = 1: the dQ tile first, BQ * D * 4, and its two mbarriers, 16
+//   DKV = 1: no more (the dK and dV tiles, 4 * 64 * D * 4, overwrite K, V and the stages at the end)
+//   (NWG = 2: D = 64: 99,328 (PIPE = 1, STAGES = 0), 116,280 (2, 3), 132,680 (2, 3, DQ = LOAD = 1); D = 96:
+//   206,408 (2, 3, 1, 1); D = 128: 164,864 (1, 0), 198,200 (2, 3), 230,984 (2, 3, DQ = 1, any LOAD))
 // Fragments (per warp of a warpgroup, lane = 4 g + t): accumulator element 4 i + 2 h + e = (row g + 8 h of the
 // warp's 16, column 8 i + 2 t + e); element r of the 16-bit A fragment of k-step kk is accumulator element
 // 8 kk + r (dilated_fwd_wgmma_16.cu), so P^T and dS^T become A operands in place.
