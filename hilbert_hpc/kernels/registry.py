@@ -396,11 +396,11 @@ def wgmma16_bwd_shared_bytes(head_dim: int, warpgroups: int, pipe: int, stages: 
 #: (PIPE = 2): dQ stored into a shared tile and added to dq by a producer warp's TMA reduce-add instead of
 #: red.global.add; LOAD = 1 (STAGES > 0): one producer thread loads Q and dO by TMA (128-byte swizzle) instead of
 #: the producer's threads by cp.async; DKV = 1 (STAGES > 0): dK and dV added to dk, dv by TMA reduce-add from
-#: shared tiles instead of every consumer thread's read-add-write. No spills with ptxas for sm_90a (D = 128 with a producer spills a few bytes
-#: at STAGES = 2 and 4, so those are not listed). Timings (H200, N = 262,144, patterns (2048,1) (4096,2) (8192,4),
-#: bf16, ms non-causal / causal): docs/kernels.md; DQ = 1 against the default in one run (2026-11-29): D = 64
-#: 26.27 / 15.41 against 24.14 / 14.58, D = 128 30.82 / 17.65 against 28.84 / 16.68. D = 96 (H = 8),
-#: (2, 2, 3, 0, 0): 23.04 / 12.99 against mma16_bwd's 39.22 / 22.08 (2026-11-29).
+#: shared tiles instead of every consumer thread's read-add-write. No spills with ptxas for sm_90a (D = 128 with a
+#: producer spills a few bytes at STAGES = 2 and 4, so those are not listed). Timings (H200, N = 262,144, patterns (2048,1) (4096,2) (8192,4),
+#: bf16, ms non-causal / causal; docs/kernels.md, docs/performance.md), 2026-11-29, one run: the defaults
+#: (2, 2, 3, 1, 1, 0) D = 64 20.01 / 12.83, D = 128 22.00 / 13.66 against (2, 2, 3, 0, 0, 0) 23.43 / 14.13 and
+#: 28.28 / 16.15; D = 96 (H = 8) 17.75 / 11.02 (a later run) against 23.04 / 12.67 (mma16_bwd: 39.22 / 22.08).
 WGMMA16_BWD = KernelFamily(
     "wgmma16_bwd", "dilated_bwd_wgmma_16.cu", SIXTEEN_BIT,
     lambda t, d, c, o: f"dilated_bwd_wgmma_16<{t},{d},{','.join(map(str, c))}>",

@@ -50,7 +50,7 @@ TIMED = {64: ANCHOR, 96: ANCHOR_128, 128: ANCHOR_128}
 
 
 def variant(dtype: str, head_dim: int, config: tuple) -> Variant:
-    """The wgmma16_bwd instantiation of ``config`` (NWG, PIPE, STAGES, DQ, LOAD); () gives mma16_bwd with BK = 128."""
+    """The wgmma16_bwd instantiation of ``config`` (NWG, PIPE, STAGES, DQ, LOAD, DKV); () gives mma16_bwd with BK = 128."""
     if not config:
         return MMA16_BWD.variant(head_dim, dtype, (128,))
     return WGMMA16_BWD.variant(head_dim, dtype, config)
@@ -172,7 +172,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="only a few accuracy cases")
     parser.add_argument("--no-time", action="store_true", help="skip the timing of the large case")
     parser.add_argument("--config", action="append", default=[],
-                        help="only this configuration NWG,PIPE,STAGES,DQ,LOAD (repeatable)")
+                        help="only this configuration NWG,PIPE,STAGES,DQ,LOAD,DKV (repeatable)")
     parser.add_argument("--no-mma16", action="store_true", help="time no mma16_bwd beside them")
     parser.add_argument("--head-dim", type=int, action="append", choices=HEAD_DIMS, help="time only these head dims")
     args = parser.parse_args()
