@@ -76,6 +76,24 @@ PRECISIONS = {
 DTYPES = tuple(PRECISIONS)
 
 
+#: float32's unit roundoff: a score rounded to float32 carries an absolute error up to this times |score|
+FLOAT32_UNIT_ROUNDOFF = 2.0 ** -24
+#: the float32 path's error budget without large scores (max |err| / max |ref| against float64): output, gradients
+FLOAT32_OUTPUT_BUDGET, FLOAT32_GRADIENT_BUDGET = 1e-6, 2e-6
+
+
+def float32_error_budget(max_abs_score: float) -> dict[str, float]:
+    """The float32 path's error budget (docs/semantics.md section 9) for inputs whose largest |score| (``scale q.k``
+    over the pairs, or a bound of it) is ``max_abs_score``: the most max |err| / max |ref| against float64 of the
+    output (``"output"``: 1e-6 + 2 u max|score|) and of each gradient (``"dq"``, ``"dk"``, ``"dv"``: 2e-6 +
+    2 u max|score|), u = 2^-24. The 2 u max|score| term is two float32 roundings of a score (the product q.k, then
+    its scaling or the subtraction of the running maximum), each an absolute error up to u |score| that the
+    exponential turns into a relative error of the probability: no float32 computation of the scores avoids it."""
+    score = 2 * FLOAT32_UNIT_ROUNDOFF * abs(float(max_abs_score))
+    return {"output": FLOAT32_OUTPUT_BUDGET + score, "dq": FLOAT32_GRADIENT_BUDGET + score,
+            "dk": FLOAT32_GRADIENT_BUDGET + score, "dv": FLOAT32_GRADIENT_BUDGET + score}
+
+
 def precision(name: str, param: str = "dtype") -> Precision:
     """The Precision called ``name``; a clear error for any other."""
     try:
