@@ -24,15 +24,17 @@ BASE = {"name": "g", "tokens": 4096, "grid": [64, 64], "patterns": [[256, 1], [4
 
 def make_case(cid: str, attention: np.ndarray, *, complete: bool = True, json_ranks: bool = True,
               total: np.ndarray | None = None, flops: float = 2e9, counters: dict | None = None,
-              attrs: dict | None = None, **params) -> dict:
+              attrs: dict | None = None, accuracy: dict | None = None, **params) -> dict:
     """A case description for write_results: parameters, raw (ranks, repeats) timings and flags; ``attrs``
-    are case attributes the run records over the parameters' (e.g. the transport used)."""
+    are case attributes the run records over the parameters' (e.g. the transport used), ``accuracy`` the
+    accuracy record's (default max_rel_err 1e-6, rel_l2_err 1e-7)."""
     attention = np.asarray(attention, dtype=np.float64)
     p = dict(BASE, ranks=attention.shape[0], scaling="strong")
     p.update(params)
     return {"id": cid, "params": p, "attention": attention, "complete": complete, "json_ranks": json_ranks,
             "total": attention * 1.5 if total is None else np.asarray(total, dtype=np.float64), "flops": flops,
-            "counters": counters or {}, "attrs": attrs or {}}
+            "counters": counters or {}, "attrs": attrs or {},
+            "accuracy": {"max_rel_err": 1e-6, "rel_l2_err": 1e-7, **(accuracy or {})}}
 
 
 def write_results(path, cases: list[dict], program: str = "hilbert-hpc") -> str:
@@ -62,9 +64,7 @@ def write_results(path, cases: list[dict], program: str = "hilbert-hpc") -> str:
                 t[name] = np.asarray(values, dtype=np.float64)
             g.create_group("metrics").attrs["useful_flops"] = c["flops"]
             g["metrics"].attrs["useful_tflops"] = 123.0  # deliberately wrong: the report recomputes
-            acc = g.create_group("accuracy")
-            acc.attrs["max_rel_err"] = 1e-6
-            acc.attrs["rel_l2_err"] = 1e-7
+            g.create_group("accuracy").attrs.update(c["accuracy"])
             if c["complete"]:
                 g.attrs["complete"] = True
     return str(path)
@@ -252,12 +252,44 @@ def test_plots_are_written(tmp_path):
             for p in (1, 2, 4)]
     tables, _ = run_report([write_results(tmp_path / "s.h5", strong + weak)], plot_dir=tmp_path / "plots")
     assert sorted(tables["plots"]) == sorted(str(tmp_path / "plots" / n) for n in ("strong_scaling.png",
-                                                                                 "weak_scaling.png"))
+                                                                                 "weak_scaling.png",
+                                                                                 "accuracy_ranks.png"))
     for path in tables["plots"]:
         assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     # only the tables with rows get a plot
     tables, _ = run_report([write_results(tmp_path / "t.h5", strong)], plot_dir=tmp_path / "only")
+    assert [p.rsplit("/", 1)[-1] for p in tables["plots"]] == ["strong_scaling.png", "accuracy_ranks.png"]
+    unchecked = [make_case(f"u{p}", timings(rng, p, 1.0 / p), accuracy={"max_rel_err": math.nan}) for p in (1, 2)]
+    tables, _ = run_report([write_results(tmp_path / "u.h5", unchecked)], plot_dir=tmp_path / "unchecked")
     assert [p.rsplit("/", 1)[-1] for p in tables["plots"]] == ["strong_scaling.png"]
+
+
+def test_accuracy_against_ranks_and_its_growth(tmp_path):
+    """One row per case of a series that differs only in ranks and was checked against float64: the output's
+    error and, for forward+backward series, each gradient's, with their growth against the fewest ranks; a
+    series with one rank count, and cases without a check, are left out."""
+    rng = np.random.default_rng(12)
+    grads = {1: (2e-7, 3e-7, 1e-7), 2: (2e-7, 6e-7, 1e-7), 4: (4e-7, 3e-7, 1e-7)}
+    fb = [make_case(f"f{p}", timings(rng, p, 1.0 / p), counters={"backward": timings(rng, p, 2.0 / p)},
+                    accuracy={"max_rel_err": 1e-6 * p, "grad_q_max_rel_err": grads[p][0],
+                              "grad_k_max_rel_err": grads[p][1], "grad_v_max_rel_err": grads[p][2]},
+                    **{"pass": "forward+backward"})
+          for p in (1, 2, 4)]
+    fwd = [make_case(f"o{p}", timings(rng, p, 1.0 / p), name="fwd", accuracy={"max_rel_err": 3e-6}) for p in (2, 8)]
+    lone = [make_case("l1", timings(rng, 1, 1.0), name="lone")]
+    unchecked = [make_case(f"n{p}", timings(rng, p, 1.0), name="nan", accuracy={"max_rel_err": math.nan})
+                 for p in (1, 2)]
+    tables, text = run_report([write_results(tmp_path / "a.h5", fb + fwd + lone + unchecked)])
+    rows = tables["accuracy_ranks"]
+    assert [r["case"] for r in rows] == ["f1", "f2", "f4", "o2", "o8"]
+    by = {r["case"]: r for r in rows}
+    assert [by[c]["max_rel_err"] for c in ("f1", "f2", "f4")] == pytest.approx([1e-6, 2e-6, 4e-6])
+    assert [by[c]["growth"] for c in ("f1", "f2", "f4")] == pytest.approx([1.0, 2.0, 4.0])
+    assert [by[c]["grad_max_rel_err"] for c in ("f1", "f2", "f4")] == pytest.approx([3e-7, 6e-7, 4e-7])
+    assert [by[c]["grad_growth"] for c in ("f1", "f2", "f4")] == pytest.approx([1.0, 2.0, 4 / 3])
+    assert by["f2"]["grad_k_max_rel_err"] == pytest.approx(6e-7)
+    assert [by[c]["growth"] for c in ("o2", "o8")] == [1.0, 1.0] and "grad_growth" not in by["o8"]
+    assert "accuracy against ranks" in text and "dK err" in text
 
 
 def test_plots_without_matplotlib_ask_for_the_extra(tmp_path, monkeypatch):

@@ -184,11 +184,12 @@ def test_plots_follow_the_same_rules(study):
     assert digest(study["dir"]) == before
     (plots / "strong_scaling.png").unlink()
     tables = report([study["results"]], stream=io.StringIO(), plot_dir=plots)
-    (png,) = [Path(p) for p in tables["plots"]]
-    assert is_report_png(png) and PNG_SOFTWARE.encode() in png.read_bytes()
+    pngs = [Path(p) for p in tables["plots"]]
+    assert [p.name for p in pngs] == ["strong_scaling.png", "accuracy_ranks.png"]
+    assert all(is_report_png(png) and PNG_SOFTWARE.encode() in png.read_bytes() for png in pngs)
     refused([study["results"]], "--plot", "exists; replace it with --overwrite", plot_dir=plots)
     report([study["results"]], stream=io.StringIO(), plot_dir=plots, overwrite=True)
-    assert sorted(p.name for p in plots.iterdir()) == ["strong_scaling.png"]
+    assert sorted(p.name for p in plots.iterdir()) == ["accuracy_ranks.png", "strong_scaling.png"]
 
 
 def test_cli_refusal_is_one_line_with_nothing_on_stdout(study):

@@ -161,7 +161,8 @@ def test_the_plots_are_written_for_a_forward_backward_study(study, tmp_path):
     pytest.importorskip("matplotlib")
     path, _, _ = study
     tables, _ = run_report([path], plot_dir=tmp_path / "plots")
-    assert sorted(p.rsplit("/", 1)[-1] for p in tables["plots"]) == ["strong_scaling.png", "weak_scaling.png"]
+    assert sorted(p.rsplit("/", 1)[-1] for p in tables["plots"]) == ["accuracy_ranks.png", "strong_scaling.png",
+                                                                     "weak_scaling.png"]
 
 
 def test_forward_only_plots_are_drawn_as_before(tmp_path):

@@ -72,8 +72,7 @@ from typing import Any, Callable, Iterator, Sequence, TextIO
 
 from hilbert_hpc.errors import UserError
 from hilbert_hpc.study.output_files import NewOutput, OutputError, link_problem, os_reason, same_file
-from hilbert_hpc.study.report_files import (PLOTS, csv_filler, is_report_csv, is_report_png, need_matplotlib,
-                                            plot_filler)
+from hilbert_hpc.study.report_files import PLOTS, csv_filler, is_report_csv, is_report_png, need_matplotlib
 from hilbert_hpc.study.report_format import print_tables
 from hilbert_hpc.study.perflog import append_perflog, perflog_lines
 from hilbert_hpc.study.regression import (REFERENCES_MARK, check as check_figures, figures_of_merit, read_references,
@@ -253,8 +252,8 @@ def report(paths: Sequence[str | Path], stream: TextIO | None = None, csv_path: 
         if refs_target:
             text = references_text(figures, system)
             refs_target[0].write_file(lambda tmp: tmp.write_text(text))
-        for target, (name, _, title, eff_title, log_time) in plots:
-            target.write_file(plot_filler(tables[name], title, eff_title, log_time))
+        for target, (name, _, filler) in plots:
+            target.write_file(filler(tables[name]))
         if regression.perflog is not None:
             finished = {c.case_id: (when.isoformat(timespec="seconds") if (when := finish_time(c)) else "")
                         for c in loaded.cases}

@@ -1,5 +1,5 @@
-"""The files a report writes: all rows as one CSV file, the scaling curves as PNG plots, and how a report
-recognizes its own earlier files (the only ones it may replace)."""
+"""The files a report writes: all rows as one CSV file, the scaling curves and the errors against ranks as PNG
+plots, and how a report recognizes its own earlier files (the only ones it may replace)."""
 
 from __future__ import annotations
 
@@ -126,9 +126,60 @@ def _draw_kind(ax_t: Any, ax_e: Any, groups: dict[str, list[dict[str, Any]]], ti
     return efficiencies
 
 
-#: The plots: table, file name, titles, log time axis.
-PLOTS = (("strong_scaling", "strong_scaling.png", "strong scaling", "efficiency = T(p0) p0 / (T(P) P)", True),
-         ("weak_scaling", "weak_scaling.png", "weak scaling (ideal: flat)", "efficiency = T(p0) / T(P)", False))
+def accuracy_figure(rows: Sequence[dict[str, Any]]) -> Any:
+    """The accuracy-against-ranks table as curves: max |err| / max |ref| against float64 (log axis) against
+    ranks (log2 axis), one color per group, the output's error solid with circles and, for forward+backward
+    groups, the largest gradient error dashed with squares; one legend below the panel names the groups."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+
+    groups = _series(rows)
+    columns = 1 if max((len(label) for label in groups), default=0) > 60 else 2
+    fig = Figure(figsize=(9, 4.5 + 0.22 * math.ceil((len(groups) + 2) / columns)), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    for i, (label, series) in enumerate(groups.items()):
+        color, ranks = f"C{i % 10}", [r["ranks"] for r in series]
+        ax.plot(ranks, [r["max_rel_err"] for r in series], marker="o", linestyle="-", color=color)
+        if "grad_max_rel_err" in series[0]:
+            ax.plot(ranks, [r["grad_max_rel_err"] for r in series], marker="s", linestyle="--", color=color)
+    ticks = sorted({r["ranks"] for r in rows})
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.minorticks_off()
+    ax.set_xlabel("ranks")
+    ax.set_ylabel("max |err| / max |ref| against float64")
+    ax.set_title("accuracy against ranks (solid: output; dashed: largest gradient error)")
+    ax.grid(True, alpha=0.3)
+    handles = [Line2D([], [], color=f"C{i % 10}", linewidth=3, label=label) for i, label in enumerate(groups)]
+    handles += [Line2D([], [], color="black", marker="o", linestyle="-", label="output"),
+                Line2D([], [], color="black", marker="s", linestyle="--", label="largest gradient error")]
+    fig.legend(handles=handles, loc="outside lower center", ncols=columns, fontsize="small")
+    return fig
+
+
+def _png_filler(figure: Callable[[], Any]) -> Callable[[Path], None]:
+    """Write the figure ``figure()`` makes as a PNG marked as report's (:data:`PNG_SOFTWARE`)."""
+    def fill(tmp: Path) -> None:
+        figure().savefig(tmp, format="png", dpi=120, metadata={"Software": PNG_SOFTWARE})
+    return fill
+
+
+def plot_filler(rows: Sequence[dict[str, Any]], title: str, eff_title: str, log_time: bool) -> Callable[[Path], None]:
+    """The filler of a scaling plot of ``rows`` (:func:`scaling_figure`)."""
+    return _png_filler(lambda: scaling_figure(rows, title, eff_title, log_time))
+
+
+#: The plots: table, file name, and the filler of the file from the table's rows.
+PLOTS: tuple[tuple[str, str, Callable[[Sequence[dict[str, Any]]], Callable[[Path], None]]], ...] = (
+    ("strong_scaling", "strong_scaling.png",
+     lambda rows: plot_filler(rows, "strong scaling", "efficiency = T(p0) p0 / (T(P) P)", True)),
+    ("weak_scaling", "weak_scaling.png",
+     lambda rows: plot_filler(rows, "weak scaling (ideal: flat)", "efficiency = T(p0) / T(P)", False)),
+    ("accuracy_ranks", "accuracy_ranks.png", lambda rows: _png_filler(lambda: accuracy_figure(rows))),
+)
 
 
 def is_report_csv(path: Path) -> bool:
@@ -176,13 +227,6 @@ def csv_filler(tables: dict[str, list[dict[str, Any]]]) -> Callable[[Path], None
             _write_csv_rows(tables, f)
             f.flush()
             os.fsync(f.fileno())
-    return fill
-
-
-def plot_filler(rows: Sequence[dict[str, Any]], title: str, eff_title: str, log_time: bool) -> Callable[[Path], None]:
-    def fill(tmp: Path) -> None:
-        fig = scaling_figure(rows, title, eff_title, log_time)
-        fig.savefig(tmp, format="png", dpi=120, metadata={"Software": PNG_SOFTWARE})
     return fill
 
 

@@ -218,6 +218,15 @@ COLUMNS: dict[str, list[Col]] = {
                    Col("ratio range", _ratio_range("ratio"), None),
                    Col("ratio/GPU", _key_of("ratio_per_gpu", _fmt(".2f"))), _NOISE,
                    *_peer_backward_cols("backward", "bwd"), *_peer_backward_cols("forward_backward", "fwd+bwd")],
+    "accuracy_ranks": [_text("group"), _CASE, Col("ranks", _key_of("ranks"), "P"),
+                       Col("max rel err", _key_of("max_rel_err", _fmt(".2e")), "err"),
+                       Col("growth", _key_of("growth", _fmt(".3f"))),
+                       *(Col(title, _some(key, _key_of(key, _fmt(".2e"))), short, needs=key)
+                         for key, title, short in (("grad_q_max_rel_err", "dQ max rel err", "dQ err"),
+                                                   ("grad_k_max_rel_err", "dK max rel err", "dK err"),
+                                                   ("grad_v_max_rel_err", "dV max rel err", "dV err"))),
+                       Col("grad growth", _some("grad_growth", _key_of("grad_growth", _fmt(".3f"))),
+                           needs="grad_growth")],
 }
 
 
