@@ -28,8 +28,7 @@ TABLES = {
     "imbalance": "load imbalance (largest / mean across ranks, 1: balanced; times: median over repeats)",
     "peer_ratio": "peers: torch, flash (ratio = T(peer)/T(case), > 1: faster than the peer)",
     "bandwidth": "bandwidth (ring exchange, GB/s per rank: bytes sent / time of the slowest rank)",
-    "accuracy_ranks": "accuracy against ranks (max |err| / max |ref| against float64 on the sampled rows; "
-                      "growth = err(P) / err(fewest ranks))",
+    "accuracy_ranks": "accuracy against ranks (max |err| / max |ref| vs float64; growth = err(P) / err(fewest ranks))",
 }
 
 
@@ -440,38 +439,29 @@ def _peer_backward(peer: CaseResult, c: CaseResult) -> dict[str, Any]:
     return row
 
 
-#: The errors of the accuracy-against-ranks table: the output's, then each gradient's (forward+backward cases)
-ACCURACY_ERRORS = ("max_rel_err", "grad_q_max_rel_err", "grad_k_max_rel_err", "grad_v_max_rel_err")
-
-
 def _growth(error: float, base: float) -> float:
-    """``error / base``: 1 where both are zero (exact on both), NaN where only the base is zero or either is NaN."""
-    if error == base == 0.0:
-        return 1.0
-    return error / base if base > 0 else math.nan
+    """``error / base``: 1 where both are zero, NaN where only the base is (or either is NaN)."""
+    return 1.0 if error == base == 0.0 else (error / base if base > 0 else math.nan)
 
 
 def accuracy_ranks_table(cases: Sequence[CaseResult]) -> list[dict[str, Any]]:
-    """Accuracy against ranks: groups equal except ``ranks`` with at least two rank counts, every case checked
-    against float64; per case the output's and (forward+backward) each gradient's max relative error, and the
-    growth of the output's and of the largest gradient's error against the group's fewest ranks."""
+    """Groups equal except ``ranks`` (two rank counts or more, every case checked against float64): each case's
+    output and (forward+backward) gradient errors, and their growth against the group's fewest ranks."""
     checked = [c for c in cases if math.isfinite(c.accuracy.max_rel_err)]
-    groups = [sorted(g, key=lambda c: c.ranks) for g in _groups(checked, ["ranks"])]
-    groups = [g for g in groups if len({c.ranks for c in g}) >= 2]
+    groups = [sorted(g, key=lambda c: c.ranks) for g in _groups(checked, ["ranks"]) if len({c.ranks for c in g}) > 1]
     base_fields = ["name", "backend", "dtype", "ordering", "transport", "tokens"]
     extra = _varying([c for g in groups for c in g], ["ranks", "scaling", *base_fields])
     labels, rows = _Labels(), []
     for group in groups:
-        label = labels(_group_label(group, base_fields, extra))
-        base = group[0].accuracy
+        label, base = labels(_group_label(group, base_fields, extra)), group[0].accuracy
         for c in group:
+            acc = c.accuracy
             row = {"group": label, "case": c.case_id, "file": c.file, "ranks": c.ranks,
-                   "max_rel_err": c.accuracy.max_rel_err,
-                   "growth": _growth(c.accuracy.max_rel_err, base.max_rel_err)}
+                   "max_rel_err": acc.max_rel_err, "growth": _growth(acc.max_rel_err, base.max_rel_err)}
             if all(s.backward for s in group):
-                row.update({key: getattr(c.accuracy, key) for key in ACCURACY_ERRORS[1:]})
-                row["grad_max_rel_err"] = c.accuracy.grad_max_rel_err
-                row["grad_growth"] = _growth(c.accuracy.grad_max_rel_err, base.grad_max_rel_err)
+                row.update({f"grad_{x}_max_rel_err": getattr(acc, f"grad_{x}_max_rel_err") for x in "qkv"},
+                           grad_max_rel_err=acc.grad_max_rel_err, grad_growth=_growth(acc.grad_max_rel_err,
+                                                                                      base.grad_max_rel_err))
             rows.append(row)
     return rows
 
