@@ -66,7 +66,6 @@ def scaling_figure(rows: Sequence[dict[str, Any]], title: str, efficiency_title:
     groups and never covers a curve."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.lines import Line2D
 
     groups = _series(rows)
     any_backward = any("backward_s" in r for r in rows)
@@ -82,11 +81,7 @@ def scaling_figure(rows: Sequence[dict[str, Any]], title: str, efficiency_title:
     for (time_key, eff_prefix, kind, marker), (ax_t, ax_e) in zip(kinds, panels):
         efficiencies = _draw_kind(ax_t, ax_e, groups, time_key, eff_prefix, marker)
         for ax in (ax_t, ax_e):
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(ticks, [str(t) for t in ticks])
-            ax.minorticks_off()
-            ax.set_xlabel("ranks")
-            ax.grid(True, alpha=0.3)
+            _rank_axis(ax, ticks)
         if log_time:
             ax_t.set_yscale("log")
         else:
@@ -99,9 +94,24 @@ def scaling_figure(rows: Sequence[dict[str, Any]], title: str, efficiency_title:
         ax_e.set_ylim(0, 1.1 * top)
         ax_e.set_ylabel("efficiency")
         ax_e.set_title(f"{efficiency_title}{suffix}")
-    handles = [Line2D([], [], color=f"C{i % 10}", linewidth=3, label=label) for i, label in enumerate(groups)]
-    fig.legend(handles=handles, loc="outside lower center", ncols=columns, fontsize="small")
+    fig.legend(handles=_group_handles(groups), loc="outside lower center", ncols=columns, fontsize="small")
     return fig
+
+
+def _rank_axis(ax: Any, ticks: Sequence[int]) -> None:
+    """A ranks axis: log2 scale with a tick at each rank count, labelled, with a light grid."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.minorticks_off()
+    ax.set_xlabel("ranks")
+    ax.grid(True, alpha=0.3)
+
+
+def _group_handles(groups: dict[str, Any]) -> list[Any]:
+    """Legend entries naming each group by its color (``C<i>``, the order the curves were drawn in)."""
+    from matplotlib.lines import Line2D
+
+    return [Line2D([], [], color=f"C{i % 10}", linewidth=3, label=label) for i, label in enumerate(groups)]
 
 
 def _draw_kind(ax_t: Any, ax_e: Any, groups: dict[str, list[dict[str, Any]]], time_key: str, eff_prefix: str,
@@ -144,18 +154,13 @@ def accuracy_figure(rows: Sequence[dict[str, Any]]) -> Any:
         ax.plot(ranks, [r["max_rel_err"] for r in series], marker="o", linestyle="-", color=color)
         if "grad_max_rel_err" in series[0]:
             ax.plot(ranks, [r["grad_max_rel_err"] for r in series], marker="s", linestyle="--", color=color)
-    ticks = sorted({r["ranks"] for r in rows})
-    ax.set_xscale("log", base=2)
+    _rank_axis(ax, sorted({r["ranks"] for r in rows}))
     ax.set_yscale("log")
-    ax.set_xticks(ticks, [str(t) for t in ticks])
-    ax.minorticks_off()
-    ax.set_xlabel("ranks")
     ax.set_ylabel("max |err| / max |ref| against float64")
     ax.set_title("accuracy against ranks (solid: output; dashed: largest gradient error)")
-    ax.grid(True, alpha=0.3)
-    handles = [Line2D([], [], color=f"C{i % 10}", linewidth=3, label=label) for i, label in enumerate(groups)]
-    handles += [Line2D([], [], color="black", marker="o", linestyle="-", label="output"),
-                Line2D([], [], color="black", marker="s", linestyle="--", label="largest gradient error")]
+    handles = _group_handles(groups) + [
+        Line2D([], [], color="black", marker="o", linestyle="-", label="output"),
+        Line2D([], [], color="black", marker="s", linestyle="--", label="largest gradient error")]
     fig.legend(handles=handles, loc="outside lower center", ncols=columns, fontsize="small")
     return fig
 
