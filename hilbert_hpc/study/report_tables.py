@@ -230,21 +230,23 @@ def _backward_scaling(series: Sequence[CaseResult], c: CaseResult, strong: bool)
     return row
 
 
+def _rank_series(cases: Sequence[CaseResult], base_fields: Sequence[str]) -> list[tuple[str, list[CaseResult]]]:
+    """Groups of ``cases`` equal except ``ranks`` with at least two rank counts, each sorted by ranks, with its
+    label (``base_fields``, then the other parameters that vary among the groups)."""
+    groups = [sorted(g, key=lambda c: c.ranks) for g in _groups(cases, ["ranks"]) if len({c.ranks for c in g}) > 1]
+    extra = _varying([c for g in groups for c in g], ["ranks", "scaling", *base_fields])
+    labels = _Labels()
+    return [(labels(_group_label(g, base_fields, extra)), g) for g in groups]
+
+
 def strong_scaling_table(cases: Sequence[CaseResult]) -> list[dict[str, Any]]:
     """Strong scaling: groups equal except ``ranks`` with at least two rank counts, against the fewest ranks;
     for a group of forward+backward cases also the backward's and forward+backward's."""
-    groups = [sorted(g, key=lambda c: c.ranks) for g in _groups([c for c in cases if c.params["scaling"] == "strong"],
-                                                                 ["ranks"])]
-    groups = [g for g in groups if len({c.ranks for c in g}) >= 2]
-    base_fields = ["name", "backend", "ordering", "transport", "tokens"]
-    extra = _varying([c for g in groups for c in g], ["ranks", "scaling", *base_fields])
-    labels, rows = _Labels(), []
-    for group in groups:
-        label = labels(_group_label(group, base_fields, extra))
-        for c in group:
-            rows.append({"group": label, "case": c.case_id, "file": c.file, "ranks": c.ranks, **_timing_row(c),
-                         **_scaling_columns(group[0], c, strong=True), **_backward_scaling(group, c, strong=True)})
-    return rows
+    series = _rank_series([c for c in cases if c.params["scaling"] == "strong"],
+                          ["name", "backend", "ordering", "transport", "tokens"])
+    return [{"group": label, "case": c.case_id, "file": c.file, "ranks": c.ranks, **_timing_row(c),
+             **_scaling_columns(group[0], c, strong=True), **_backward_scaling(group, c, strong=True)}
+            for label, group in series for c in group]
 
 
 def weak_scaling_table(cases: Sequence[CaseResult], notes: list[str] | None = None) -> list[dict[str, Any]]:
@@ -447,13 +449,10 @@ def _growth(error: float, base: float) -> float:
 def accuracy_ranks_table(cases: Sequence[CaseResult]) -> list[dict[str, Any]]:
     """Groups equal except ``ranks`` (two rank counts or more, every case checked against float64): each case's
     output and (forward+backward) gradient errors, and their growth against the group's fewest ranks."""
-    checked = [c for c in cases if math.isfinite(c.accuracy.max_rel_err)]
-    groups = [sorted(g, key=lambda c: c.ranks) for g in _groups(checked, ["ranks"]) if len({c.ranks for c in g}) > 1]
-    base_fields = ["name", "backend", "dtype", "ordering", "transport", "tokens"]
-    extra = _varying([c for g in groups for c in g], ["ranks", "scaling", *base_fields])
-    labels, rows = _Labels(), []
-    for group in groups:
-        label, base = labels(_group_label(group, base_fields, extra)), group[0].accuracy
+    rows = []
+    for label, group in _rank_series([c for c in cases if math.isfinite(c.accuracy.max_rel_err)],
+                                     ["name", "backend", "dtype", "ordering", "transport", "tokens"]):
+        base = group[0].accuracy
         for c in group:
             acc = c.accuracy
             row = {"group": label, "case": c.case_id, "file": c.file, "ranks": c.ranks,
