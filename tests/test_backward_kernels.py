@@ -117,8 +117,10 @@ def test_backward_override(monkeypatch):
         choose_backward("bfloat16", 64, cc=80, override="wgmma16_bwd")
     with pytest.raises(ValueError, match=r"\(NWG, PIPE, STAGES, DQ, LOAD, DKV\) = \(2, 1, 0, 0, 0, 1\) is not supported"):
         choose_backward("float16", 96, cc=90, override="wgmma16_bwd:2,1,0,0,0,1")   # dK, dV by TMA need the producer
-    with pytest.raises(ValueError, match=r"wgmma16_bwd supports head_dim in \[64, 96, 128\], got 32"):
-        choose_backward("bfloat16", 32, cc=90, override="wgmma16_bwd")
+    with pytest.raises(ValueError, match=r"wgmma16_bwd supports head_dim in \[32, 64, 96, 128\], got 48"):
+        choose_backward("bfloat16", 48, cc=90, override="wgmma16_bwd")
+    assert choose_backward("bfloat16", 32, cc=90, override="").variant.name == "dilated_bwd_wgmma_16<bf16_t,32,2,2,3,1,1,0>"
+    assert choose_backward("bfloat16", 32, cc=80, override="").variant.name == "dilated_bwd_mma_16<bf16_t,32,128>"
     with pytest.raises(RuntimeError, match="HILBERT_HPC_BWD_KERNEL=tma16: unknown 16-bit backward kernel variant"):
         choose_backward("float16", 64, cc=90, override="tma16")
     with pytest.raises(RuntimeError, match="HILBERT_HPC_BWD_KERNEL=fma_bwd:64: fma_bwd takes BK,BQ"):

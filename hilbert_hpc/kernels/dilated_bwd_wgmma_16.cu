@@ -2,7 +2,8 @@
 // MMA (wgmma m64nNk16, FP32 accumulation) in FlashAttention-2/3 order: a block owns BK = 64 NWG keys and walks
 // the query tiles that see them. Arguments and semantics: DILATED_BWD_PARAMS (common.cuh), docs/semantics.md
 // section 10; rows aligned to 8 elements (16 bytes), mq and mk arbitrary (tails zero-filled and masked). The
-// same algorithm as dilated_bwd_mma_16.cu, with a warpgroup per 64 keys (the wgmma M dimension).
+// same algorithm as dilated_bwd_mma_16.cu, with a warpgroup per 64 keys (the wgmma M dimension). Head dims 32,
+// 64, 96, 128.
 //
 // Grid: problems (DILATED_FWD_PROBLEM_OFFSETS's segment * heads) x key blocks of BK keys, numbered key block
 // fastest (block = x + gridDim.x y: problem block / gridDim.y, key block block % gridDim.y), so that the key
@@ -16,8 +17,8 @@
 //     (warpgroups 1, 2, setmaxnreg.inc), which meet only at named barrier 1 (dS^T of the previous tile
 //     published; PIPE = 2: an mbarrier) instead of a block barrier. LOAD = 0: Q and dO by cp.async from the
 //     producer's threads (full: 128 arrivals after the copies landed and a proxy fence); LOAD = 1: by TMA from
-//     one thread through the tensor maps maps[1], maps[2] (boxes of 64 columns x BQ rows, 128-byte swizzle,
-//     rows past mq zero-filled; full: the copies' bytes, one arrival with them and one from each of the 64
+//     one thread through the tensor maps maps[1], maps[2] (boxes of 64 columns x BQ rows, 128-byte swizzle; at
+//     D = 32 of 32 columns, 64-byte swizzle; rows past mq zero-filled; full: the copies' bytes, one arrival with them and one from each of the 64
 //     threads that store L and delta), the first NST stages issued while K and V load.
 // Per query tile and computing warpgroup:
 //   S^T = K Q^T and dP^T = V dO^T (D / 16 wgmma m64n64k16 each, A = this warpgroup's K / V rows and B = the
@@ -67,10 +68,10 @@
 // Shared memory (bytes); K, V and dS^T in core-matrix order [row / 8][col / 8][row % 8][8], no swizzle (as in
 // dilated_fwd_wgmma_16.cu: K-major descriptors LBO = 128, SBO = 16 W for a W-wide tile; the same tile read
 // MN-major with LBO = 16 W, SBO = 128), Q and dO so too with LOAD = 0, with LOAD = 1 as the copy engine's
-// 128-byte swizzle writes them (StagedTile); from a 1024-byte-aligned window where any tile is swizzled:
+// 128-byte (D = 32: 64-byte) swizzle writes them (StagedTile); from a 1024-byte-aligned window where any tile is swizzled:
 //   K, V of the block     2 * BK * D * 2
 //   Q, dO, NST stages     2 * NST * BQ * TD * 2 (NST = STAGES, or 2 where STAGES = 0; TD = D, or LOAD = 1 whole
-//                         regions of 64 columns: 128 at D = 96)
+//                         regions of 64 columns, 32 at D = 32: 128 at D = 96)
 //   dS^T (keys x queries) (1 + PIPE) * BK * BQ * 2
 //   L, delta, NST stages  8 * NST * BQ
 //   STAGES > 0: mbarriers full[NST], empty[NST]: 16 * NST; PIPE = 2: + the dS^T handoff mbarrier, 8
@@ -113,22 +114,28 @@ __device__ __forceinline__ void st_shared_f32(unsigned addr, float x) {
     asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(x) : "memory");
 }
 
+// Columns of one region of a Q or dO tile loaded by TMA (LOAD = 1): 64 (rows of 128 bytes, the 128-byte swizzle),
+// or 32 at D = 32 (rows of 64 bytes, the 64-byte swizzle), as tma.region_columns boxes them
+template <int D>
+__host__ __device__ constexpr int bwd_region_columns() { return D == 32 ? 32 : 64; }
+
 // Descriptors of a staged Q or dO tile of BQ rows in the layout LOAD gives it (0: core-matrix order, D columns;
-// 1: the copy engine's 128-byte swizzle, regions of 64 columns of BQ rows, BQ 128 bytes apart), read K-major (the
-// B of S^T and dP^T; k-step ks = 16 columns) or MN-major (the B of dV and dK; k-step kk = 16 queries). Steps are
-// offsets in 16-byte units, added to the descriptor's start address.
+// 1: the copy engine's swizzle of RB-byte rows, regions of RC columns of BQ rows, BQ RB bytes apart), read K-major
+// (the B of S^T and dP^T; k-step ks = 16 columns) or MN-major (the B of dV and dK; k-step kk = 16 queries). Steps
+// are offsets in 16-byte units, added to the descriptor's start address.
 template <int D, int BQ, int LOAD>
 struct StagedTile {
+    static constexpr int RC = bwd_region_columns<D>(), RB = 2 * RC, KS = RC / 16;   // KS: k-steps of a region
     static __device__ __forceinline__ desc_t k_major(unsigned base) {
-        return LOAD ? smem_desc_swizzled<128>(base, 16) : smem_desc(base, 128, 16 * D);
+        return LOAD ? smem_desc_swizzled<RB>(base, 16) : smem_desc(base, 128, 16 * D);
     }
-    static __device__ __forceinline__ unsigned k_step(int ks) {   // region ks / 4, + 32 (ks % 4) bytes
-        return LOAD ? 8 * BQ * (ks / 4) + 2 * (ks % 4) : 16 * ks;
+    static __device__ __forceinline__ unsigned k_step(int ks) {   // region ks / KS, + 32 (ks % KS) bytes
+        return LOAD ? BQ * RB / 16 * (ks / KS) + 2 * (ks % KS) : 16 * ks;
     }
     static __device__ __forceinline__ desc_t mn_major(unsigned base) {
-        return LOAD ? smem_desc_swizzled<128>(base, BQ * 128) : smem_desc(base, 16 * D, 128);
+        return LOAD ? smem_desc_swizzled<RB>(base, BQ * RB) : smem_desc(base, 16 * D, 128);
     }
-    static __device__ __forceinline__ unsigned mn_step(int kk) { return LOAD ? 128 * kk : 2 * D * kk; }
+    static __device__ __forceinline__ unsigned mn_step(int kk) { return LOAD ? RB * kk : 2 * D * kk; }
 };
 
 // A warpgroup's float32 accumulators of 64 rows x 8 NB columns (fragment [NB][4]: row 16 warp + g + 8 h, column
@@ -162,7 +169,7 @@ struct BwdSmemWg {
     static constexpr int DQ_TILE = DQ ? BQ * D * 4 : 0;   // the dQ tile: D / 32 boxes of [BQ][32] floats
     static constexpr int KV = BK * D * 2;        // K or V of the block
     static constexpr int TILE = BQ * TD * 2;     // one Q or dO tile
-    static constexpr int REGION = BQ * 128;      // LOAD = 1: one swizzled region (64 columns) of a tile
+    static constexpr int REGION = BQ * 2 * bwd_region_columns<D>();   // LOAD = 1: one swizzled region of a tile
     static constexpr int DS = BK * BQ * 2;       // one dS^T buffer
     static constexpr int GRAD_TILE = 64 * D * 4; // DKV = 1: a warpgroup's float32 dK or dV, over K, V and the stages
     static constexpr bool GRADS_FIT = 2 * NWG * GRAD_TILE <= 2 * KV + 2 * NST * TILE;
@@ -195,8 +202,9 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps)
     using H = Half16<T>;
     constexpr bool WS = STAGES > 0;
     constexpr int NST = WS ? STAGES : 2;     // stages of Q, dO, L and delta
-    constexpr int TD = LOAD ? (D + 63) / 64 * 64 : D;   // stored columns of a Q or dO tile
-    constexpr int NR = TD / 64;              // LOAD = 1: swizzled regions of 64 columns (128-byte rows) of a tile
+    constexpr int RC = bwd_region_columns<D>();   // LOAD = 1: columns of a swizzled region of a tile
+    constexpr int TD = LOAD ? (D + RC - 1) / RC * RC : D;   // stored columns of a Q or dO tile
+    constexpr int NR = TD / RC;              // LOAD = 1: regions of a tile
     using L = BwdSmemWg<D, TD, NWG, PIPE, NST, DQ, DQ || LOAD || DKV>;
     using Tile = StagedTile<D, 64, LOAD>;    // descriptors of the Q and dO tiles
     constexpr int THREADS = WG_THREADS * NWG, BK = L::BK, BQ = L::BQ;   // THREADS: the computing threads
@@ -207,11 +215,11 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps)
     constexpr int NQ = D / NWG;              // dQ columns of one warpgroup
     constexpr int NP = (PIPE && NQ > 48) ? 2 : 1;   // PIPE: dQ in column parts of 32 (fewer live registers)
     constexpr int NC = NQ / NP;              // columns of one part
-    constexpr int PREG = D == 64 ? 40 : 24, CREG = D == 64 ? 232 : 240;   // STAGES > 0: registers per thread
-    static_assert((D == 64 || D == 96 || D == 128) && (NWG == 1 || NWG == 2), "D: 64, 96 or 128; NWG: 1 or 2");
+    constexpr int PREG = D <= 64 ? 40 : 24, CREG = D <= 64 ? 232 : 240;   // STAGES > 0: registers per thread
+    static_assert((D == 32 || D == 64 || D == 96 || D == 128) && (NWG == 1 || NWG == 2), "D: 32 to 128; NWG: 1 or 2");
     static_assert(STAGES == 0 || (NWG == 2 && STAGES >= 2 && STAGES <= 4), "STAGES: 0, or 2..4 with NWG = 2");
     static_assert(PIPE >= 0 && PIPE <= 2 && (PIPE != 2 || STAGES), "PIPE: 0, 1, or 2 with STAGES");
-    static_assert(DQ == 0 || (DQ == 1 && PIPE == 2 && (NC == 32 || NC == 48)), "DQ: 0, or 1 with PIPE = 2");
+    static_assert(DQ == 0 || (DQ == 1 && PIPE == 2 && NC % 16 == 0), "DQ: 0, or 1 with PIPE = 2");
     static_assert(LOAD == 0 || (LOAD == 1 && STAGES), "LOAD: 0, or 1 with STAGES");
     static_assert(DKV == 0 || (DKV == 1 && STAGES && L::GRADS_FIT), "DKV: 0, or 1 with STAGES");
     // producer threads that load, arriving on full[s] (LOAD = 0: warps 0-2 with DQ = 1, else all four; LOAD = 1:
@@ -258,8 +266,8 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps)
             mbar_expect_tx(BWD_FULL(s), 2 * L::TILE);
 #pragma unroll
             for (int r = 0; r < NR; ++r) {
-                tma_load_4d(st + r * L::REGION, maps + 1, 64 * r, problem_head, q0, (int)problem_seg, BWD_FULL(s));
-                tma_load_4d(st + L::TILE + r * L::REGION, maps + 2, 64 * r, problem_head, q0, (int)problem_seg,
+                tma_load_4d(st + r * L::REGION, maps + 1, RC * r, problem_head, q0, (int)problem_seg, BWD_FULL(s));
+                tma_load_4d(st + L::TILE + r * L::REGION, maps + 2, RC * r, problem_head, q0, (int)problem_seg,
                             BWD_FULL(s));
             }
         };
@@ -416,7 +424,7 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps)
                     for (int n = 0; n < 4; ++n)
                         st_shared_v2_f32(at + 8 * 128 * h + (swz ^ (32 * n)), scale * c[4 * n + 2 * h],
                                          scale * c[4 * n + 2 * h + 1]);
-            } else {                         // NC = 48 (D = 96): parts that straddle boxes
+            } else {                         // NC = 16 (D = 32), 48 (D = 96): parts within or across boxes
                 store_swizzled_boxes<NC / 8>(sDQ, NQ * wg + NC * part, reinterpret_cast<const float (&)[NC / 8][4]>(c),
                                              scale, warp, g, t);
             }

@@ -378,11 +378,12 @@ def wgmma16_bwd_shared_bytes(head_dim: int, warpgroups: int, pipe: int, stages: 
                              load: int = 0, dkv: int = 0) -> int:
     """Dynamic shared memory of one wgmma16_bwd block (BwdSmemWg in dilated_bwd_wgmma_16.cu): K and V of its
     64 NWG keys, Q, dO, L and delta of the 64-row query-tile stages (``stages``, two where 0; with ``load`` whole
-    regions of 64 columns), dS^T in 16 bits (two buffers with PIPE), with a producer (``stages`` > 0) two mbarriers
-    per stage, and with ``dq`` the float32 dQ tile and its two mbarriers (``dkv``: dK and dV are staged over K, V
-    and the stages, no more)."""
+    regions of ``tma.region_columns``), dS^T in 16 bits (two buffers with PIPE), with a producer (``stages`` > 0)
+    two mbarriers per stage, and with ``dq`` the float32 dQ tile and its two mbarriers (``dkv``: dK and dV are
+    staged over K, V and the stages, no more)."""
     keys, queries, n = 64 * warpgroups, 64, stages or 2
-    tile_columns = -(-head_dim // 64) * 64 if load else head_dim
+    region = region_columns(head_dim)
+    tile_columns = -(-head_dim // region) * region if load else head_dim
     return (4 * head_dim * keys + 4 * n * tile_columns * queries + (2 if pipe else 1) * 2 * keys * queries
             + 8 * n * queries + (16 * n if stages else 0) + (8 if pipe == 2 else 0)
             + (16 + 4 * queries * head_dim if dq else 0))
@@ -400,15 +401,18 @@ def wgmma16_bwd_shared_bytes(head_dim: int, warpgroups: int, pipe: int, stages: 
 #: producer spills a few bytes at STAGES = 2 and 4, so those are not listed). Timings (H200, N = 262,144, patterns (2048,1) (4096,2) (8192,4),
 #: bf16, ms non-causal / causal; docs/kernels.md, docs/performance.md), 2026-11-29, one run: the defaults
 #: (2, 2, 3, 1, 1, 0) D = 64 20.01 / 12.83, D = 128 22.00 / 13.66 against (2, 2, 3, 0, 0, 0) 23.43 / 14.13 and
-#: 28.28 / 16.15; D = 96 (H = 8) 17.75 / 11.02 (a later run) against 23.04 / 12.67 (mma16_bwd: 39.22 / 22.08).
+#: 28.28 / 16.15; D = 96 (H = 8) 17.75 / 11.02 (a later run) against 23.04 / 12.67 (mma16_bwd: 39.22 / 22.08);
+#: D = 32 (H = 16) 21.00 / 13.17 against (2, 2, 3, 0, 0, 0) 21.42 / 13.61 and mma16_bwd 33.59 / 19.15.
 WGMMA16_BWD = KernelFamily(
     "wgmma16_bwd", "dilated_bwd_wgmma_16.cu", SIXTEEN_BIT,
     lambda t, d, c, o: f"dilated_bwd_wgmma_16<{t},{d},{','.join(map(str, c))}>",
     ("NWG", "PIPE", "STAGES", "DQ", "LOAD", "DKV"),
     lambda d, c: wgmma16_bwd_shared_bytes(d, *c), lambda c: 128 * (c[0] + (1 if c[2] else 0)),
     lambda d, c: 64 * c[0], SIXTEEN_BIT_ALIGN,
-    defaults={64: (2, 2, 3, 1, 1, 0), 96: (2, 2, 3, 1, 1, 0), 128: (2, 2, 3, 1, 1, 0)},
-    alternatives={64: ((2, 2, 3, 1, 1, 1), (2, 2, 3, 0, 1, 0), (2, 2, 3, 0, 0, 0), (2, 1, 3, 0, 0, 0),
+    defaults={32: (2, 2, 3, 1, 1, 0), 64: (2, 2, 3, 1, 1, 0), 96: (2, 2, 3, 1, 1, 0), 128: (2, 2, 3, 1, 1, 0)},
+    alternatives={32: ((2, 2, 3, 1, 1, 1), (2, 2, 3, 0, 1, 0), (2, 2, 3, 0, 0, 0), (2, 1, 3, 0, 0, 0),
+                       (2, 1, 0, 0, 0, 0)),
+                  64: ((2, 2, 3, 1, 1, 1), (2, 2, 3, 0, 1, 0), (2, 2, 3, 0, 0, 0), (2, 1, 3, 0, 0, 0),
                        (2, 1, 0, 0, 0, 0), (2, 0, 0, 0, 0, 0), (1, 1, 0, 0, 0, 0)),
                   96: ((2, 2, 3, 1, 1, 1), (2, 2, 3, 0, 1, 0), (2, 2, 3, 0, 0, 0)),
                   128: ((2, 2, 3, 1, 1, 1), (2, 2, 3, 0, 1, 0), (2, 2, 3, 0, 0, 0), (2, 1, 3, 0, 0, 0),

@@ -225,6 +225,18 @@ template <typename T, int N>
 struct Wgmma16;
 
 template <>
+struct Wgmma16<bf16_t, 16> {
+    template <int SCALE_D, int TRANS_A = 0, int TRANS_B = 0>
+    static __device__ __forceinline__ void ss(float (&d)[8], desc_t da, desc_t db) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, %11, %12;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+            : "l"(da), "l"(db), "n"(SCALE_D), "n"(TRANS_A), "n"(TRANS_B));
+    }
+};
+
+template <>
 struct Wgmma16<bf16_t, 32> {
     template <int SCALE_D, int TRANS_A = 0, int TRANS_B = 0>
     static __device__ __forceinline__ void ss(float (&d)[16], desc_t da, desc_t db) {
@@ -389,6 +401,18 @@ struct Wgmma16<bf16_t, 192> {
               "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
               "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(SCALE_D), "n"(TRANS_B));
+    }
+};
+
+template <>
+struct Wgmma16<f16_t, 16> {
+    template <int SCALE_D, int TRANS_A = 0, int TRANS_B = 0>
+    static __device__ __forceinline__ void ss(float (&d)[8], desc_t da, desc_t db) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, %11, %12;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+            : "l"(da), "l"(db), "n"(SCALE_D), "n"(TRANS_A), "n"(TRANS_B));
     }
 };
 

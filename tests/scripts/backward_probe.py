@@ -34,6 +34,8 @@ DEFAULT_SHARE = cuda_autograd.SCRATCH_SHARE
 EXTRA_SHARES: list[float] = []
 #: name -> (dtype, N, H, D, causal)
 CASES = {
+    "bf16-d32": (torch.bfloat16, 262144, 16, 32, False),
+    "bf16-d32-causal": (torch.bfloat16, 262144, 16, 32, True),
     "bf16-d64": (torch.bfloat16, 262144, 12, 64, False),
     "bf16-d64-causal": (torch.bfloat16, 262144, 12, 64, True),
     "bf16-d128": (torch.bfloat16, 262144, 8, 128, False),

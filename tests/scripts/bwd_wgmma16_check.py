@@ -4,13 +4,13 @@
     python3 tests/scripts/bwd_wgmma16_check.py --quick    # a few cases, then the timing
     python3 tests/scripts/bwd_wgmma16_check.py --no-time  # accuracy only
 
-1. Accuracy: for bfloat16 and float16, D 64/96/128, each configuration of the registry, causal and not,
+1. Accuracy: for bfloat16 and float16, D 32/64/96/128, each configuration of the registry, causal and not,
    n = 1024, H = 4, patterns (256,1) (512,2) (1024,4), and a ragged problem (n = 1200, patterns (200,1) (600,2)
    (1200,3): 320, 300 and 400 selected rows, none a multiple of a tile). Inputs, reference and rule as
    tests/scripts/bwd_mma16_check.py: float64 ``local_dilated_backward`` on the rounded inputs, L and delta
    float32, max |err| / max |ref| <= 2e-2 for each of dQ, dK, dV, and finite.
 2. Timing (CUDA events, median of 5 after 2 warm-ups): n = 262,144, patterns (2048,1) (4096,2) (8192,4),
-   bfloat16, D = 64 (H = 12), D = 96 and D = 128 (H = 8), each configuration, non-causal and causal, and mma16_bwd (BK = 128) in
+   bfloat16, D = 32 (H = 16), D = 64 (H = 12), D = 96 and D = 128 (H = 8), each configuration, non-causal and causal, and mma16_bwd (BK = 128) in
    the same run; useful TFLOP/s with the backward counted as 2.5 x the forward's 4 m m D FLOPs per problem.
 
 Exit code 1 when any case fails (or fails to compile or launch); 0 otherwise.
@@ -39,14 +39,15 @@ from hilbert_hpc.kernels.registry import MMA16_BWD, WGMMA16_BWD, Variant  # noqa
 from hilbert_hpc.kernels.selection import KernelChoice  # noqa: E402
 
 TYPES = {"bfloat16": "bf16_t", "float16": "f16_t"}
-HEAD_DIMS = (64, 96, 128)
+HEAD_DIMS = (32, 64, 96, 128)
 TOLERANCE = 2e-2
 EVEN = (1024, 4, [Pattern(256, 1), Pattern(512, 2), Pattern(1024, 4)])
 RAGGED = (1200, 4, [Pattern(200, 1), Pattern(600, 2), Pattern(1200, 3)])
 ANCHOR = (262144, 12, [Pattern(2048, 1), Pattern(4096, 2), Pattern(8192, 4)])
 ANCHOR_128 = (262144, 8, ANCHOR[2])
+ANCHOR_32 = (262144, 16, ANCHOR[2])
 #: the timing problem of each head dim
-TIMED = {64: ANCHOR, 96: ANCHOR_128, 128: ANCHOR_128}
+TIMED = {32: ANCHOR_32, 64: ANCHOR, 96: ANCHOR_128, 128: ANCHOR_128}
 
 
 def variant(dtype: str, head_dim: int, config: tuple) -> Variant:
@@ -155,15 +156,15 @@ def configs(head_dim: int) -> list[tuple]:
     return [c for c in WGMMA16_BWD.configurations(head_dim) if not ONLY or c in ONLY]
 
 
-def cases(quick: bool) -> list[tuple]:
-    """(dtype, D, configuration, problem, causal) of the accuracy checks."""
+def cases(quick: bool, dims: tuple = HEAD_DIMS) -> list[tuple]:
+    """(dtype, D, configuration, problem, causal) of the accuracy checks of head dims ``dims``."""
     if quick:                            # the first configuration of each head dim (where --config leaves one)
         picks = [("bfloat16", 64, EVEN, False), ("bfloat16", 64, EVEN, True), ("float16", 128, EVEN, True),
                  ("bfloat16", 128, RAGGED, True), ("float16", 64, RAGGED, False), ("float16", 96, RAGGED, True),
-                 ("bfloat16", 96, EVEN, False)]
-        return [(dt, d, configs(d)[0], problem, c) for dt, d, problem, c in picks if configs(d)]
-    full = [(dt, d, w, EVEN, c) for dt in TYPES for d in HEAD_DIMS for w in configs(d) for c in (False, True)]
-    ragged = [(dt, d, w, RAGGED, c) for dt in TYPES for d in HEAD_DIMS for w in configs(d) for c in (False, True)]
+                 ("bfloat16", 96, EVEN, False), ("bfloat16", 32, RAGGED, True), ("float16", 32, EVEN, False)]
+        return [(dt, d, configs(d)[0], problem, c) for dt, d, problem, c in picks if configs(d) and d in dims]
+    full = [(dt, d, w, EVEN, c) for dt in TYPES for d in dims for w in configs(d) for c in (False, True)]
+    ragged = [(dt, d, w, RAGGED, c) for dt in TYPES for d in dims for w in configs(d) for c in (False, True)]
     return full + ragged
 
 
@@ -176,7 +177,7 @@ def main() -> int:
     parser.add_argument("--config", action="append", default=[],
                         help="only this configuration NWG,PIPE,STAGES,DQ,LOAD,DKV (repeatable)")
     parser.add_argument("--no-mma16", action="store_true", help="time no mma16_bwd beside them")
-    parser.add_argument("--head-dim", type=int, action="append", choices=HEAD_DIMS, help="time only these head dims")
+    parser.add_argument("--head-dim", type=int, action="append", choices=HEAD_DIMS, help="check and time only these head dims")
     args = parser.parse_args()
     ONLY.extend(tuple(int(x) for x in c.split(",")) for c in args.config)
     cc = int(cupy.cuda.Device().compute_capability)
@@ -184,7 +185,7 @@ def main() -> int:
         print(f"compute capability {cc / 10:.1f}: the wgmma backward needs 9.0 (sm_90a)")
         return 1
     failed = 0
-    for i, (dtype, d, cfg, problem, causal) in enumerate([] if args.no_accuracy else cases(args.quick)):
+    for i, (dtype, d, cfg, problem, causal) in enumerate([] if args.no_accuracy else cases(args.quick, tuple(args.head_dim or HEAD_DIMS))):
         try:
             failed += not check_case(dtype, d, cfg, problem, causal, seed=i)
         except Exception:  # noqa: BLE001 - report the case (compile log included) and go on
