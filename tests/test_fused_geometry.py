@@ -249,14 +249,3 @@ def test_sixteen_bit_inputs_are_checked():
         sixteen_bit.check_arrays(q, q, q, q, lse.to(torch.int32))
     with pytest.raises(ValueError, match="aligned to 16 bytes"):
         sixteen_bit.check_arrays(q, q, q, 0x1008, lse)
-
-
-def test_geometry_arguments_are_the_kernels_parameter_types():
-    """The one packer of DILATED_*_PARAMS after the pointers: strides int64, counts and the causal pair int32 (no
-    shift: causal 0, shift 0), scale float32, in the order of common.cuh."""
-    from hilbert_hpc.kernels.launch import geometry_arguments
-
-    args = geometry_arguments((1, 2, 3, 4), (5, 6, 7, 8), (9, 10, 11, 12), (13, 14, 15, 16), 3, 100, 200, -7, 0.125)
-    assert [type(a) for a in args] == [np.int64] * 16 + [np.int32] * 5 + [np.float32]
-    assert [a.item() for a in args] == [*range(1, 17), 3, 100, 200, 1, -7, 0.125]
-    assert [a.item() for a in geometry_arguments(*[(0, 0, 0, 1)] * 4, 1, 2, 3, None, 1.0)][-3:] == [0, 0, 1.0]

@@ -28,13 +28,20 @@ Launcher = Callable[..., None]
 MAX_GRID_Y = 65535
 
 
+#: the kernels' ``DILATED_GEOMETRY_PARAMS`` (common.cuh), name for name and type for type: element offsets and
+#: strides of Q, K, V and L (int64), heads, mq, mk, causal, causal shift (int32), scale (float32)
+GEOMETRY: tuple[tuple[str, type], ...] = (
+    *((f"{a}_{b}", np.int64) for a in "qkvl" for b in ("base", "seg", "head", "row")),
+    *((name, np.int32) for name in ("heads", "mq", "mk", "causal", "causal_shift")), ("scale", np.float32))
+
+
 def geometry_arguments(qg: tuple, kg: tuple, vg: tuple, lg: tuple, heads: int, mq: int, mk: int, shift: int | None,
                        scale: float) -> tuple:
-    """The arguments after the array pointers of ``DILATED_FWD_PARAMS``, ``DILATED_FWD16_PARAMS`` and
-    ``DILATED_BWD_PARAMS`` (common.cuh), as the kernels take them: the base, segment, head and row strides of Q,
-    K, V and L (int64), heads, mq, mk, causal, causal shift (int32), scale (float32)."""
-    return (*(np.int64(x) for x in (*qg, *kg, *vg, *lg)), np.int32(heads), np.int32(mq), np.int32(mk),
-            np.int32(shift is not None), np.int32(shift or 0), np.float32(scale))
+    """The arguments after the array pointers of every attention kernel but tma16 (``DILATED_GEOMETRY_PARAMS``,
+    common.cuh), typed as :data:`GEOMETRY`: the base, segment, head and row strides of Q, K, V and L, heads, mq, mk,
+    causal, causal shift (0 without one) and scale."""
+    values = (*qg, *kg, *vg, *lg, heads, mq, mk, shift is not None, shift or 0, scale)
+    return tuple(kind(value) for (_, kind), value in zip(GEOMETRY, values, strict=True))
 
 
 def query_chunks(qg: tuple, lg: tuple, mq: int, shift: int | None, block_queries: int,

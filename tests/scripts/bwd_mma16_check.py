@@ -37,7 +37,7 @@ import numpy as np  # noqa: E402
 from hilbert_hpc.core.backward import local_dilated_backward  # noqa: E402
 from hilbert_hpc.core.dilated import local_dilated_forward  # noqa: E402
 from hilbert_hpc.core.patterns import Pattern  # noqa: E402
-from hilbert_hpc.kernels.launch import local_launches  # noqa: E402
+from hilbert_hpc.kernels.launch import geometry_arguments, local_launches  # noqa: E402
 from hilbert_hpc.kernels.program import compiled  # noqa: E402
 from hilbert_hpc.kernels.registry import Variant  # noqa: E402
 
@@ -94,10 +94,8 @@ def launch_all(fn, v: Variant, bk: int, arrays: tuple, patterns, causal: bool, s
     ptrs = tuple(np.uint64(a.data.ptr) for a in arrays)
     for g in local_launches(patterns, causal, scale, n, heads, d):
         grid = (g["segments"] * g["heads"], -(-g["mk"] // bk))
-        shift = g["shift"]
-        args = (*ptrs, *(np.int64(x) for x in (*g["qg"], *g["kg"], *g["vg"], *g["lg"])),
-                np.int32(g["heads"]), np.int32(g["mq"]), np.int32(g["mk"]), np.int32(shift is not None),
-                np.int32(shift or 0), np.float32(scale))
+        args = (*ptrs, *geometry_arguments(g["qg"], g["kg"], g["vg"], g["lg"], g["heads"], g["mq"], g["mk"],
+                                           g["shift"], scale))
         fn(grid, (v.threads,), args, shared_mem=v.shared_bytes)
 
 
