@@ -6,6 +6,9 @@ instantiation with the registry's others; the float one (and the 16-bit ones) fo
 
 from __future__ import annotations
 
+import sys
+
+import numpy as np
 import pytest
 
 from hilbert_hpc.kernels import registry
@@ -284,21 +287,48 @@ def test_launches_of_one_call_follow_each_other(monkeypatch):
                                                                                   "tf32x3_bwd"}
 
 
+def test_tensor_maps_are_made_once_per_launch(monkeypatch):
+    """backward.tensor_maps builds a launch's five maps on its first call and hands out the same device array's
+    address for the same numbers again (NumPy scalars or ints alike); another pointer or row count is another
+    launch, whose maps address its own arrays."""
+    import types
+
+    import hilbert_hpc.kernels.backward as backward
+    from hilbert_hpc.kernels import tma
+
+    made = []
+
+    def device_maps(device, geometries):
+        made.append(geometries)
+        return types.SimpleNamespace(data=types.SimpleNamespace(ptr=4096 * len(made)))
+
+    monkeypatch.setattr(tma, "device_maps", device_maps)
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(
+        cuda=types.SimpleNamespace(Device=lambda: types.SimpleNamespace(id=0))))
+    backward._tensor_maps.cache_clear()
+    pointers = tuple(np.uint64(1 << 30) * (i + 1) for i in range(9))
+    geo = ((0, 8192, 64, 256), (0, 8192, 64, 256), (0, 8192, 64, 256))
+    first = backward.tensor_maps(pointers, *geo, 2048, 2048, 4, 32, 64)
+    assert backward.tensor_maps(tuple(int(p) for p in pointers), *geo, 2048, 2048, 4, 32, 64) == first == 4096
+    assert len(made) == 1 and [g.address for g in made[0]] == [int(pointers[i]) for i in (6, 0, 3, 7, 8)]
+    assert backward.tensor_maps(pointers, *geo, 2048, 1024, 4, 32, 64) == 8192 and len(made) == 2
+    backward._tensor_maps.cache_clear()
+
+
 def test_dependent_launch_arguments_and_structures():
     """The driver's CUlaunchAttribute (72 bytes) and CUlaunchConfig (56, stream at 32) as ctypes lays them out,
-    and the kernel arguments converted from the NumPy scalars the launchers pass."""
+    and the kernel arguments packed from the NumPy scalars the launchers pass, each at its address."""
     import ctypes
-
-    import numpy as np
 
     from hilbert_hpc.kernels import dependent_launch as dl
 
     assert ctypes.sizeof(dl._Attribute) == 72 and ctypes.sizeof(dl._Config) == 56 and dl._Config.stream.offset == 32
-    got = dl.kernel_arguments((np.uint64(2**63), np.int64(-5), np.int32(7), np.float32(0.5)))
-    assert [type(x) for x in got] == [ctypes.c_uint64, ctypes.c_int64, ctypes.c_int32, ctypes.c_float]
-    assert [x.value for x in got] == [2**63, -5, 7, 0.5]
-    with pytest.raises(TypeError, match="not supported"):
-        dl.kernel_arguments((np.float64(1.0),))
+    args = (np.uint64(2**63), np.int64(-5), np.int32(7), np.float32(0.5), np.uint32(9), np.int32(-1))
+    buffer, params = dl.packed_arguments(args)
+    assert [ctypes.string_at(params[i], a.nbytes) for i, a in enumerate(args)] == [a.tobytes() for a in args]
+    assert ctypes.sizeof(buffer) == sum(a.nbytes for a in args) and len(params) == len(args)
+    with pytest.raises(TypeError, match="float64 is not supported"):
+        dl.packed_arguments((np.float64(1.0),))
 
 
 @needs_nvrtc

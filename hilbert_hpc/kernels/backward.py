@@ -18,6 +18,7 @@ dK/dV into the accumulator block that travels with it. Everything is queued on t
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import Any, Sequence
 
 import numpy as np
@@ -142,20 +143,29 @@ def tensor_maps(pointers: tuple, qg: tuple, kg: tuple, vg: tuple, mq: int, mk: i
     """Device address of the tensor maps of one launch (``pointers``: q, k, v, dout, lse, delta, dq, dk, dv; dQ and
     dO addressed like Q at ``qg``, dK like K at ``kg``, dV like V at ``vg``; ``mq`` query and ``mk`` key rows): the
     float32 ``dq`` (``tma.accumulator_map``), the 16-bit ``q`` and ``dout`` in boxes of one query tile
-    (``tma.query_tile_map``), the float32 ``dk`` and ``dv``; built once per geometry and device
-    (``tma.device_maps``)."""
+    (``tma.query_tile_map``), the float32 ``dk`` and ``dv``; built once per launch and device (:func:`_tensor_maps`,
+    keyed by the plain numbers, so that a launch seen before costs one dictionary look-up)."""
     import cupy
 
+    q, _, _, dout, _, _, dq, dk, dv = (int(p) for p in pointers)
+    maps = _tensor_maps(cupy.cuda.Device().id, q, dout, dq, dk, dv, tuple(int(x) for x in qg),
+                        tuple(int(x) for x in kg), tuple(int(x) for x in vg), int(mq), int(mk), int(heads),
+                        int(segments), int(head_dim))
+    return int(maps.data.ptr)
+
+
+@lru_cache(maxsize=1024)
+def _tensor_maps(device: int, q: int, dout: int, dq: int, dk: int, dv: int, qg: tuple, kg: tuple, vg: tuple,
+                 mq: int, mk: int, heads: int, segments: int, head_dim: int) -> Any:
+    """The device array of :func:`tensor_maps`' maps (held here as long as the entry: its address is handed out)."""
     from hilbert_hpc.kernels import tma
 
-    q, _, _, dout, _, _, dq, dk, dv = (int(p) for p in pointers)
-    qg, kg, vg = (tuple(int(x) for x in g) for g in (qg, kg, vg))
     geometries = (tma.accumulator_map(dq, qg, mq, heads, segments, head_dim),
                   tma.query_tile_map(q, qg, mq, heads, segments, head_dim),
                   tma.query_tile_map(dout, qg, mq, heads, segments, head_dim),
                   tma.accumulator_map(dk, kg, mk, heads, segments, head_dim),
                   tma.accumulator_map(dv, vg, mk, heads, segments, head_dim))
-    return int(tma.device_maps(cupy.cuda.Device().id, geometries).data.ptr)
+    return tma.device_maps(device, geometries)
 
 
 class RingBackwardKernels:

@@ -13,6 +13,7 @@ driver through ``ctypes``, as :mod:`hilbert_hpc.kernels.tma` calls the tensor-ma
 from __future__ import annotations
 
 import ctypes
+import struct
 from functools import lru_cache
 from typing import Any, Sequence
 
@@ -20,11 +21,8 @@ import numpy as np
 
 #: CUlaunchAttributeID CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 PROGRAMMATIC_STREAM_SERIALIZATION = 6
-#: a kernel argument's NumPy scalar type -> its ctypes type
-_CTYPES = {np.dtype(np.uint64): ctypes.c_uint64, np.dtype(np.int64): ctypes.c_int64,
-           np.dtype(np.int32): ctypes.c_int32, np.dtype(np.uint32): ctypes.c_uint32,
-           np.dtype(np.float32): ctypes.c_float}
-
+#: a kernel argument's NumPy scalar type -> its struct format character
+_FORMATS = {np.uint64: "Q", np.int64: "q", np.int32: "i", np.uint32: "I", np.float32: "f"}
 
 class _Attribute(ctypes.Structure):
     """CUlaunchAttribute: the id, padding to 8 bytes, a 64-byte value union."""
@@ -51,15 +49,27 @@ def _driver() -> tuple[Any, Any]:
     return launch, name
 
 
-def kernel_arguments(args: Sequence[Any]) -> list[Any]:
-    """The ctypes values of kernel arguments given as NumPy scalars (as CuPy takes them)."""
-    out = []
-    for a in args:
-        kind = _CTYPES.get(np.asarray(a).dtype)
-        if kind is None:
-            raise TypeError(f"kernel argument of type {type(a).__name__} ({np.asarray(a).dtype}) is not supported")
-        out.append(kind(a.item() if hasattr(a, "item") else a))
-    return out
+@lru_cache(maxsize=64)
+def _layout(types: tuple[type, ...]) -> tuple[struct.Struct, tuple[int, ...]]:
+    """The packing of kernel arguments of NumPy scalar ``types``: one struct of them side by side (no padding: the
+    driver copies each from its own address) and each one's byte offset in it."""
+    formats = []
+    for kind in types:
+        if kind not in _FORMATS:
+            raise TypeError(f"kernel argument of type {kind.__name__} is not supported")
+        formats.append(_FORMATS[kind])
+    offsets = tuple(struct.calcsize("=" + "".join(formats[:i])) for i in range(len(formats)))
+    return struct.Struct("=" + "".join(formats)), offsets
+
+
+def packed_arguments(args: Sequence[Any]) -> tuple[Any, Any]:
+    """``kernelParams`` of NumPy scalar kernel arguments for ``cuLaunchKernelEx``: the values packed into one
+    buffer (kept alive by the caller, the first item) and the array of their addresses in it; the layout is worked
+    out once per sequence of argument types (one conversion a launch, not one ctypes object an argument)."""
+    layout, offsets = _layout(tuple(type(a) for a in args))
+    buffer = ctypes.create_string_buffer(layout.pack(*args), max(1, layout.size))
+    base = ctypes.addressof(buffer)
+    return buffer, (ctypes.c_void_p * max(1, len(offsets)))(*(base + off for off in offsets))
 
 
 def launch_dependent(function: int, grid: Sequence[int], block: Sequence[int], args: Sequence[Any],
@@ -67,8 +77,7 @@ def launch_dependent(function: int, grid: Sequence[int], block: Sequence[int], a
     """Launch CUfunction ``function`` on ``stream`` (a CUstream address, 0: the legacy default stream) so that it
     may start while the launch before it on that stream finishes (programmatic stream serialization)."""
     launch, error_name = _driver()
-    values = kernel_arguments(args)
-    params = (ctypes.c_void_p * max(1, len(values)))(*(ctypes.addressof(v) for v in values))
+    values, params = packed_arguments(args)
     attr = _Attribute(PROGRAMMATIC_STREAM_SERIALIZATION)
     attr.value[0] = 1                                # programmaticStreamSerializationAllowed = 1
     grid3 = (*(int(g) for g in grid), 1, 1)[:3]
