@@ -114,18 +114,13 @@ __device__ __forceinline__ void st_shared_f32(unsigned addr, float x) {
     asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(x) : "memory");
 }
 
-// Columns of one region of a Q or dO tile loaded by TMA (LOAD = 1): 64 (rows of 128 bytes, the 128-byte swizzle),
-// or 32 at D = 32 (rows of 64 bytes, the 64-byte swizzle), as tma.region_columns boxes them
-template <int D>
-__host__ __device__ constexpr int bwd_region_columns() { return D == 32 ? 32 : 64; }
-
 // Descriptors of a staged Q or dO tile of BQ rows in the layout LOAD gives it (0: core-matrix order, D columns;
 // 1: the copy engine's swizzle of RB-byte rows, regions of RC columns of BQ rows, BQ RB bytes apart), read K-major
 // (the B of S^T and dP^T; k-step ks = 16 columns) or MN-major (the B of dV and dK; k-step kk = 16 queries). Steps
 // are offsets in 16-byte units, added to the descriptor's start address.
 template <int D, int BQ, int LOAD>
 struct StagedTile {
-    static constexpr int RC = bwd_region_columns<D>(), RB = 2 * RC, KS = RC / 16;   // KS: k-steps of a region
+    static constexpr int RC = tma_region_columns<D>(), RB = 2 * RC, KS = RC / 16;   // KS: k-steps of a region
     static __device__ __forceinline__ desc_t k_major(unsigned base) {
         return LOAD ? smem_desc_swizzled<RB>(base, 16) : smem_desc(base, 128, 16 * D);
     }
@@ -169,7 +164,7 @@ struct BwdSmemWg {
     static constexpr int DQ_TILE = DQ ? BQ * D * 4 : 0;   // the dQ tile: D / 32 boxes of [BQ][32] floats
     static constexpr int KV = BK * D * 2;        // K or V of the block
     static constexpr int TILE = BQ * TD * 2;     // one Q or dO tile
-    static constexpr int REGION = BQ * 2 * bwd_region_columns<D>();   // LOAD = 1: one swizzled region of a tile
+    static constexpr int REGION = BQ * 2 * tma_region_columns<D>();   // LOAD = 1: one swizzled region of a tile
     static constexpr int DS = BK * BQ * 2;       // one dS^T buffer
     static constexpr int GRAD_TILE = 64 * D * 4; // DKV = 1: a warpgroup's float32 dK or dV, over K, V and the stages
     static constexpr bool GRADS_FIT = 2 * NWG * GRAD_TILE <= 2 * KV + 2 * NST * TILE;
@@ -202,7 +197,7 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps)
     using H = Half16<T>;
     constexpr bool WS = STAGES > 0;
     constexpr int NST = WS ? STAGES : 2;     // stages of Q, dO, L and delta
-    constexpr int RC = bwd_region_columns<D>();   // LOAD = 1: columns of a swizzled region of a tile
+    constexpr int RC = tma_region_columns<D>();   // LOAD = 1: columns of a swizzled region of a tile
     constexpr int TD = LOAD ? (D + RC - 1) / RC * RC : D;   // stored columns of a Q or dO tile
     constexpr int NR = TD / RC;              // LOAD = 1: regions of a tile
     using L = BwdSmemWg<D, TD, NWG, PIPE, NST, DQ, DQ || LOAD || DKV>;

@@ -201,7 +201,7 @@ dilated_fwd_tma_16(const TensorMap* __restrict__ maps, int* __restrict__ work, O
                    long long f_seg, long long f_head, long long f_row, long long f_rowlen)
 {
     using H = Half16<T>;
-    constexpr int RC = D == 32 ? 32 : 64;    // columns of a region (64-byte or 128-byte swizzled rows)
+    constexpr int RC = tma_region_columns<D>();   // columns of a region (64-byte or 128-byte swizzled rows)
     constexpr int RB = 2 * RC;               // bytes of a region's row
     constexpr int DP = (D + RC - 1) / RC * RC;   // columns stored: whole regions (zero-filled past D)
     constexpr int KR = RB / 32;              // k-steps of 16 columns in a region

@@ -8,6 +8,11 @@ struct __align__(64) TensorMap {
     unsigned long long words[16];
 };
 
+// Columns of one region of a tile loaded by TMA for head dim D: 64 (rows of 128 bytes, the 128-byte swizzle), or 32
+// at D = 32 (rows of 64 bytes, the 64-byte swizzle), as tma.region_columns boxes them on the host
+template <int D>
+__host__ __device__ constexpr int tma_region_columns() { return D == 32 ? 32 : 64; }
+
 __device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }

@@ -83,8 +83,9 @@ def map_geometry(pointer: int, geo: tuple, rows: int, heads: int, segments: int,
 
 
 def region_columns(head_dim: int) -> int:
-    """Columns of one region of a tile (the kernel's RC): 64 (rows of 128 bytes, 128-byte swizzle), or 32 at
-    head dim 32 (64 bytes, 64-byte swizzle), so that its P V products are 32 columns wide, not 64."""
+    """Columns of one region of a tile (the kernels' ``tma_region_columns``, tma.cuh): 64 (rows of 128 bytes,
+    128-byte swizzle), or 32 at head dim 32 (64 bytes, 64-byte swizzle), so that its P V products are 32 columns
+    wide, not 64."""
     return 32 if head_dim <= 32 else 64
 
 
