@@ -29,6 +29,11 @@ def is_c_contiguous(x: Any) -> bool:
     return bool(x.is_contiguous()) if is_tensor(x) else bool(x.flags.c_contiguous)
 
 
+def itemsize(x: Any) -> int:
+    """Bytes of one element of a torch tensor, or of a NumPy / CuPy array."""
+    return int(x.element_size()) if is_tensor(x) else int(x.dtype.itemsize)
+
+
 class RowReader:
     """Indexing it copies just the indexed rows of a (device) array to the host, as a NumPy array."""
 

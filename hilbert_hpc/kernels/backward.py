@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from hilbert_hpc.core.arrays import is_c_contiguous, is_tensor, on_gpu
+from hilbert_hpc.core.arrays import is_c_contiguous, itemsize, is_tensor, on_gpu
 from hilbert_hpc.core.blockwise import array_module
 from hilbert_hpc.kernels.launch import MAX_GRID_Y, geometry_arguments, hop_launches, local_launches
 from hilbert_hpc.kernels.program import Program, compiled, load
@@ -60,8 +60,7 @@ def check_arrays(choice: KernelChoice, shape: Sequence[int] | None = None, **arr
             continue
         sixteen = choice.sixteen_bit and name in INPUTS
         contiguous = is_c_contiguous(x)
-        itemsize = x.element_size() if hasattr(x, "element_size") else int(x.dtype.itemsize)
-        ok = itemsize == 2 if sixteen else "float32" in str(x.dtype)
+        ok = itemsize(x) == 2 if sixteen else "float32" in str(x.dtype)
         if not (contiguous and ok):
             wanted = f"{choice.dtype} (2-byte items)" if sixteen else "float32"
             raise ValueError(f"the backward kernel needs {name} C-contiguous {wanted}, got {x.dtype}"
@@ -253,8 +252,8 @@ def _row_dot_kernel(a: Any, b: Any, dtype: str | None) -> Any:
         raise ValueError(f"row_dot of arrays of shapes {tuple(a.shape)} and {tuple(b.shape)}")
     if not (is_c_contiguous(a) and is_c_contiguous(b)):
         raise ValueError("row_dot needs C-contiguous arrays")
-    itemsize = a.element_size() if is_tensor(a) else int(a.dtype.itemsize)
-    name = dtype if itemsize == 2 and dtype is not None else dtype_name(a.dtype)
+    size = itemsize(a)
+    name = dtype if size == 2 and dtype is not None else dtype_name(a.dtype)
     if is_tensor(a):
         import torch
 
@@ -266,7 +265,7 @@ def _row_dot_kernel(a: Any, b: Any, dtype: str | None) -> Any:
         return out
     pa, pb = device_pointer(a), device_pointer(b)
     vec = ROW_DOT_VECTOR[name]
-    if (d * itemsize) % 16 or pa % 16 or pb % 16:
+    if (d * size) % 16 or pa % 16 or pb % 16:
         vec = 1
     blocks = max(1, min(-(-rows * 8 // ROW_DOT_THREADS), 1 << 16))
     import cupy

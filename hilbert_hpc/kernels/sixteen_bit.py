@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from hilbert_hpc.core.arrays import is_c_contiguous
+from hilbert_hpc.core.arrays import is_c_contiguous, itemsize
 import hilbert_hpc.kernels.tma as tma
 from hilbert_hpc.kernels.launch import (FusedKernels, geometry_arguments, hop_launches, local_launches, query_chunks,
                                         segment_dilation)
@@ -273,9 +273,8 @@ def check_arrays(q: Any, k: Any, v: Any, out: Any, lse: Any) -> None:
                 raise ValueError(f"the 16-bit kernel needs {name} aligned to 16 bytes, got address {int(x):#x}")
             continue
         contiguous = is_c_contiguous(x)
-        itemsize = x.element_size() if hasattr(x, "element_size") else int(x.dtype.itemsize)
         wanted = 4 if name == "lse" else 2
-        if not contiguous or itemsize != wanted:
+        if not contiguous or itemsize(x) != wanted:
             raise ValueError(f"the 16-bit kernel needs C-contiguous {name} of {wanted}-byte items"
                              f"{' (float32)' if name == 'lse' else ''}, got {getattr(x, 'dtype', type(x))}"
                              f"{'' if contiguous else ', not contiguous'}")
