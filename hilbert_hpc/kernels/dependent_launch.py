@@ -24,6 +24,7 @@ PROGRAMMATIC_STREAM_SERIALIZATION = 6
 #: a kernel argument's NumPy scalar type -> its struct format character
 _FORMATS = {np.uint64: "Q", np.int64: "q", np.int32: "i", np.uint32: "I", np.float32: "f"}
 
+
 class _Attribute(ctypes.Structure):
     """CUlaunchAttribute: the id, padding to 8 bytes, a 64-byte value union."""
 

@@ -10,8 +10,9 @@
    tests/scripts/bwd_mma16_check.py: float64 ``local_dilated_backward`` on the rounded inputs, L and delta
    float32, max |err| / max |ref| <= 2e-2 for each of dQ, dK, dV, and finite.
 2. Timing (CUDA events, median of 5 after 2 warm-ups): n = 262,144, patterns (2048,1) (4096,2) (8192,4),
-   bfloat16, D = 32 (H = 16), D = 64 (H = 12), D = 96 and D = 128 (H = 8), each configuration, non-causal and causal, and mma16_bwd (BK = 128) in
-   the same run; useful TFLOP/s with the backward counted as 2.5 x the forward's 4 m m D FLOPs per problem.
+   bfloat16, D = 32 (H = 16), D = 64 (H = 12), D = 96 and D = 128 (H = 8), each configuration, non-causal and
+   causal, and mma16_bwd (BK = 128) in the same run; useful TFLOP/s with the backward counted as 2.5 x the
+   forward's 4 m m D FLOPs per problem.
 
 Exit code 1 when any case fails (or fails to compile or launch); 0 otherwise.
 """
@@ -177,7 +178,8 @@ def main() -> int:
     parser.add_argument("--config", action="append", default=[],
                         help="only this configuration NWG,PIPE,STAGES,DQ,LOAD,DKV (repeatable)")
     parser.add_argument("--no-mma16", action="store_true", help="time no mma16_bwd beside them")
-    parser.add_argument("--head-dim", type=int, action="append", choices=HEAD_DIMS, help="check and time only these head dims")
+    parser.add_argument("--head-dim", type=int, action="append", choices=HEAD_DIMS,
+                        help="check and time only these head dims")
     args = parser.parse_args()
     ONLY.extend(tuple(int(x) for x in c.split(",")) for c in args.config)
     cc = int(cupy.cuda.Device().compute_capability)
@@ -185,14 +187,15 @@ def main() -> int:
         print(f"compute capability {cc / 10:.1f}: the wgmma backward needs 9.0 (sm_90a)")
         return 1
     failed = 0
-    for i, (dtype, d, cfg, problem, causal) in enumerate([] if args.no_accuracy else cases(args.quick, tuple(args.head_dim or HEAD_DIMS))):
+    dims = tuple(args.head_dim or HEAD_DIMS)
+    for i, (dtype, d, cfg, problem, causal) in enumerate([] if args.no_accuracy else cases(args.quick, dims)):
         try:
             failed += not check_case(dtype, d, cfg, problem, causal, seed=i)
         except Exception:  # noqa: BLE001 - report the case (compile log included) and go on
             failed += 1
             print(f"FAIL {dtype} D={d} cfg={cfg} n={problem[0]} causal={causal}:\n{traceback.format_exc()}", flush=True)
     if not args.no_time:
-        for d, problem in ((d, TIMED[d]) for d in args.head_dim or HEAD_DIMS):
+        for d, problem in ((d, TIMED[d]) for d in dims):
             for cfg in configs(d) if args.no_mma16 else [(), *configs(d)]:
                 for causal in (False, True):
                     try:
