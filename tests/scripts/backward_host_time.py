@@ -2,10 +2,10 @@
 (the GPU idle before it, so what is left of the wall is GPU time not hidden behind the host) against its wall,
 then a cProfile of three backwards (the Python functions the host time goes to).
 
-bf16, N = 262,144, H = 12, D = 64, patterns (2048,1) (4096,2) (8192,4), the package's scratch share (chunks of
-rows), three warm-up steps, then three timed ones.
+A 16-bit case of ``backward_probe.py`` (its shapes and the anchor's patterns), the package's scratch share (chunks
+of rows), three warm-up steps, then three timed ones.
 
-    python3 tests/scripts/backward_host_time.py [--causal] [--no-profile]
+    python3 tests/scripts/backward_host_time.py [--case bf16-d64-causal] [--no-profile]
 """
 
 from __future__ import annotations
@@ -15,29 +15,25 @@ import cProfile
 import pstats
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import torch
 
-import torch  # noqa: E402
-
-from hilbert_hpc import nn as hnn  # noqa: E402
-
-ANCHOR = [(2048, 1), (4096, 2), (8192, 4)]
+from backward_probe import ANCHOR, CASES
+from hilbert_hpc import nn as hnn
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--case", default="bf16-d64", choices=[c for c, v in CASES.items() if v[0] != torch.float32])
     parser.add_argument("--no-profile", action="store_true", help="only the host and wall times")
     args = parser.parse_args()
+    dtype, n, heads, d, causal = CASES[args.case]
     gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v, dout = (torch.randn((262144, 12, 64), generator=gen, device="cuda").to(torch.bfloat16)
-                     for _ in range(4))
+    q, k, v, dout = (torch.randn((n, heads, d), generator=gen, device="cuda").to(dtype) for _ in range(4))
     q, k, v = (x.requires_grad_(True) for x in (q, k, v))
 
     def step() -> tuple[float, float]:
-        out = hnn.dilated_attention(q, k, v, patterns=ANCHOR, causal=args.causal)
+        out = hnn.dilated_attention(q, k, v, patterns=ANCHOR, causal=causal)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         out.backward(dout)
