@@ -157,7 +157,7 @@ def test_tensor_map_kernels_match_float64_and_the_cp_async_atomic_kernel(head_di
     skip_unless_runs("bfloat16", "wgmma16_bwd", head_dim)
     p = problem("bfloat16", head_dim, causal, seed=5)
     fam = registry.WGMMA16_BWD
-    atomic = choose_backward("bfloat16", head_dim, override="wgmma16_bwd:" + ",".join(map(str, (*config[:3], 0, 0, 0))))
+    atomic = choose_backward("bfloat16", head_dim, override="wgmma16_bwd:" + ",".join(map(str, (*config[:3], 0, 0, 0, 64))))
     by_tma = choose_backward("bfloat16", head_dim, override="wgmma16_bwd:" + ",".join(map(str, config)))
     assert by_tma.variant.tensor_maps and not atomic.variant.tensor_maps and fam.name == by_tma.name
     want = run(BackwardKernels(atomic), p)

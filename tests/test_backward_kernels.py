@@ -107,22 +107,26 @@ def test_backward_override(monkeypatch):
         choose_backward("float32", 64, cc=70, override="tf32x3_bwd")
     assert choose_backward("bfloat16", 64, cc=90, override="mma16_bwd:64").variant.name == \
         "dilated_bwd_mma_16<bf16_t,64,64>"
-    assert choose_backward("float16", 128, cc=90, override="wgmma16_bwd:2,0,0,0,0,0").variant.name == \
-        "dilated_bwd_wgmma_16<f16_t,128,2,0,0,0,0,0>"
-    assert choose_backward("bfloat16", 64, cc=90, override="wgmma16_bwd:2,1,3,0,1,0").variant.threads == 384
-    assert choose_backward("bfloat16", 128, cc=90, override="").variant.name == "dilated_bwd_wgmma_16<bf16_t,128,2,2,3,1,1,0>"
-    assert choose_backward("bfloat16", 128, cc=90, override="wgmma16_bwd:2,1,0,0,0,0").variant.threads == 256
-    with pytest.raises(ValueError, match=r"wgmma16_bwd configuration \(NWG, PIPE, STAGES, DQ, LOAD, DKV\)"):
-        choose_backward("bfloat16", 64, cc=90, override="wgmma16_bwd:2,2,0,0,0,0")   # the handoff needs the producer
-    with pytest.raises(ValueError, match=r"\(NWG, PIPE, STAGES, DQ, LOAD, DKV\) = \(2, 1, 0, 0, 1, 0\) is not supported"):
-        choose_backward("bfloat16", 64, cc=90, override="wgmma16_bwd:2,1,0,0,1,0")   # TMA loads need the producer
+    assert choose_backward("float16", 128, cc=90, override="wgmma16_bwd:2,0,0,0,0,0,64").variant.name == \
+        "dilated_bwd_wgmma_16<f16_t,128,2,0,0,0,0,0,64>"
+    assert choose_backward("bfloat16", 64, cc=90, override="wgmma16_bwd:2,1,3,0,1,0,64").variant.threads == 384
+    assert choose_backward("bfloat16", 128, cc=90, override="").variant.name == "dilated_bwd_wgmma_16<bf16_t,128,2,2,3,1,1,0,64>"
+    assert choose_backward("bfloat16", 128, cc=90, override="wgmma16_bwd:2,1,0,0,0,0,64").variant.threads == 256
+    with pytest.raises(ValueError, match=r"wgmma16_bwd configuration \(NWG, PIPE, STAGES, DQ, LOAD, DKV, BQ\)"):
+        choose_backward("bfloat16", 64, cc=90, override="wgmma16_bwd:2,2,0,0,0,0,64")   # the handoff needs the producer
+    with pytest.raises(ValueError, match=r"\(NWG, PIPE, STAGES, DQ, LOAD, DKV, BQ\) = \(2, 1, 0, 0, 1, 0, 64\) is not supported"):
+        choose_backward("bfloat16", 64, cc=90, override="wgmma16_bwd:2,1,0,0,1,0,64")   # TMA loads need the producer
+    with pytest.raises(ValueError, match=r"\(2, 2, 3, 1, 0, 0, 128\) is not supported"):
+        choose_backward("bfloat16", 64, cc=90, override="wgmma16_bwd:2,2,3,1,0,0,128")   # 128-query tiles load by TMA
+    assert choose_backward("bfloat16", 64, cc=90, override="wgmma16_bwd:2,2,2,1,1,0,128").variant.name == \
+        "dilated_bwd_wgmma_16<bf16_t,64,2,2,2,1,1,0,128>"
     with pytest.raises(RuntimeError, match="HILBERT_HPC_BWD_KERNEL=wgmma16_bwd: needs compute capability 9.0"):
         choose_backward("bfloat16", 64, cc=80, override="wgmma16_bwd")
-    with pytest.raises(ValueError, match=r"\(NWG, PIPE, STAGES, DQ, LOAD, DKV\) = \(2, 1, 0, 0, 0, 1\) is not supported"):
-        choose_backward("float16", 96, cc=90, override="wgmma16_bwd:2,1,0,0,0,1")   # dK, dV by TMA need the producer
+    with pytest.raises(ValueError, match=r"\(NWG, PIPE, STAGES, DQ, LOAD, DKV, BQ\) = \(2, 1, 0, 0, 0, 1, 64\) is not supported"):
+        choose_backward("float16", 96, cc=90, override="wgmma16_bwd:2,1,0,0,0,1,64")   # dK, dV by TMA need the producer
     with pytest.raises(ValueError, match=r"wgmma16_bwd supports head_dim in \[32, 64, 96, 128\], got 48"):
         choose_backward("bfloat16", 48, cc=90, override="wgmma16_bwd")
-    assert choose_backward("bfloat16", 32, cc=90, override="").variant.name == "dilated_bwd_wgmma_16<bf16_t,32,2,2,3,1,1,0>"
+    assert choose_backward("bfloat16", 32, cc=90, override="").variant.name == "dilated_bwd_wgmma_16<bf16_t,32,2,2,3,1,1,0,64>"
     assert choose_backward("bfloat16", 32, cc=80, override="").variant.name == "dilated_bwd_mma_16<bf16_t,32,128>"
     with pytest.raises(RuntimeError, match="HILBERT_HPC_BWD_KERNEL=tma16: unknown 16-bit backward kernel variant"):
         choose_backward("float16", 64, cc=90, override="tma16")
@@ -272,7 +276,7 @@ def test_launches_of_one_call_follow_each_other(monkeypatch):
     assert all(int(last) == 4096 for *_, last in calls)            # the launch's tensor maps
     assert maps and all(tuple(int(x) for x in a[0]) == tuple(range(9)) for a in maps)   # of the launch's arrays
     assert len({a[2] for a in maps}) > 1                           # each key chunk's own dk map
-    atomic = choose_backward("bfloat16", 64, cc=90, override="wgmma16_bwd:2,2,3,0,0,0")
+    atomic = choose_backward("bfloat16", 64, cc=90, override="wgmma16_bwd:2,2,3,0,0,0,64")
     calls.clear()
     BackwardKernels(atomic).local_patterns(*range(9), [(512, 1)], False, 0.125, shape=(1024, 4, 64))
     assert calls and all(int(last) == 0 for *_, last in calls)     # no map read: a null pointer

@@ -8,8 +8,8 @@
 // Grid: problems (DILATED_FWD_PROBLEM_OFFSETS's segment * heads) x key blocks of BK keys, numbered key block
 // fastest (block = x + gridDim.x y: problem block / gridDim.y, key block block % gridDim.y), so that the key
 // blocks of one problem run together and its Q, dO and dq stay in L2. Computing threads: NWG warpgroups of
-// 128, warpgroup w owning keys k0 + 64 w .. k0 + 64 w + 63; query tiles of BQ = 64 rows. K and V of the block's
-// keys are staged once. Q, dO, L and delta per tile:
+// 128, warpgroup w owning keys k0 + 64 w .. k0 + 64 w + 63; query tiles of BQ = 64 rows (BQ = 128: below). K and
+// V of the block's keys are staged once. Q, dO, L and delta per tile:
 //   STAGES = 0: every thread loads, two stages (Q, dO by cp.async; L, delta through registers, one tile
 //     ahead), one block barrier a tile (PIPE = 1) that publishes the next stage;
 //   STAGES >= 2 (NWG = 2): warpgroup 0 is a producer (setmaxnreg.dec) that fills STAGES stages, publishes tile
@@ -48,6 +48,12 @@
 // (programmatic dependent launch, backward.cuh): DKV = 0: read-add-write by every consumer thread (a key row
 // belongs to one block); DKV = 1: stored as float32 tiles over K, V and the stages in the boxes of maps[3] (dk)
 // and maps[4] (dv) and added by one TMA reduce-add a box from thread 0 of each warpgroup.
+// BQ = 128 (D <= 64, PIPE = 2, LOAD = 1; DS_FIRST): S^T and dP^T are 64 registers each, so dS^T is worked out
+// before dV is issued (P^T packed for dV once S^T is dead), dK reads dS^T from this warpgroup's rows of the dS^T
+// buffer (K-major, after a named barrier of its 128 threads) instead of from registers, and a tile's dQ is split
+// by query halves (warpgroup w: queries 64 w .. 64 w + 63, every column, in parts of 32) and issued once dS^T is
+// stored, not with the next tile's S^T; a Q or dO region and a dQ column box are two TMA boxes of 64 rows.
+// Producer 24, consumers 240 registers. Slower than BQ = 64 (0.94-0.99x, docs/kernels.md).
 // Registers (ptxas, sm_90a; NWG = 2): STAGES = 0: D = 64: 214 (PIPE = 1), 198 (PIPE = 0); D = 128: 255, 255;
 // one block of 8 warps per SM. STAGES > 0: 168 at launch, producer 40 / consumers 232 (D = 64), 24 / 240
 // (D = 96, 128), no spills at STAGES = 3 (D = 128 spills a few bytes at STAGES = 2 and 4). LOAD = 1 defaults
@@ -134,18 +140,19 @@ struct StagedTile {
 };
 
 // A warpgroup's float32 accumulators of 64 rows x 8 NB columns (fragment [NB][4]: row 16 warp + g + 8 h, column
-// c0 + 8 n + 2 t + e), times mul, stored into a [64][W] float32 tile at byte address base (1024-byte aligned) in
-// the layout of a tensor map's boxes of [64][32] floats with the 128-byte swizzle: box col / 32 at 64 * 128 col / 32
-// bytes, 16-byte chunk col % 32 / 4 of row r at chunk (col % 32 / 4) ^ (r % 8), 4 (col % 4) bytes in
-template <int NB>
+// c0 + 8 n + 2 t + e), times mul, stored into rows r0 .. r0 + 63 of a [ROWS][W] float32 tile at byte address base
+// (1024-byte aligned; r0 a multiple of 8) in the layout of boxes of [ROWS][32] floats with the 128-byte swizzle
+// (tensor-map boxes of 64 rows stacked): box col / 32 at ROWS * 128 col / 32 bytes, 16-byte chunk col % 32 / 4 of
+// row r at chunk (col % 32 / 4) ^ (r % 8), 4 (col % 4) bytes in
+template <int NB, int ROWS = 64>
 __device__ __forceinline__ void store_swizzled_boxes(unsigned base, int c0, const float (&a)[NB][4], float mul,
-                                                     int warp, int g, int t) {
+                                                     int warp, int g, int t, int r0 = 0) {
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
         for (int n = 0; n < NB; ++n) {
             const int col = c0 + 8 * n + 2 * t;
-            const unsigned at = base + (col >> 5) * (64 * 128) + (16 * warp + g + 8 * h) * 128 +
+            const unsigned at = base + (col >> 5) * (ROWS * 128) + (r0 + 16 * warp + g + 8 * h) * 128 +
                                 16 * (((col & 31) >> 2) ^ g) + 4 * (col & 3);
             st_shared_v2_f32(at, mul * a[n][2 * h], mul * a[n][2 * h + 1]);
         }
@@ -154,13 +161,16 @@ __device__ __forceinline__ void store_swizzled_boxes(unsigned base, int c0, cons
 // the consumer warpgroups (threads 128 .. 383 of a warp-specialized block) meet at named barrier 1
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
 
-// Shared memory of one block in bytes (the layout at the top of this file); NST stages of Q, dO, L and delta;
-// a Q or dO tile stores TD columns (D, or with LOAD = 1 whole swizzled regions of 64); DQ = 1: the float32 dQ
+// the 128 threads of computing warpgroup wg meet at named barrier 2 + wg
+__device__ __forceinline__ void warpgroup_sync(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wg) : "memory"); }
+
+// Shared memory of one block in bytes (the layout at the top of this file); NST stages of Q, dO, L and delta
+// of query tiles of BQ rows; a Q or dO tile stores TD columns (D, or with LOAD = 1 whole swizzled regions of 64); DQ = 1: the float32 dQ
 // tile first (OFF_* count from the end of it); ALIGN: swizzled tiles (DQ, LOAD or DKV = 1), from a 1024-byte-aligned
 // base at offsets that keep them so
-template <int D, int TD, int NWG, int PIPE, int NST, int DQ, int ALIGN>
+template <int D, int TD, int NWG, int PIPE, int NST, int DQ, int ALIGN, int BQ_>
 struct BwdSmemWg {
-    static constexpr int BK = 64 * NWG, BQ = 64;
+    static constexpr int BK = 64 * NWG, BQ = BQ_;
     static constexpr int DQ_TILE = DQ ? BQ * D * 4 : 0;   // the dQ tile: D / 32 boxes of [BQ][32] floats
     static constexpr int KV = BK * D * 2;        // K or V of the block
     static constexpr int TILE = BQ * TD * 2;     // one Q or dO tile
@@ -181,7 +191,8 @@ struct BwdSmemWg {
 
 // STAGES = 0: every thread computes and loads (two stages, block barriers). STAGES >= 2 (NWG = 2): warpgroup 0
 // is the producer (setmaxnreg.dec to PREG), warpgroups 1 and 2 the consumers (setmaxnreg.inc to CREG): 40 / 232
-// for D = 64, 24 / 240 for D = 128 (the launch bound gives 168 each). PIPE: 0, 1, or 2 with STAGES > 0.
+// for D = 64, 24 / 240 for D = 96, 128 and BQ = 128 (the launch bound gives 168 each). PIPE: 0, 1, or 2 with
+// STAGES > 0. BQ: query rows of a tile, 64, or 128 (D <= 64, PIPE = 2, LOAD = 1).
 // DQ = 0: the consumers add dQ to dq (red.global.add); DQ = 1 (PIPE = 2): they store it into a shared tile and
 // warp 3 of the producer adds the tile to dq by TMA reduce-add through the tensor map maps[0] (docs/kernels.md).
 // LOAD = 0: the producer's threads load Q and dO by cp.async into core-matrix order; LOAD = 1 (STAGES > 0): one
@@ -189,7 +200,7 @@ struct BwdSmemWg {
 // DKV = 0: every consumer thread adds its dK, dV to dk, dv (read-add-write); DKV = 1 (STAGES > 0): the consumers
 // store them into swizzled float32 tiles over K, V and the stages, and one thread a warpgroup adds them by TMA
 // reduce-add through maps[3] (dk) and maps[4] (dv). maps: null unless DQ, LOAD or DKV is 1.
-template <typename T, int D, int NWG, int PIPE, int STAGES, int DQ, int LOAD, int DKV>
+template <typename T, int D, int NWG, int PIPE, int STAGES, int DQ, int LOAD, int DKV, int QT>
 __global__ void __launch_bounds__(WG_THREADS * (NWG + (STAGES ? 1 : 0)), 1)
 dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps)
 {
@@ -200,26 +211,37 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps)
     constexpr int RC = tma_region_columns<D>();   // LOAD = 1: columns of a swizzled region of a tile
     constexpr int TD = LOAD ? (D + RC - 1) / RC * RC : D;   // stored columns of a Q or dO tile
     constexpr int NR = TD / RC;              // LOAD = 1: regions of a tile
-    using L = BwdSmemWg<D, TD, NWG, PIPE, NST, DQ, DQ || LOAD || DKV>;
-    using Tile = StagedTile<D, 64, LOAD>;    // descriptors of the Q and dO tiles
+    using L = BwdSmemWg<D, TD, NWG, PIPE, NST, DQ, DQ || LOAD || DKV, QT>;
+    using Tile = StagedTile<D, QT, LOAD>;    // descriptors of the Q and dO tiles
     constexpr int THREADS = WG_THREADS * NWG, BK = L::BK, BQ = L::BQ;   // THREADS: the computing threads
     constexpr int NS = BQ / 2;               // score registers per thread (64 keys x BQ queries)
     constexpr int KD = D / 16;               // k-steps over the head dimension
     constexpr int KQ = BQ / 16;              // k-steps over the queries of a tile
     constexpr int KB = BK / 16;              // k-steps over the keys of the block (dQ)
-    constexpr int NQ = D / NWG;              // dQ columns of one warpgroup
-    constexpr int NP = (PIPE && NQ > 48) ? 2 : 1;   // PIPE: dQ in column parts of 32 (fewer live registers)
+    constexpr int QH = BQ / 64;              // query halves of a tile (64 rows: the M of one dQ product)
+    // a warpgroup's share of a tile's dQ: QH = 1: every query, columns NQ wg .. NQ wg + NQ - 1 (NQ = D / NWG);
+    // QH = 2: query half wg, every column (NQ = D)
+    constexpr int NQ = QH == 2 ? D : D / NWG;
+    constexpr int NP = (PIPE && NQ > 48) ? 2 : 1;   // PIPE: the share in column parts of 32 (fewer live registers)
     constexpr int NC = NQ / NP;              // columns of one part
-    constexpr int PREG = D <= 64 ? 40 : 24, CREG = D <= 64 ? 232 : 240;   // STAGES > 0: registers per thread
+    // QH = 2: dS^T worked out before dV is issued, so that P^T (as A fragments) and S^T are never live together
+    constexpr bool DS_FIRST = QH == 2;
+    // STAGES > 0: registers per thread of the producer and of the consumers; 128 PREG + 256 CREG is at most the
+    // block's 384 x 168 (what setmaxnreg.dec frees is all setmaxnreg.inc can take: more would wait for ever)
+    constexpr int PREG = D <= 64 && BQ == 64 ? 40 : 24, CREG = D <= 64 && BQ == 64 ? 232 : 240;
+    static_assert(STAGES == 0 || WG_THREADS * PREG + THREADS * CREG <= (WG_THREADS + THREADS) * 168,
+                  "setmaxnreg: the consumers take no more registers than the producer gives up");
     static_assert((D == 32 || D == 64 || D == 96 || D == 128) && (NWG == 1 || NWG == 2), "D: 32 to 128; NWG: 1 or 2");
+    static_assert(BQ == 64 || (BQ == 128 && NWG == 2 && D <= 64 && PIPE == 2 && LOAD == 1),
+                  "BQ: 64, or 128 with D <= 64, PIPE = 2 and LOAD = 1 (registers: S^T and dP^T of 64 keys x 128 queries)");
     static_assert(STAGES == 0 || (NWG == 2 && STAGES >= 2 && STAGES <= 4), "STAGES: 0, or 2..4 with NWG = 2");
     static_assert(PIPE >= 0 && PIPE <= 2 && (PIPE != 2 || STAGES), "PIPE: 0, 1, or 2 with STAGES");
     static_assert(DQ == 0 || (DQ == 1 && PIPE == 2 && NC % 16 == 0), "DQ: 0, or 1 with PIPE = 2");
     static_assert(LOAD == 0 || (LOAD == 1 && STAGES), "LOAD: 0, or 1 with STAGES");
     static_assert(DKV == 0 || (DKV == 1 && STAGES && L::GRADS_FIT), "DKV: 0, or 1 with STAGES");
     // producer threads that load, arriving on full[s] (LOAD = 0: warps 0-2 with DQ = 1, else all four; LOAD = 1:
-    // the BQ threads that store L and delta, and thread 0 once more with the TMA's expected bytes)
-    constexpr int LOADERS = LOAD ? BQ : DQ ? WG_THREADS - 32 : WG_THREADS;
+    // the 64 threads that store L and delta, BQ / 64 rows each, and thread 0 once more with the TMA's expected bytes)
+    constexpr int LOADERS = LOAD ? 64 : DQ ? WG_THREADS - 32 : WG_THREADS;
     constexpr int WRITER = WG_THREADS - 32;  // DQ = 1: the first thread of the producer's dQ writer warp (3)
 
     // the window 1024-byte aligned (the swizzled tiles need it): by its declaration, not by arithmetic on its
@@ -254,17 +276,22 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps)
     float next_l = 0.0f, next_d = 0.0f;      // STAGES = 0: L and delta of row tid of the next tile
     if (WS) {
         constexpr int ALL = THREADS + WG_THREADS;
-        // LOAD = 1: Q and dO of tile it into stage it % NST by TMA (one thread), completing on full[stage]
+        // LOAD = 1: Q and dO of tile it into stage it % NST by TMA (one thread), completing on full[stage]; a box
+        // (the tensor maps') is one region of 64 query rows: QH of them stacked make a region of the tile
         auto load_tile = [&](int it) {
             const int s = stage_of<NST>(it), q0 = q_begin + it * BQ;
             const unsigned st = sK + L::OFF_Q + 2 * s * L::TILE;
             mbar_expect_tx(BWD_FULL(s), 2 * L::TILE);
 #pragma unroll
-            for (int r = 0; r < NR; ++r) {
-                tma_load_4d(st + r * L::REGION, maps + 1, RC * r, problem_head, q0, (int)problem_seg, BWD_FULL(s));
-                tma_load_4d(st + L::TILE + r * L::REGION, maps + 2, RC * r, problem_head, q0, (int)problem_seg,
-                            BWD_FULL(s));
-            }
+            for (int r = 0; r < NR; ++r)
+#pragma unroll
+                for (int h = 0; h < QH; ++h) {
+                    const unsigned box = h * (64 * 2 * RC);   // rows 64 h .. 64 h + 63 of the region
+                    tma_load_4d(st + r * L::REGION + box, maps + 1, RC * r, problem_head, q0 + 64 * h,
+                                (int)problem_seg, BWD_FULL(s));
+                    tma_load_4d(st + L::TILE + r * L::REGION + box, maps + 2, RC * r, problem_head, q0 + 64 * h,
+                                (int)problem_seg, BWD_FULL(s));
+                }
         };
         if (threadIdx.x == 0) {
             for (int s = 0; s < NST; ++s) {
@@ -295,8 +322,10 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps)
                         mbar_wait(BWD_DQ_FULL, it & 1);
 #pragma unroll
                         for (int b = 0; b < D / 32; ++b)
-                            tma_reduce_add_4d(maps, sDQ + b * (BQ * 128), 32 * b, problem_head,
-                                              q_begin + it * BQ, (int)problem_seg);
+#pragma unroll
+                            for (int h = 0; h < QH; ++h)   // boxes of 64 rows, QH stacked a column box
+                                tma_reduce_add_4d(maps, sDQ + b * (BQ * 128) + h * (64 * 128), 32 * b, problem_head,
+                                                  q_begin + it * BQ + 64 * h, (int)problem_seg);
                         bulk_commit();
                         bulk_wait_read();    // the tile may be stored again
                         mbar_arrive(BWD_DQ_EMPTY);
@@ -305,19 +334,23 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps)
                 }
                 return;
             }
-            if (LOAD) {                      // thread 0: Q and dO by TMA; threads 0 .. BQ - 1: L and delta
-                if (self >= BQ) return;
+            if (LOAD) {                      // thread 0: Q and dO by TMA; threads 0 .. 63: L and delta
+                if (self >= LOADERS) return;
                 for (int it = 0; it < ntiles; ++it) {   // (the first NST tiles' Q and dO issued above)
                     const int s = stage_of<NST>(it), q0 = q_begin + it * BQ;
                     if (it >= NST) {
                         mbar_wait(BWD_EMPTY(s), (phase_of<NST>(it) + 1) & 1);
                         if (self == 0) load_tile(it);
                     }
-                    float l2, dl;
-                    query_stats(lse, delta, loff, l_row, q0 + self, mq, l2, dl);
-                    const unsigned sl = sK + L::OFF_L + 4 * (2 * s * BQ + self);
-                    st_shared_f32(sl, l2);
-                    st_shared_f32(sl + 4 * BQ, dl);
+#pragma unroll
+                    for (int j = 0; j < BQ / LOADERS; ++j) {
+                        const int row = self + LOADERS * j;
+                        float l2, dl;
+                        query_stats(lse, delta, loff, l_row, q0 + row, mq, l2, dl);
+                        const unsigned sl = sK + L::OFF_L + 4 * (2 * s * BQ + row);
+                        st_shared_f32(sl, l2);
+                        st_shared_f32(sl + 4 * BQ, dl);
+                    }
                     mbar_arrive(BWD_FULL(s));
                 }
                 return;
@@ -383,14 +416,23 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps)
     float gk[D / 2], gv[D / 2];              // dK, dV of this warpgroup's keys
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) gk[i] = gv[i] = 0.0f;
-    float c[NC / 2];                         // dQ of a tile, columns NQ wg + NC part .. + NC - 1
+    // this warpgroup's share of a tile's dQ: queries dq_row() .. + 63, columns dq_col() .. + NQ - 1
+    auto dq_row = [&]() { return QH == 2 ? 64 * wg : 0; };
+    auto dq_col = [&]() { return QH == 2 ? 0 : NQ * wg; };
+    float c[NC / 2];                         // dQ of a tile, its share's columns NC part .. + NC - 1
     unsigned pa[KQ][4], da[KQ][4];           // P^T and dS^T as A fragments
 
-    // dQ(tile) = dS K, column part `part`, from the dS^T buffer at ds: A = dS (queries x keys) read MN-major from
-    // dS^T (k-step kk = 16 keys: + 32 BQ kk bytes), B = K MN-major (+ 32 D kk bytes; 8 columns: + 128 bytes);
-    // issued, not committed
+    // dQ(tile) = dS K, part `part` of the share, from the dS^T buffer at ds: A = dS (queries x keys) read MN-major
+    // from dS^T (k-step kk = 16 keys: + 32 BQ kk bytes; 8 queries: + 128 bytes), B = K MN-major (+ 32 D kk bytes;
+    // 8 columns: + 128 bytes); issued, not committed
     auto issue_dq = [&](unsigned ds, int part) {
-        const desc_t a = smem_desc(ds, 16 * BQ, 128), b = smem_desc(sK + 16 * (NQ * wg + NC * part), 16 * D, 128);
+        const desc_t a = smem_desc(ds + 16 * dq_row(), 16 * BQ, 128);
+        const desc_t b = smem_desc(sK + 16 * (dq_col() + NC * part), 16 * D, 128);
+        if (DS_FIRST) {                      // c defined anew (the product ignores it): not live between tiles
+#pragma unroll
+            for (int i = 0; i < NC / 2; ++i) c[i] = 0.0f;
+            pin(c);
+        }
         Wgmma16<T, NC>::template ss<0, 1, 1>(c, a, b);
 #pragma unroll
         for (int kk = 1; kk < KB; ++kk) Wgmma16<T, NC>::template ss<1, 1, 1>(c, a + 2 * BQ * kk, b + 2 * D * kk);
@@ -406,12 +448,13 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps)
         if (DQ) {
             const int j = (qt - q_begin) / BQ;           // the tile's number
             if (part == 0 && j > 0) mbar_wait(BWD_DQ_EMPTY, (j - 1) & 1);
-            // the part is box NQ / 32 wg + part of [BQ][32] floats, with its tensor map's 128-byte swizzle (16-byte
-            // chunk k of row r at chunk k ^ (r % 8)); this thread's pair (row 16 warp + g + 8 h, column 8 n + 2 t)
-            // is in chunk 2 n + t / 2 of a row with r % 8 = g: at chunk (2 n + t / 2) ^ g, 8 (t % 2) bytes in
+            // NC = 32: the part is rows dq_row() .. + 63 of box (dq_col() + NC part) / 32 of [BQ][32] floats, with its
+            // tensor map's 128-byte swizzle (16-byte chunk k of row r at chunk k ^ (r % 8)); this thread's pair (row
+            // 16 warp + g + 8 h of the part, column 8 n + 2 t) is in chunk 2 n + t / 2 of a row with r % 8 = g: at
+            // chunk (2 n + t / 2) ^ g, 8 (t % 2) bytes in
             if (NC == 32) {
-                const unsigned at = sDQ + (NQ / 32 * wg + part) * (BQ * 128) + (16 * warp + g) * 128 +
-                                    16 * ((t >> 1) ^ (g & 1)) + 8 * (t & 1);
+                const unsigned at = sDQ + ((QH == 2 ? 0 : NQ / 32 * wg) + part) * (BQ * 128) +
+                                    (dq_row() + 16 * warp + g) * 128 + 16 * ((t >> 1) ^ (g & 1)) + 8 * (t & 1);
                 const unsigned swz = 32 * (g >> 1);
 #pragma unroll
                 for (int h = 0; h < 2; ++h)
@@ -419,9 +462,10 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps)
                     for (int n = 0; n < 4; ++n)
                         st_shared_v2_f32(at + 8 * 128 * h + (swz ^ (32 * n)), scale * c[4 * n + 2 * h],
                                          scale * c[4 * n + 2 * h + 1]);
-            } else {                         // NC = 16 (D = 32), 48 (D = 96): parts within or across boxes
-                store_swizzled_boxes<NC / 8>(sDQ, NQ * wg + NC * part, reinterpret_cast<const float (&)[NC / 8][4]>(c),
-                                             scale, warp, g, t);
+            } else {                         // NC = 16 (D = 32), 48 (D = 96), 64: within or across boxes
+                store_swizzled_boxes<NC / 8, BQ>(sDQ, dq_col() + NC * part,
+                                                 reinterpret_cast<const float (&)[NC / 8][4]>(c), scale, warp, g, t,
+                                                 dq_row());
             }
             if (part == NP - 1) {
                 fence_async_shared();
@@ -430,9 +474,9 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps)
         } else {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                const int i = qt + 16 * warp + g + 8 * h;
+                const int i = qt + dq_row() + 16 * warp + g + 8 * h;
                 if (i >= mq) continue;
-                float* row = dq + qoff + i * q_row + NQ * wg + NC * part + 2 * t;
+                float* row = dq + qoff + i * q_row + dq_col() + NC * part + 2 * t;
 #pragma unroll
                 for (int n = 0; n < NC / 8; ++n)
                     add_pair(row + 8 * n, scale * c[4 * n + 2 * h], scale * c[4 * n + 2 * h + 1]);
@@ -474,7 +518,7 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps)
         float s[NS], dp[NS];
         pin(s);
         pin(dp);
-        pin(c);
+        if (!DS_FIRST) pin(c);
         wgmma_fence();
         {
             const desc_t bq = Tile::k_major(sQ), bo = Tile::k_major(sO);
@@ -487,12 +531,17 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps)
             for (int ks = 1; ks < KD; ++ks) Wgmma16<T, BQ>::template ss<1>(dp, dVw + 16 * ks, bo + Tile::k_step(ks));
             wgmma_commit();
         }
-        if (PIPE) {
+        // PIPE: the first part of the previous tile's dQ, one commit group (an empty one for the first tile); issued
+        // here, or with DS_FIRST once S^T and dP^T are consumed (fewer live registers)
+        auto issue_previous_dq = [&]() {
             if (it > 0) {
                 if (PIPE == 2) mbar_wait(BWD_DS, (it - 1) & 1);   // every consumer's dS^T of tile q0 - BQ
                 issue_dq(sDS + (cur ^ 1) * L::DS, 0);
             }
-            wgmma_commit();                  // (an empty group for the first tile)
+            wgmma_commit();
+        };
+        if (PIPE && !DS_FIRST) {
+            issue_previous_dq();
             wgmma_wait<2>();
         } else {
             wgmma_wait<1>();
@@ -514,6 +563,25 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps)
             }
         }
 
+        // dS^T = P^T (dP^T - delta) into ds: dp (DS_FIRST: P^T kept in s for dV) or s (P^T packed for dV first)
+        float (&ds)[NS] = DS_FIRST ? dp : s;
+        auto dscore = [&]() {
+#pragma unroll
+            for (int b = 0; b < BQ / 8; ++b) {
+                const float2 d2 = *reinterpret_cast<const float2*>(dt + 8 * b + 2 * t);
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    ds[4 * b + 2 * h] = s[4 * b + 2 * h] * (dp[4 * b + 2 * h] - d2.x);
+                    ds[4 * b + 2 * h + 1] = s[4 * b + 2 * h + 1] * (dp[4 * b + 2 * h + 1] - d2.y);
+                }
+            }
+        };
+        if (DS_FIRST) {
+            wgmma_wait<0>();                 // dP^T landed
+            pin(dp);
+            dscore();
+        }
+
         // dV += P^T dO: A = P^T (k-step kk = accumulator elements 8 kk .. 8 kk + 7), B = dO MN-major
 #pragma unroll
         for (int kk = 0; kk < KQ; ++kk)
@@ -528,48 +596,58 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps)
             for (int kk = 0; kk < KQ; ++kk) Wgmma16<T, D>::template rs<1, 1>(gv, pa[kk], bo + Tile::mn_step(kk));
         }
         wgmma_commit();
-        if (PIPE)
-            wgmma_wait<2>();                 // dP^T landed (dQ, dV may still run)
-        else
-            wgmma_wait<1>();                 // dP^T landed (dV may still run)
-        pin(dp);
-
-        // dS^T = P^T (dP^T - delta), packed as A fragments and stored (16-bit) as rows of dS^T
-#pragma unroll
-        for (int b = 0; b < BQ / 8; ++b) {
-            const float2 d2 = *reinterpret_cast<const float2*>(dt + 8 * b + 2 * t);
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                s[4 * b + 2 * h] *= dp[4 * b + 2 * h] - d2.x;
-                s[4 * b + 2 * h + 1] *= dp[4 * b + 2 * h + 1] - d2.y;
-            }
+        if (!DS_FIRST) {
+            if (PIPE)
+                wgmma_wait<2>();             // dP^T landed (dQ, dV may still run)
+            else
+                wgmma_wait<1>();             // dP^T landed (dV may still run)
+            pin(dp);
+            dscore();
         }
+
+        // dS^T packed as A fragments (DS_FIRST: not kept) and stored (16-bit) as rows of dS^T
 #pragma unroll
         for (int kk = 0; kk < KQ; ++kk)
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
-                da[kk][j] = H::pack(s[8 * kk + 2 * j], s[8 * kk + 2 * j + 1]);
+                const unsigned packed = H::pack(ds[8 * kk + 2 * j], ds[8 * kk + 2 * j + 1]);
+                if (!DS_FIRST) da[kk][j] = packed;
                 // key row + 8 (j & 1), query columns 16 kk + 8 (j >> 1) + 2 t, + 1
-                st_shared_b32(ds_buf + ds_row + (j & 1) * (16 * BQ) + (2 * kk + (j >> 1)) * 128, da[kk][j]);
+                st_shared_b32(ds_buf + ds_row + (j & 1) * (16 * BQ) + (2 * kk + (j >> 1)) * 128, packed);
             }
 
-        // dK += dS^T Q: B = Q MN-major
+        // dK += dS^T Q: B = Q MN-major; A = dS^T from registers, or with DS_FIRST from this warpgroup's rows of the
+        // dS^T buffer, K-major (k-step kk = 16 queries: + 256 bytes), once all its threads stored theirs
         pin(gk);
-        pin_u(da);
+        if (DS_FIRST) {
+            fence_async_shared();
+            warpgroup_sync(wg);
+            pin(c);
+        } else {
+            pin_u(da);
+        }
         wgmma_fence();
+        if (PIPE && DS_FIRST) issue_previous_dq();   // the previous tile's dQ: its own commit group
         {
-            const desc_t bq = Tile::mn_major(sQ);
+            const desc_t bq = Tile::mn_major(sQ), aw = smem_desc(ds_buf + 8 * wg * (16 * BQ), 128, 16 * BQ);
 #pragma unroll
-            for (int kk = 0; kk < KQ; ++kk) Wgmma16<T, D>::template rs<1, 1>(gk, da[kk], bq + Tile::mn_step(kk));
+            for (int kk = 0; kk < KQ; ++kk)
+                if (DS_FIRST)
+                    Wgmma16<T, D>::template ss<1, 0, 1>(gk, aw + 16 * kk, bq + Tile::mn_step(kk));
+                else
+                    Wgmma16<T, D>::template rs<1, 1>(gk, da[kk], bq + Tile::mn_step(kk));
         }
         wgmma_commit();
         if (PIPE) {
-            wgmma_wait<2>();                 // dQ of the previous tile landed
+            if (DS_FIRST)
+                wgmma_wait<1>();             // dQ of the previous tile landed (dK may still run)
+            else
+                wgmma_wait<2>();             // dQ of the previous tile landed (dV, dK may still run)
             pin(c);
             if (PIPE == 2 && (it == 0 || NP == 1)) ds_release();
             if (it > 0) {
                 add_dq(q0 - BQ, 0);
-                if (NP == 2) {               // its second column part, now that S^T and dP^T are dead
+                if (NP == 2) {               // its second part, now that S^T and dP^T are dead
                     wgmma_fence();
                     issue_dq(sDS + (cur ^ 1) * L::DS, 1);
                     wgmma_commit();

@@ -375,13 +375,13 @@ def mma16_bwd_shared_bytes(head_dim: int, keys: int) -> int:
 
 
 def wgmma16_bwd_shared_bytes(head_dim: int, warpgroups: int, pipe: int, stages: int, dq: int = 0,
-                             load: int = 0, dkv: int = 0) -> int:
+                             load: int = 0, dkv: int = 0, queries: int = 64) -> int:
     """Dynamic shared memory of one wgmma16_bwd block (BwdSmemWg in dilated_bwd_wgmma_16.cu): K and V of its
-    64 NWG keys, Q, dO, L and delta of the 64-row query-tile stages (``stages``, two where 0; with ``load`` whole
+    64 NWG keys, Q, dO, L and delta of the query-tile stages of ``queries`` rows (``stages``, two where 0; with ``load`` whole
     regions of ``tma.region_columns``), dS^T in 16 bits (two buffers with PIPE), with a producer (``stages`` > 0)
     two mbarriers per stage, and with ``dq`` the float32 dQ tile and its two mbarriers (``dkv``: dK and dV are
     staged over K, V and the stages, no more)."""
-    keys, queries, n = 64 * warpgroups, 64, stages or 2
+    keys, n = 64 * warpgroups, stages or 2
     region = region_columns(head_dim)
     tile_columns = -(-head_dim // region) * region if load else head_dim
     return (4 * head_dim * keys + 4 * n * tile_columns * queries + (2 if pipe else 1) * 2 * keys * queries
@@ -389,8 +389,9 @@ def wgmma16_bwd_shared_bytes(head_dim: int, warpgroups: int, pipe: int, stages: 
             + (16 + 4 * queries * head_dim if dq else 0))
 
 
-#: wgmma16_bwd per head dim: (warpgroups NWG, PIPE, STAGES, DQ, LOAD, DKV), template arguments of
-#: dilated_bwd_wgmma_16<T, D, NWG, PIPE, STAGES, DQ, LOAD, DKV>: a warpgroup per 64 keys (BK = 64 NWG keys per block);
+#: wgmma16_bwd per head dim: (warpgroups NWG, PIPE, STAGES, DQ, LOAD, DKV, BQ), template arguments of
+#: dilated_bwd_wgmma_16<T, D, NWG, PIPE, STAGES, DQ, LOAD, DKV, BQ>: a warpgroup per 64 keys (BK = 64 NWG keys per
+#: block), query tiles of BQ rows (64; 128 at D <= 64 with PIPE = 2 and LOAD = 1, an alternative, 0.94-0.99x);
 #: PIPE = 1 computes a tile's dQ during the next tile's softmax, PIPE = 2 too, with the consumers handing dS^T over
 #: through an mbarrier instead of a named barrier (STAGES > 0 only); STAGES = 0: every thread loads (two stages,
 #: block barriers), STAGES >= 2 (NWG = 2): a producer warpgroup fills that many stages behind mbarriers; DQ = 1
@@ -400,27 +401,30 @@ def wgmma16_bwd_shared_bytes(head_dim: int, warpgroups: int, pipe: int, stages: 
 #: shared tiles instead of every consumer thread's read-add-write. No spills with ptxas for sm_90a (D = 128 with a
 #: producer spills a few bytes at STAGES = 2 and 4, so those are not listed). Timings (H200, N = 262,144, patterns (2048,1) (4096,2) (8192,4),
 #: bf16, ms non-causal / causal; docs/kernels.md, docs/performance.md), 2026-11-29, one run: the defaults
-#: (2, 2, 3, 1, 1, 0) D = 64 20.01 / 12.83, D = 128 22.00 / 13.66 against (2, 2, 3, 0, 0, 0) 23.43 / 14.13 and
+#: (2, 2, 3, 1, 1, 0, 64) D = 64 20.01 / 12.83, D = 128 22.00 / 13.66 against (2, 2, 3, 0, 0, 0, 64) 23.43 / 14.13 and
 #: 28.28 / 16.15; D = 96 (H = 8) 17.75 / 11.02 (a later run) against 23.04 / 12.67 (mma16_bwd: 39.22 / 22.08);
-#: D = 32 (H = 16) 21.00 / 13.17 against (2, 2, 3, 0, 0, 0) 21.42 / 13.61 and mma16_bwd 33.59 / 19.15.
+#: D = 32 (H = 16) 21.00 / 13.17 against (2, 2, 3, 0, 0, 0, 64) 21.42 / 13.61 and mma16_bwd 33.59 / 19.15.
 WGMMA16_BWD = KernelFamily(
     "wgmma16_bwd", "dilated_bwd_wgmma_16.cu", SIXTEEN_BIT,
     lambda t, d, c, o: f"dilated_bwd_wgmma_16<{t},{d},{','.join(map(str, c))}>",
-    ("NWG", "PIPE", "STAGES", "DQ", "LOAD", "DKV"),
+    ("NWG", "PIPE", "STAGES", "DQ", "LOAD", "DKV", "BQ"),
     lambda d, c: wgmma16_bwd_shared_bytes(d, *c), lambda c: 128 * (c[0] + (1 if c[2] else 0)),
     lambda d, c: 64 * c[0], SIXTEEN_BIT_ALIGN,
-    defaults={32: (2, 2, 3, 1, 1, 0), 64: (2, 2, 3, 1, 1, 0), 96: (2, 2, 3, 1, 1, 0), 128: (2, 2, 3, 1, 1, 0)},
-    alternatives={32: ((2, 2, 3, 1, 1, 1), (2, 2, 3, 0, 1, 0), (2, 2, 3, 0, 0, 0), (2, 1, 3, 0, 0, 0),
-                       (2, 1, 0, 0, 0, 0)),
-                  64: ((2, 2, 3, 1, 1, 1), (2, 2, 3, 0, 1, 0), (2, 2, 3, 0, 0, 0), (2, 1, 3, 0, 0, 0),
-                       (2, 1, 0, 0, 0, 0), (2, 0, 0, 0, 0, 0), (1, 1, 0, 0, 0, 0)),
-                  96: ((2, 2, 3, 1, 1, 1), (2, 2, 3, 0, 1, 0), (2, 2, 3, 0, 0, 0)),
-                  128: ((2, 2, 3, 1, 1, 1), (2, 2, 3, 0, 1, 0), (2, 2, 3, 0, 0, 0), (2, 1, 3, 0, 0, 0),
-                        (2, 0, 0, 0, 0, 0))},
+    defaults={32: (2, 2, 3, 1, 1, 0, 64), 64: (2, 2, 3, 1, 1, 0, 64), 96: (2, 2, 3, 1, 1, 0, 64),
+              128: (2, 2, 3, 1, 1, 0, 64)},
+    alternatives={32: ((2, 2, 3, 1, 1, 0, 128), (2, 2, 3, 1, 1, 1, 64), (2, 2, 3, 0, 1, 0, 64),
+                       (2, 2, 3, 0, 0, 0, 64), (2, 1, 3, 0, 0, 0, 64), (2, 1, 0, 0, 0, 0, 64)),
+                  64: ((2, 2, 2, 1, 1, 0, 128), (2, 2, 3, 1, 1, 1, 64), (2, 2, 3, 0, 1, 0, 64),
+                       (2, 2, 3, 0, 0, 0, 64), (2, 1, 3, 0, 0, 0, 64), (2, 1, 0, 0, 0, 0, 64), (2, 0, 0, 0, 0, 0, 64),
+                       (1, 1, 0, 0, 0, 0, 64)),
+                  96: ((2, 2, 3, 1, 1, 1, 64), (2, 2, 3, 0, 1, 0, 64), (2, 2, 3, 0, 0, 0, 64)),
+                  128: ((2, 2, 3, 1, 1, 1, 64), (2, 2, 3, 0, 1, 0, 64), (2, 2, 3, 0, 0, 0, 64),
+                        (2, 1, 3, 0, 0, 0, 64), (2, 0, 0, 0, 0, 0, 64))},
     min_cc=90, max_cc=90, arch=HOPPER_ARCH, max_shared=HOPPER_SHARED,
     valid=lambda c: (c[0] in (1, 2) and c[1] in (0, 1, 2) and (c[2] == 0 or (c[0] == 2 and 2 <= c[2] <= 4))
                      and (c[1] != 2 or c[2] > 0) and c[3] in (0, 1) and (c[3] == 0 or c[1] == 2)
-                     and c[4] in (0, 1) and (c[4] == 0 or c[2] > 0) and c[5] in (0, 1) and (c[5] == 0 or c[2] > 0)),
+                     and c[4] in (0, 1) and (c[4] == 0 or c[2] > 0) and c[5] in (0, 1) and (c[5] == 0 or c[2] > 0)
+                     and (c[6] == 64 or (c[6] == 128 and c[1] == 2 and c[4] == 1))),
     maps_argument=True, tensor_maps=lambda c: bool(c[3] or c[4] or c[5]), dependent_launch=True, direction=BACKWARD)
 
 #: mma16_bwd per head dim: keys per block BK (a warp per 16 keys), template argument of

@@ -52,7 +52,7 @@ TIMED = {32: ANCHOR_32, 64: ANCHOR, 96: ANCHOR_128, 128: ANCHOR_128}
 
 
 def variant(dtype: str, head_dim: int, config: tuple) -> Variant:
-    """The wgmma16_bwd instantiation of ``config`` (NWG, PIPE, STAGES, DQ, LOAD, DKV); () gives mma16_bwd with BK = 128."""
+    """The wgmma16_bwd instantiation of ``config`` (NWG, PIPE, STAGES, DQ, LOAD, DKV, BQ); () gives mma16_bwd with BK = 128."""
     if not config:
         return MMA16_BWD.variant(head_dim, dtype, (128,))
     return WGMMA16_BWD.variant(head_dim, dtype, config)
@@ -176,7 +176,7 @@ def main() -> int:
     parser.add_argument("--no-accuracy", action="store_true",
                         help="skip the accuracy cases (the timing's launches come first, e.g. under ncu)")
     parser.add_argument("--config", action="append", default=[],
-                        help="only this configuration NWG,PIPE,STAGES,DQ,LOAD,DKV (repeatable)")
+                        help="only this configuration NWG,PIPE,STAGES,DQ,LOAD,DKV,BQ (repeatable)")
     parser.add_argument("--no-mma16", action="store_true", help="time no mma16_bwd beside them")
     parser.add_argument("--head-dim", type=int, action="append", choices=HEAD_DIMS,
                         help="check and time only these head dims")
