@@ -42,6 +42,9 @@ CASES = {
     "bf16-d128-causal": (torch.bfloat16, 262144, 8, 128, True),
     "fp16-d96": (torch.float16, 262144, 8, 96, False),
     "fp32-d64": (torch.float32, 262144, 12, 64, False),
+    "fp32-d64-causal": (torch.float32, 262144, 12, 64, True),
+    "fp32-d128": (torch.float32, 262144, 8, 128, False),
+    "fp32-d128-causal": (torch.float32, 262144, 8, 128, True),
 }
 
 
