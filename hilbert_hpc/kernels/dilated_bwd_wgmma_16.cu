@@ -162,11 +162,13 @@ __device__ __forceinline__ void store_swizzled_boxes(unsigned base, int c0, cons
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
 
 // the 128 threads of computing warpgroup wg meet at named barrier 2 + wg
-__device__ __forceinline__ void warpgroup_sync(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wg) : "memory"); }
+__device__ __forceinline__ void warpgroup_sync(int wg) {
+    asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wg) : "memory");
+}
 
 // Shared memory of one block in bytes (the layout at the top of this file); NST stages of Q, dO, L and delta
-// of query tiles of BQ rows; a Q or dO tile stores TD columns (D, or with LOAD = 1 whole swizzled regions of 64); DQ = 1: the float32 dQ
-// tile first (OFF_* count from the end of it); ALIGN: swizzled tiles (DQ, LOAD or DKV = 1), from a 1024-byte-aligned
+// of query tiles of BQ rows; a Q or dO tile stores TD columns (D, or with LOAD = 1 whole swizzled regions of 64);
+// DQ = 1: the float32 dQ tile first (OFF_* count from the end of it); ALIGN: swizzled tiles (DQ, LOAD or DKV = 1), from a 1024-byte-aligned
 // base at offsets that keep them so
 template <int D, int TD, int NWG, int PIPE, int NST, int DQ, int ALIGN, int BQ_>
 struct BwdSmemWg {
@@ -233,7 +235,7 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps)
                   "setmaxnreg: the consumers take no more registers than the producer gives up");
     static_assert((D == 32 || D == 64 || D == 96 || D == 128) && (NWG == 1 || NWG == 2), "D: 32 to 128; NWG: 1 or 2");
     static_assert(BQ == 64 || (BQ == 128 && NWG == 2 && D <= 64 && PIPE == 2 && LOAD == 1),
-                  "BQ: 64, or 128 with D <= 64, PIPE = 2 and LOAD = 1 (registers: S^T and dP^T of 64 keys x 128 queries)");
+                  "BQ: 64, or 128 with D <= 64, PIPE = 2 and LOAD = 1 (S^T and dP^T of 64 keys x 128 queries)");
     static_assert(STAGES == 0 || (NWG == 2 && STAGES >= 2 && STAGES <= 4), "STAGES: 0, or 2..4 with NWG = 2");
     static_assert(PIPE >= 0 && PIPE <= 2 && (PIPE != 2 || STAGES), "PIPE: 0, 1, or 2 with STAGES");
     static_assert(DQ == 0 || (DQ == 1 && PIPE == 2 && NC % 16 == 0), "DQ: 0, or 1 with PIPE = 2");
@@ -428,11 +430,6 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps)
     auto issue_dq = [&](unsigned ds, int part) {
         const desc_t a = smem_desc(ds + 16 * dq_row(), 16 * BQ, 128);
         const desc_t b = smem_desc(sK + 16 * (dq_col() + NC * part), 16 * D, 128);
-        if (DS_FIRST) {                      // c defined anew (the product ignores it): not live between tiles
-#pragma unroll
-            for (int i = 0; i < NC / 2; ++i) c[i] = 0.0f;
-            pin(c);
-        }
         Wgmma16<T, NC>::template ss<0, 1, 1>(c, a, b);
 #pragma unroll
         for (int kk = 1; kk < KB; ++kk) Wgmma16<T, NC>::template ss<1, 1, 1>(c, a + 2 * BQ * kk, b + 2 * D * kk);

@@ -377,10 +377,10 @@ def mma16_bwd_shared_bytes(head_dim: int, keys: int) -> int:
 def wgmma16_bwd_shared_bytes(head_dim: int, warpgroups: int, pipe: int, stages: int, dq: int = 0,
                              load: int = 0, dkv: int = 0, queries: int = 64) -> int:
     """Dynamic shared memory of one wgmma16_bwd block (BwdSmemWg in dilated_bwd_wgmma_16.cu): K and V of its
-    64 NWG keys, Q, dO, L and delta of the query-tile stages of ``queries`` rows (``stages``, two where 0; with ``load`` whole
-    regions of ``tma.region_columns``), dS^T in 16 bits (two buffers with PIPE), with a producer (``stages`` > 0)
-    two mbarriers per stage, and with ``dq`` the float32 dQ tile and its two mbarriers (``dkv``: dK and dV are
-    staged over K, V and the stages, no more)."""
+    64 NWG keys, Q, dO, L and delta of the stages of query tiles of ``queries`` rows (``stages``, two where 0;
+    with ``load`` whole regions of ``tma.region_columns``), dS^T in 16 bits (two buffers with PIPE), with a
+    producer (``stages`` > 0) two mbarriers per stage, and with ``dq`` the float32 dQ tile and its two mbarriers
+    (``dkv``: dK and dV are staged over K, V and the stages, no more)."""
     keys, n = 64 * warpgroups, stages or 2
     region = region_columns(head_dim)
     tile_columns = -(-head_dim // region) * region if load else head_dim
