@@ -97,6 +97,23 @@ def test_wgmma16_bwd_has_no_spills_and_wgmma_not_serialized(v):
     assert v.tensor_maps == (dq_by_tma or load_by_tma or dkv_by_tma)
 
 
+def test_causal_launches_take_the_causal_default():
+    """wgmma16_bwd's causal launches take its causal default (dK and dV by TMA reduce-add, DKV = 1) and the others
+    its default; the fallbacks for other alignments are the same families either way; an override forces both."""
+    fam = registry.WGMMA16_BWD
+    for d in fam.head_dims:
+        c = choose_backward("bfloat16", d, cc=90, override="")
+        assert c.for_alignment(8) == c.variant == fam.variant(d, "bfloat16")
+        assert c.for_alignment(8, causal=True) == fam.variant(d, "bfloat16", fam.causal_defaults[d])
+        assert c.for_alignment(8, causal=True).config[5] == 1 and c.variant.config[5] == 0
+        assert c.for_alignment(4, causal=True) == c.for_alignment(4) == FMA_BWD.variant(d, "bfloat16")
+        assert fam.configurations(d, causal=True)[0] == fam.causal_defaults[d]
+        assert set(fam.configurations(d, causal=True)) == set(fam.configurations(d))
+        forced = choose_backward("bfloat16", d, cc=90, override="wgmma16_bwd:2,2,3,0,1,0,64")
+        assert forced.for_alignment(8, causal=True) == forced.for_alignment(8) == forced.variant
+    assert choose_backward("bfloat16", 64, cc=80, override="").causal_candidates == ()   # mma16_bwd has none
+
+
 def test_backward_override(monkeypatch):
     monkeypatch.setenv(BACKWARD_ENV, "fma_bwd:64,16")
     c = choose_backward("bfloat16", 32, cc=90)

@@ -121,7 +121,7 @@ class BackwardKernels:
             raise ValueError(f"the kernel was chosen for head_dim {self.choice.head_dim}, got {head_dim}")
         if not scale > 0:
             raise ValueError(f"the backward kernel needs scale > 0, got {scale}")
-        chosen = self.choice.for_alignment(math.gcd(*qg, *kg, *vg, 16))
+        chosen = self.choice.for_alignment(math.gcd(*qg, *kg, *vg, 16), causal=shift is not None)
         fn = compiled(chosen)
         pointers = tuple(np.uint64(device_pointer(x)) for x in (q, k, v, dout, lse, delta, dq, dk, dv))
         for i, (kc, vc, mc, sc) in enumerate(key_chunks(kg, vg, mk, shift, chosen.block_queries,

@@ -95,6 +95,9 @@ class KernelFamily:
     defaults: dict[int, Config]
     #: other configurations per head dimension, compiled in CI and timed by the probe scripts' sweeps
     alternatives: dict[int, tuple[Config, ...]] = field(default_factory=dict)
+    #: backward: the configuration causal launches take first, per head dimension where it is not the default
+    #: (one of the alternatives)
+    causal_defaults: dict[int, Config] = field(default_factory=dict)
     min_cc: int = 60
     max_cc: int = 1000
     arch: str | None = None
@@ -119,9 +122,11 @@ class KernelFamily:
         """The head dimensions this family has an instantiation for."""
         return tuple(self.defaults)
 
-    def configurations(self, head_dim: int) -> list[Config]:
-        """The default and alternative configurations for ``head_dim``, default first, without repeats."""
-        return list(dict.fromkeys([self.defaults[head_dim], *self.alternatives.get(head_dim, ())]))
+    def configurations(self, head_dim: int, causal: bool = False) -> list[Config]:
+        """The default and alternative configurations for ``head_dim``, without repeats: the default first, or
+        for ``causal`` launches the causal default where there is one."""
+        first = self.causal_defaults.get(head_dim, self.defaults[head_dim]) if causal else self.defaults[head_dim]
+        return list(dict.fromkeys([first, self.defaults[head_dim], *self.alternatives.get(head_dim, ())]))
 
     def variant(self, head_dim: int, dtype: Any = FLOAT32, config: Config | None = None,
                 accumulate: bool = False) -> Variant:
@@ -404,6 +409,8 @@ def wgmma16_bwd_shared_bytes(head_dim: int, warpgroups: int, pipe: int, stages: 
 #: (2, 2, 3, 1, 1, 0, 64) D = 64 20.01 / 12.83, D = 128 22.00 / 13.66 against (2, 2, 3, 0, 0, 0, 64) 23.43 / 14.13 and
 #: 28.28 / 16.15; D = 96 (H = 8) 17.75 / 11.02 (a later run) against 23.04 / 12.67 (mma16_bwd: 39.22 / 22.08);
 #: D = 32 (H = 16) 21.00 / 13.17 against (2, 2, 3, 0, 0, 0, 64) 21.42 / 13.61 and mma16_bwd 33.59 / 19.15.
+#: Causal launches take DKV = 1 (causal_defaults): the kernel alone 1.02-1.07x faster causal (0.85-0.97x full),
+#: the causal backward end to end 1.01-1.06x (H200, docs/performance.md).
 WGMMA16_BWD = KernelFamily(
     "wgmma16_bwd", "dilated_bwd_wgmma_16.cu", SIXTEEN_BIT,
     lambda t, d, c, o: f"dilated_bwd_wgmma_16<{t},{d},{','.join(map(str, c))}>",
@@ -420,6 +427,7 @@ WGMMA16_BWD = KernelFamily(
                   96: ((2, 2, 3, 1, 1, 1, 64), (2, 2, 3, 0, 1, 0, 64), (2, 2, 3, 0, 0, 0, 64)),
                   128: ((2, 2, 3, 1, 1, 1, 64), (2, 2, 3, 0, 1, 0, 64), (2, 2, 3, 0, 0, 0, 64),
                         (2, 1, 3, 0, 0, 0, 64), (2, 0, 0, 0, 0, 0, 64))},
+    causal_defaults={d: (2, 2, 3, 1, 1, 1, 64) for d in (32, 64, 96, 128)},
     min_cc=90, max_cc=90, arch=HOPPER_ARCH, max_shared=HOPPER_SHARED,
     valid=lambda c: (c[0] in (1, 2) and c[1] in (0, 1, 2) and (c[2] == 0 or (c[0] == 2 and 2 <= c[2] <= 4))
                      and (c[1] != 2 or c[2] > 0) and c[3] in (0, 1) and (c[3] == 0 or c[1] == 2)

@@ -60,6 +60,8 @@ class KernelChoice:
     forced: str = ""
     #: FP32 and backward: the variants that may run, in order, for rows of other alignments (``for_alignment``)
     candidates: tuple[Variant, ...] = ()
+    #: backward: the candidates of causal launches, each family's causal default first (empty: ``candidates``)
+    causal_candidates: tuple[Variant, ...] = ()
 
     @property
     def name(self) -> str:
@@ -76,9 +78,10 @@ class KernelChoice:
         """Whether the inputs are 16-bit (the 16-bit provider runs it)."""
         return self.dtype != FLOAT32
 
-    def for_alignment(self, align: int) -> Variant:
-        """The variant that runs on rows and offsets that are multiples of ``align`` elements."""
-        for v in self.candidates or (self.variant,):
+    def for_alignment(self, align: int, causal: bool = False) -> Variant:
+        """The variant that runs on rows and offsets that are multiples of ``align`` elements (``causal``: in a
+        causal launch)."""
+        for v in (causal and self.causal_candidates) or self.candidates or (self.variant,):
             if align % v.align == 0:
                 return v
         if self.forced:
@@ -158,7 +161,8 @@ def choose_backward(dtype: Any, head_dim: int, cc: int | None = None, override: 
     """THE decision of which backward kernel runs for ``dtype`` and ``head_dim`` on a GPU of compute capability
     ``cc`` (None: the current GPU's): the first of the registry's backward families (preferred first) that
     takes them, runs on the GPU and fits its shared memory (its first configuration that does); the others that do are the choice's fallbacks for
-    rows it cannot read (``for_alignment``). ``override``: a forced family (``[name][:config]``); None reads
+    rows it cannot read (``for_alignment``). Causal launches take each family's causal default first where it has
+    one (``causal_candidates``). ``override``: a forced family (``[name][:config]``, causal or not); None reads
     ``HILBERT_HPC_BWD_KERNEL``, '' forces nothing. A RuntimeError says why nothing can run (a ValueError: an
     unsupported dtype, or a head dim of a forced family)."""
     name = registry.dtype_name(dtype)
@@ -170,19 +174,21 @@ def choose_backward(dtype: Any, head_dim: int, cc: int | None = None, override: 
         fam, cfg = forced_family(name, forced, BACKWARD)
         chosen = _checked_forced(BACKWARD_ENV, forced, fam, fam.variant(head_dim, name, cfg), cc, shared_limit)
         return KernelChoice(name, head_dim, cc, chosen, forced, (chosen,))
-    fits = tuple(v for f in registry.families_for(name, BACKWARD) if head_dim in f.head_dims
-                 for v in [_first_fitting(f, head_dim, name, cc, shared_limit)] if v is not None)
+    fits, causal_fits = (tuple(v for f in registry.families_for(name, BACKWARD) if head_dim in f.head_dims
+                               for v in [_first_fitting(f, head_dim, name, cc, shared_limit, causal)]
+                               if v is not None) for causal in (False, True))
     if not fits:
         dims = sorted({d for f in registry.families_for(name, BACKWARD) for d in f.head_dims})
         raise RuntimeError(f"no {name} backward kernel runs head_dim {head_dim} on compute capability "
                            f"{cc / 10:.1f} (head dims {dims})")
-    return KernelChoice(name, head_dim, cc, fits[0], "", fits)
+    return KernelChoice(name, head_dim, cc, fits[0], "", fits, causal_fits if causal_fits != fits else ())
 
 
-def _first_fitting(fam: KernelFamily, head_dim: int, dtype: str, cc: int, shared_limit: int) -> Variant | None:
-    """The first configuration of ``fam`` for ``head_dim`` (default, then alternatives) that the GPU runs and
-    whose block fits its shared memory; None if none does."""
-    for cfg in fam.configurations(head_dim):
+def _first_fitting(fam: KernelFamily, head_dim: int, dtype: str, cc: int, shared_limit: int,
+                   causal: bool = False) -> Variant | None:
+    """The first configuration of ``fam`` for ``head_dim`` (default, or for ``causal`` launches the causal
+    default, then alternatives) that the GPU runs and whose block fits its shared memory; None if none does."""
+    for cfg in fam.configurations(head_dim, causal):
         v = fam.variant(head_dim, dtype, cfg)
         if v.runs_on(cc) and v.shared_bytes <= _limit(fam, shared_limit):
             return v
