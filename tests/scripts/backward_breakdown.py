@@ -24,6 +24,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from backward_probe import ANCHOR, CASES, useful_flops
+from hilbert_hpc.core.patterns import BACKWARD_FLOPS
 from hilbert_hpc import nn as hnn
 from hilbert_hpc.backends import cuda_autograd
 from hilbert_hpc.kernels import backward as backward_kernels
@@ -77,7 +78,7 @@ def breakdown(case: str, share: float, repeat: int) -> None:
         kernels[e.name[:70]] += us / 1e3 / repeat
     total = sum(groups.values())
     wall = statistics.median(walls)
-    flops = 2.5 * useful_flops(n, heads, d, ANCHOR, causal)
+    flops = BACKWARD_FLOPS * useful_flops(n, heads, d, ANCHOR, causal)
     print(f"== {case} share={share} {os.environ.get('HILBERT_HPC_BWD_KERNEL', '')}: backward {wall:.2f} ms wall ({flops / wall / 1e9:.0f} useful TFLOP/s), "
           f"{total:.2f} ms of kernels")
     for g, ms in sorted(groups.items(), key=lambda x: -x[1]):

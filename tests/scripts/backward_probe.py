@@ -5,8 +5,9 @@ gradients, then ``out.backward(dout)``; both phases are timed with CUDA events (
 ``--warmup``). Contenders: ``ours`` (hilbert_hpc.nn.dilated_attention, natural order), ``torch`` (the torch peer:
 gather, SDPA with log-sum-exp, FP32 merge; its backward op per pattern with the merged O and L) and ``flash``
 (the same with FlashAttention-4) where it can run; ``flash-dense`` is FlashAttention-4 alone on pre-gathered rows
-(no gather, no merge, the sum of the backward times: the issue's dense anchors). Useful FLOPs: forward 4 N' M D per pattern and head (N' the
-selected rows, M the keys each sees; halved for causal), backward 2.5 times the forward's. Peak memory is
+(no gather, no merge, the sum of the backward times: the issue's dense anchors). Useful FLOPs as the results
+files count them (``hilbert_hpc.core.patterns.useful_flops``: forward 4 D per attended pair), the backward's 2.5
+times the forward's. Peak memory is
 also given over the bytes of Q, K, V, O, dO, dQ, dK, dV. Gradient errors
 (max |err| / max |ref| of dQ, dK, dV) are measured on an 8,192-row case of the same shape family against the
 float64 CPU computation of the same rounded inputs.
@@ -25,7 +26,8 @@ import torch
 
 from hilbert_hpc import nn as hnn
 from hilbert_hpc.backends import cuda_autograd, get_backend
-from hilbert_hpc.core.patterns import Pattern
+from hilbert_hpc.core.patterns import BACKWARD_FLOPS, Pattern
+from hilbert_hpc.core.patterns import useful_flops as count_flops
 
 ANCHOR = [(2048, 1), (4096, 2), (8192, 4)]
 #: the 16-bit backward's share of float32 accumulators as the package sets it
@@ -49,12 +51,9 @@ CASES = {
 
 
 def useful_flops(n: int, heads: int, d: int, patterns, causal: bool) -> float:
-    """Forward FLOPs of the useful work: per pattern, every head, 4 m^2 d per segment (halved when causal)."""
-    total = 0.0
-    for w, r in patterns:
-        m = w // r
-        total += (n // w) * heads * 4.0 * m * m * d * (0.5 if causal else 1.0)
-    return total
+    """Forward FLOPs of the useful work of ``patterns`` ((segment, dilation) pairs) as the results files count
+    them (``hilbert_hpc.core.patterns.useful_flops``: 4 D per attended pair)."""
+    return float(count_flops(n, heads, d, [Pattern(w, r) for w, r in patterns], causal))
 
 
 def contenders(dtype):
@@ -139,7 +138,8 @@ def measure(name: str, f, dtype, n: int, heads: int, d: int, causal: bool, warmu
     peak = torch.cuda.max_memory_allocated()
     flops = useful_flops(n, heads, d, ANCHOR, causal)
     return dict(contender=name, fwd_ms=fwd, bwd_ms=bwd, fwd_bwd_ms=total, fwd_tflops=flops / fwd / 1e9,
-                bwd_tflops=2.5 * flops / bwd / 1e9, fwd_bwd_tflops=3.5 * flops / total / 1e9,
+                bwd_tflops=BACKWARD_FLOPS * flops / bwd / 1e9,
+                fwd_bwd_tflops=(1 + BACKWARD_FLOPS) * flops / total / 1e9,
                 peak_gib=peak / 2**30, peak_over_tensors=peak / (8 * q.numel() * q.element_size()))
 
 
@@ -166,8 +166,8 @@ def measure_dense(dtype, n: int, heads: int, d: int, causal: bool, warmup: int, 
                          for (q, k, v, do), (o, lse) in zip(batches, outs)], warmup, repeat)
     flops = useful_flops(n, heads, d, ANCHOR, causal)
     return dict(contender="flash-dense", fwd_ms=fwd, bwd_ms=bwd, fwd_bwd_ms=fwd + bwd,
-                fwd_tflops=flops / fwd / 1e9, bwd_tflops=2.5 * flops / bwd / 1e9,
-                fwd_bwd_tflops=3.5 * flops / (fwd + bwd) / 1e9)
+                fwd_tflops=flops / fwd / 1e9, bwd_tflops=BACKWARD_FLOPS * flops / bwd / 1e9,
+                fwd_bwd_tflops=(1 + BACKWARD_FLOPS) * flops / (fwd + bwd) / 1e9)
 
 
 def error_inputs(dtype, heads: int, d: int, causal: bool) -> tuple[list, list]:

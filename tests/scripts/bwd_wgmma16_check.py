@@ -12,7 +12,7 @@
 2. Timing (CUDA events, median of 5 after 2 warm-ups): n = 262,144, patterns (2048,1) (4096,2) (8192,4),
    bfloat16, D = 32 (H = 16), D = 64 (H = 12), D = 96 and D = 128 (H = 8), each configuration, non-causal and
    causal, and mma16_bwd (BK = 128) in the same run; useful TFLOP/s with the backward counted as 2.5 x the
-   forward's 4 m m D FLOPs per problem.
+   forward's (hilbert_hpc.core.patterns.useful_flops: 4 D per attended pair).
 
 Exit code 1 when any case fails (or fails to compile or launch); 0 otherwise.
 """
@@ -34,7 +34,7 @@ import numpy as np  # noqa: E402
 
 from hilbert_hpc.core.backward import local_dilated_backward  # noqa: E402
 from hilbert_hpc.core.dilated import local_dilated_forward  # noqa: E402
-from hilbert_hpc.core.patterns import Pattern  # noqa: E402
+from hilbert_hpc.core.patterns import BACKWARD_FLOPS, Pattern, useful_flops  # noqa: E402
 from hilbert_hpc.kernels.backward import BackwardKernels  # noqa: E402
 from hilbert_hpc.kernels.registry import MMA16_BWD, WGMMA16_BWD, Variant  # noqa: E402
 from hilbert_hpc.kernels.selection import KernelChoice  # noqa: E402
@@ -110,13 +110,6 @@ def check_case(dtype: str, d: int, cfg: tuple, problem: tuple, causal: bool, see
     return ok
 
 
-def useful_flops(problem: tuple, d: int, causal: bool) -> float:
-    """Backward FLOPs: 2.5 x the forward's 4 m m D per (segment, head) of each pattern, halved when causal."""
-    n, heads, patterns = problem
-    fwd = sum((n // p.segment) * heads * 4.0 * (p.segment // p.dilation) ** 2 * d for p in patterns)
-    return 2.5 * fwd / (2 if causal else 1)
-
-
 def time_case(dtype: str, d: int, cfg: tuple, problem: tuple, causal: bool) -> None:
     """Median time of the backward launches of ``problem`` (random inputs, L = 10, delta small)."""
     n, heads, patterns = problem
@@ -141,7 +134,7 @@ def time_case(dtype: str, d: int, cfg: tuple, problem: tuple, causal: bool) -> N
         if rep >= 2:
             times.append(cupy.cuda.get_elapsed_time(start, stop))
     ms = float(np.median(times))
-    tflops = useful_flops(problem, d, causal) / (ms * 1e-3) / 1e12
+    tflops = BACKWARD_FLOPS * useful_flops(problem[0], problem[1], d, problem[2], causal) / (ms * 1e-3) / 1e12
     print(f"time {dtype} D={d} {var.variant} {var.config} n={n} H={heads} "
           f"{'causal' if causal else 'full  '}: {ms:.2f} ms, "
           f"{tflops:.0f} TFLOP/s useful", flush=True)

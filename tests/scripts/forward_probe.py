@@ -4,8 +4,8 @@ For each case, in one process: ``ours`` (``hilbert_hpc.nn.dilated_attention``, n
 ``flash-dense``, FlashAttention-4's forward alone on the rows each pattern and head offset selects, gathered
 before the clock starts (no gather, no merge: the strongest form of the peer, its kernels only). Times are
 CUDA-event medians of ``--repeat`` rounds after ``--warmup``, the contenders of a case timed in turns in every
-round (a drift of the card's clock reaches them alike); useful FLOPs 4 m^2 D per segment, pattern and head
-(halved when causal). ``ours / flash`` > 1 means ours is faster. Without flash-attn-4 only ``ours`` runs.
+round (a drift of the card's clock reaches them alike); useful FLOPs as the results files count them
+(``hilbert_hpc.core.patterns.useful_flops``: 4 D per attended pair). ``ours / flash`` > 1 means ours is faster. Without flash-attn-4 only ``ours`` runs.
 
     python tests/scripts/forward_probe.py                          # every case (about two minutes on an H200)
     python tests/scripts/forward_probe.py --case d64 --case d64-causal --json fwd.json
