@@ -39,10 +39,9 @@ from hilbert_hpc.core.dilated import local_dilated_forward  # noqa: E402
 from hilbert_hpc.core.patterns import BACKWARD_FLOPS, Pattern, useful_flops  # noqa: E402
 from hilbert_hpc.kernels.launch import geometry_arguments, local_launches  # noqa: E402
 from hilbert_hpc.kernels.program import compiled  # noqa: E402
-from hilbert_hpc.kernels.registry import Variant  # noqa: E402
+from hilbert_hpc.kernels.registry import MMA16_BWD, Variant  # noqa: E402
 
-SOURCE = "dilated_bwd_mma_16.cu"
-TYPES = {"bfloat16": "bf16_t", "float16": "f16_t"}
+TYPES = ("bfloat16", "float16")
 HEAD_DIMS = (32, 64, 96, 128)
 KEY_BLOCKS = (64, 128)
 TOLERANCE = 2e-2
@@ -51,21 +50,9 @@ RAGGED = (1200, 4, [Pattern(200, 1), Pattern(600, 2), Pattern(1200, 3)])
 ANCHOR = (262144, 12, [Pattern(2048, 1), Pattern(4096, 2), Pattern(8192, 4)])
 
 
-def block_queries(head_dim: int) -> int:
-    """Queries of one tile (BwdQueries16 in the kernel)."""
-    return 64 if head_dim <= 64 else 32
-
-
-def shared_bytes(head_dim: int, bk: int) -> int:
-    """Dynamic shared memory of one block: the formula at the top of the kernel source."""
-    bq = block_queries(head_dim)
-    return 4 * (head_dim + 8) * (bk + 2 * bq) + 2 * bk * (bq + 8) + 16 * bq
-
-
 def variant(dtype: str, head_dim: int, bk: int) -> Variant:
-    """The instantiation for (dtype, head dim, keys per block)."""
-    return Variant("mma16_bwd", head_dim, SOURCE, f"dilated_bwd_mma_16<{TYPES[dtype]},{head_dim},{bk}>",
-                   32 * bk // 16, bk, shared_bytes(head_dim, bk), 8, 80)
+    """The registry's instantiation for (dtype, head dim, keys per block)."""
+    return MMA16_BWD.variant(head_dim, dtype, (bk,))
 
 
 def to_bf16(x: np.ndarray) -> np.ndarray:
