@@ -282,53 +282,12 @@ TMA16_KEY_TILES = (32, 64, 96, 128, 192)
 #: running output only when a row's max grows by more than 2^8 (attention.cuh), PINGPONG = 1 has the consumer
 #: warpgroups take turns issuing their products, PERSISTENT = 1 launches one block per SM that takes query blocks
 #: from a counter until none is left (causal launches too since 2026-11-27; before, a static round robin that
-#: causal launches did not use, kernels/sixteen_bit.py). Measured before LAZY existed (every tile rescaled), on an H200
-#: (N = 262,144, patterns (2048,1) (4096,2) (8192,4), bf16, ms non-causal / causal,
-#: tests/scripts/wgmma16_probe.py --sweep, docs/performance.md), (BK, NC, STAGES, PIPE): D = 64 (H = 12):
-#: (64, 4, 3, 1) 8.34 / 5.68, (96, 3, 3, 1) 8.44 / 5.72, (64, 3, 4, 1) 9.07 / 5.96, (64, 3, 3, 1) 9.03-9.24 /
-#: 5.90-6.16, (64, 3, 3, 0) 9.66 / 6.41, (128, 2, 2, 0) 10.09 / 6.75, (128, 2, 2, 1) 10.86 / 7.51, (64, 2, 3, 1)
-#: 11.23 / 6.84, (64, 3, 2, 1) 11.24 / 6.92; D = 128 (H = 8): (128, 2, 2, 0) 8.10-8.38 / 5.59, (128, 2, 3, 0)
-#: 8.05 / 5.75, (64, 2, 3, 1) 9.23-9.29 / 5.85-6.01, (128, 2, 2, 1) 9.53-9.71 / 6.20-6.36, (64, 2, 4, 0) 9.72 /
-#: 6.21, (96, 2, 3, 0) 10.03 / 5.97. With LAZY (H200, two runs; D = 32 and 96 by tests/scripts/forward_probe.py,
-#: H = 16 and 8, non-causal), (BK, NC, STAGES, PIPE, LAZY): D = 64: (64, 4, 3, 1, 1) 8.75-8.80 / 6.18-6.19,
-#: (64, 4, 3, 1, 0) 8.97-9.35 / 6.29-6.60, (128, 3, 2, 0, 1) 8.97 / 6.44, (128, 3, 3, 0, 1) 9.07 / 6.53, (96, 3, 3, 1, 1)
-#: 9.51 / 6.51, (192, 2, 2, 0, 1) 10.63 / 7.24; D = 128: (128, 2, 2, 0, 1) 8.64-8.66 / 6.26-6.42, (128, 2, 2, 0, 0)
-#: 9.08-9.62 / 6.41-6.76, (128, 2, 3, 0, 1) 9.06 / 6.55, (64, 3, 3, 1, 1) 9.31 / 6.29; D = 96: (64, 3, 3, 1, 1)
-#: 8.39-8.63, (128, 2, 2, 0, 1) 8.68-9.07, (64, 2, 3, 1, 1) 9.84; D = 32: (64, 4, 3, 1, 1) 10.87-11.59, (128, 3, 2, 0, 1)
-#: 11.76, (64, 3, 3, 1, 1) 13.13. With PINGPONG and PERSISTENT (H200, 2026-11-27, tests/scripts/forward_probe.py
-#: through nn, one process per head dim, ms of d64 / d64-causal / LongNet 1M / LongNet 4M, or of the case named;
-#: two machines, whose times differ by up to 3 %; (BK, NC, STAGES, PIPE, LAZY, PINGPONG, PERSISTENT)):
-#: D = 64: (64, 4, 3, 1, 1, 0, 0) 9.46-9.72 / 6.78-6.94 / 19.1-19.3 / 73.3, (64, 4, 3, 1, 1, 1, 0) 9.29-9.55 /
-#: 6.71-6.98 / 18.5-18.7 / 74.2, (128, 3, 2, 0, 1, 0, 1) 9.43 / 6.86 / 18.5 / 73.6, (64, 4, 3, 1, 1, 0, 1) 9.04-9.42
-#: / 6.83 / 18.0-18.4 / 70.7 (spills: not listed), (128, 3, 2, 0, 1, 1, 1) 9.45 / 7.34 / 19.2, (96, 3, 3, 1, 1, 0, 1)
-#: 10.46, (64, 3, 3, 1, 1, 0, 1) 10.60; D = 32: (128, 3, 2, 0, 1, 0, 1) 10.65, (64, 4, 3, 1, 1, 0, 0) 11.1-11.4,
-#: (64, 4, 3, 1, 1, 1, 0) 10.6-11.3, (64, 3, 3, 1, 1, 0, 1) 13.05; D = 96: (64, 3, 3, 1, 1, 0, 1) 8.36,
-#: (64, 3, 3, 1, 1, 0, 0) 8.53-8.83, (64, 3, 3, 1, 1, 1, 0) 8.44-8.74; D = 128 (d128 / d128-causal):
-#: (128, 2, 2, 0, 1, 1, 1) 8.88 / 6.65, (128, 2, 2, 0, 1, 0, 1) 8.99 / 6.71, (128, 2, 2, 0, 1, 1, 0) 9.14-9.34 /
-#: 6.54-6.56, (128, 2, 2, 0, 1, 0, 0) 9.21-9.65 / 6.74-6.91. After the per-tile mask split (attention.cuh's
-#: softmax_tile; same script, two runs, code c14d8ea and its parent): D = 128: (64, 3, 3, 1, 1, 0, 1) 7.27-7.36 /
-#: 5.06-5.11, (128, 2, 2, 0, 1, 1, 1) 8.08-8.23 / 5.77-5.79, (128, 2, 2, 0, 1, 0, 1) 7.96 / 5.80; D = 64:
-#: (128, 3, 2, 0, 1, 0, 1) 7.20-7.46 / 5.27-5.43 / 14.9-15.1 / 58.6, (64, 4, 3, 1, 1, 1, 0) 7.39-7.46 / 5.17-5.23 /
-#: 15.1-15.6 / 59.6; D = 96: (64, 3, 3, 1, 1, 0, 1) 6.67-6.81; D = 32: (128, 3, 2, 0, 1, 0, 1) 8.41-8.43,
-#: (64, 4, 3, 1, 1, 1, 0) 8.37-8.45. Three consumers with BK = 128 and PIPE = 1 spill
-#: (ptxas allocates within what setmaxnreg gives the consumers: 160 registers). Four consumers (640 threads) get
-#: 112: the persistent walk's state spills there, and since the merge's prefetch (its rows' old log-sum-exp held
-#: through the mainloop) so do the PINGPONG configurations; none is listed.
-#: NC >= 2: with one consumer the launch bound already gives it more registers than setmaxnreg may raise it to.
-#: Counter-fed persistent blocks, causal ones included, and D = 32 in 32-column regions (H100, 2026-11-27,
-#: tests/scripts/forward_probe.py --kernel, ms): against the same
-#: configuration with PERSISTENT = 0, 1.07-1.15x on every anchor; D = 32: (128, 3, 2, 0, 1, 0, 1) 7.40,
-#: (128, 3, 3, 0, 1, 0, 1) 7.64, (64, 4, 3, 1, 1, 0, 1) 7.83 (spills since the causal item groups: not listed),
-#: (64, 3, 3, 1, 1, 0, 1) 9.01, (128, 3, 2, 0, 1, 0, 0) 8.57.
-#: With K and V released apart and launch parts (H100, 2026-11-27, forward_probe.py --only ours --kernel, ms
-#: non-causal / causal): D = 128: (64, 3, 3, 1, 1, 0, 1) 7.82 / 5.00, (64, 3, 4, 1, 1, 0, 1) 7.95 / 5.09, (64, 3, 2, 1,
-#: 1, 0, 1) 7.92 / 5.15, (128, 2, 2, 1, 1, 0, 1) 7.87 / 5.27, (128, 2, 2, 1, 1, 1, 1) 7.98 / 5.30; D = 96: (64, 3, 3, 1,
-#: 1, 0, 1) 7.04, (64, 3, 2, 1, 1, 0, 1) 6.98, (64, 3, 4, 1, 1, 0, 1) 7.02, (128, 2, 2, 1, 1, 1, 1) 7.11; D = 64:
-#: (128, 3, 2, 0, 1, 0, 1) 7.50 / 4.97, (128, 3, 3, 0, 1, 0, 1) 7.69 / 5.19, (128, 3, 2, 1, 1, 0, 1) 8.10 / 5.37 (it
-#: spills 240 bytes, outside the tile loop: 1 % of its instructions).
-#: With P V over D columns at D = 96 (not the whole regions' 128; H100, 2026-11-27, same command): D = 96: (128, 2,
-#: 2, 1, 1, 0, 1) 6.63, (64, 3, 3, 1, 1, 0, 1) 6.89, (64, 3, 4, 1, 1, 0, 1) 6.92, (128, 2, 2, 1, 1, 1, 1) 6.81, (128, 2,
-#: 2, 0, 1, 0, 1) 7.16, (64, 2, 4, 1, 1, 0, 1) 8.20.
+#: causal launches did not use, kernels/sixteen_bit.py). Timings of these and the other configurations tried:
+#: docs/performance.md, section "configuration sweeps of the Hopper 16-bit kernels". Three consumers with BK = 128
+#: and PIPE = 1 spill (ptxas allocates within what setmaxnreg gives the consumers: 160 registers). Four consumers
+#: (640 threads) get 112: the persistent walk's state spills there, and since the merge's prefetch (its rows' old
+#: log-sum-exp held through the mainloop) so do the PINGPONG configurations; none is listed. NC >= 2: with one
+#: consumer the launch bound already gives it more registers than setmaxnreg may raise it to.
 TMA16 = KernelFamily(
     "tma16", "dilated_fwd_tma_16.cu", SIXTEEN_BIT,
     lambda t, d, c, o: f"dilated_fwd_tma_16<{t},{d},{c[0]},{c[1]},{c[2]},{c[3]},{c[4]},{c[5]},{c[6]},{o}>",
@@ -404,13 +363,10 @@ def wgmma16_bwd_shared_bytes(head_dim: int, warpgroups: int, pipe: int, stages: 
 #: red.global.add; LOAD = 1 (STAGES > 0): one producer thread loads Q and dO by TMA (128-byte swizzle) instead of
 #: the producer's threads by cp.async; DKV = 1 (STAGES > 0): dK and dV added to dk, dv by TMA reduce-add from
 #: shared tiles instead of every consumer thread's read-add-write. No spills with ptxas for sm_90a (D = 128 with a
-#: producer spills a few bytes at STAGES = 2 and 4, so those are not listed). Timings (H200, N = 262,144, patterns (2048,1) (4096,2) (8192,4),
-#: bf16, ms non-causal / causal; docs/kernels.md, docs/performance.md), 2026-11-29, one run: the defaults
-#: (2, 2, 3, 1, 1, 0, 64) D = 64 20.01 / 12.83, D = 128 22.00 / 13.66 against (2, 2, 3, 0, 0, 0, 64) 23.43 / 14.13 and
-#: 28.28 / 16.15; D = 96 (H = 8) 17.75 / 11.02 (a later run) against 23.04 / 12.67 (mma16_bwd: 39.22 / 22.08);
-#: D = 32 (H = 16) 21.00 / 13.17 against (2, 2, 3, 0, 0, 0, 64) 21.42 / 13.61 and mma16_bwd 33.59 / 19.15.
-#: Causal launches take DKV = 1 (causal_defaults): the kernel alone 1.02-1.07x faster causal (0.85-0.97x full),
-#: the causal backward end to end 1.01-1.06x (H200, docs/performance.md).
+#: producer spills a few bytes at STAGES = 2 and 4, so those are not listed). Timings: docs/performance.md, section
+#: "configuration sweeps of the Hopper 16-bit kernels". Causal launches take DKV = 1 (causal_defaults): the kernel
+#: alone 1.02-1.07x faster causal (0.85-0.97x full), the causal backward end to end 1.01-1.06x (H200,
+#: docs/performance.md).
 WGMMA16_BWD = KernelFamily(
     "wgmma16_bwd", "dilated_bwd_wgmma_16.cu", SIXTEEN_BIT,
     lambda t, d, c, o: f"dilated_bwd_wgmma_16<{t},{d},{','.join(map(str, c))}>",
