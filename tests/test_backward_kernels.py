@@ -124,23 +124,24 @@ def test_backward_override(monkeypatch):
         choose_backward("float32", 64, cc=70, override="tf32x3_bwd")
     assert choose_backward("bfloat16", 64, cc=90, override="mma16_bwd:64").variant.name == \
         "dilated_bwd_mma_16<bf16_t,64,64>"
-    assert choose_backward("float16", 128, cc=90, override="wgmma16_bwd:2,0,0,0,0,0,64").variant.name == \
-        "dilated_bwd_wgmma_16<f16_t,128,2,0,0,0,0,0,64>"
+    assert choose_backward("float16", 128, cc=90, override="wgmma16_bwd:2,1,3,0,0,0,64").variant.name == \
+        "dilated_bwd_wgmma_16<f16_t,128,2,1,3,0,0,0,64>"
     assert choose_backward("bfloat16", 64, cc=90, override="wgmma16_bwd:2,1,3,0,1,0,64").variant.threads == 384
     assert choose_backward("bfloat16", 128, cc=90, override="").variant.name == "dilated_bwd_wgmma_16<bf16_t,128,2,2,3,1,1,0,64>"
-    assert choose_backward("bfloat16", 128, cc=90, override="wgmma16_bwd:2,1,0,0,0,0,64").variant.threads == 256
     with pytest.raises(ValueError, match=r"wgmma16_bwd configuration \(NWG, PIPE, STAGES, DQ, LOAD, DKV, BQ\)"):
-        choose_backward("bfloat16", 64, cc=90, override="wgmma16_bwd:2,2,0,0,0,0,64")   # the handoff needs the producer
-    with pytest.raises(ValueError, match=r"\(NWG, PIPE, STAGES, DQ, LOAD, DKV, BQ\) = \(2, 1, 0, 0, 1, 0, 64\) is not supported"):
-        choose_backward("bfloat16", 64, cc=90, override="wgmma16_bwd:2,1,0,0,1,0,64")   # TMA loads need the producer
+        choose_backward("bfloat16", 64, cc=90, override="wgmma16_bwd:2,2,0,0,0,0,64")   # a producer and stages
+    with pytest.raises(ValueError, match=r"\(NWG, PIPE, STAGES, DQ, LOAD, DKV, BQ\) = \(2, 0, 3, 0, 0, 0, 64\) is not supported"):
+        choose_backward("bfloat16", 64, cc=90, override="wgmma16_bwd:2,0,3,0,0,0,64")   # dQ overlaps the next tile
+    with pytest.raises(ValueError, match=r"= \(1, 1, 3, 0, 0, 0, 64\) is not supported"):
+        choose_backward("bfloat16", 64, cc=90, override="wgmma16_bwd:1,1,3,0,0,0,64")   # two computing warpgroups
     with pytest.raises(ValueError, match=r"\(2, 2, 3, 1, 0, 0, 128\) is not supported"):
         choose_backward("bfloat16", 64, cc=90, override="wgmma16_bwd:2,2,3,1,0,0,128")   # 128-query tiles load by TMA
     assert choose_backward("bfloat16", 64, cc=90, override="wgmma16_bwd:2,2,2,1,1,0,128").variant.name == \
         "dilated_bwd_wgmma_16<bf16_t,64,2,2,2,1,1,0,128>"
     with pytest.raises(RuntimeError, match="HILBERT_HPC_BWD_KERNEL=wgmma16_bwd: needs compute capability 9.0"):
         choose_backward("bfloat16", 64, cc=80, override="wgmma16_bwd")
-    with pytest.raises(ValueError, match=r"\(NWG, PIPE, STAGES, DQ, LOAD, DKV, BQ\) = \(2, 1, 0, 0, 0, 1, 64\) is not supported"):
-        choose_backward("float16", 96, cc=90, override="wgmma16_bwd:2,1,0,0,0,1,64")   # dK, dV by TMA need the producer
+    with pytest.raises(ValueError, match=r"\(NWG, PIPE, STAGES, DQ, LOAD, DKV, BQ\) = \(2, 1, 3, 1, 0, 0, 64\) is not supported"):
+        choose_backward("float16", 96, cc=90, override="wgmma16_bwd:2,1,3,1,0,0,64")   # the dQ tile needs PIPE = 2
     with pytest.raises(ValueError, match=r"wgmma16_bwd supports head_dim in \[32, 64, 96, 128\], got 48"):
         choose_backward("bfloat16", 48, cc=90, override="wgmma16_bwd")
     assert choose_backward("bfloat16", 32, cc=90, override="").variant.name == "dilated_bwd_wgmma_16<bf16_t,32,2,2,3,1,1,0,64>"

@@ -9,17 +9,15 @@
 // fastest (block = x + gridDim.x y: problem block / gridDim.y, key block block % gridDim.y), so that the key
 // blocks of one problem run together and its Q, dO and dq stay in L2. Computing threads: NWG warpgroups of
 // 128, warpgroup w owning keys k0 + 64 w .. k0 + 64 w + 63; query tiles of BQ = 64 rows (BQ = 128: below). K and
-// V of the block's keys are staged once. Q, dO, L and delta per tile:
-//   STAGES = 0: every thread loads, two stages (Q, dO by cp.async; L, delta through registers, one tile
-//     ahead), one block barrier a tile (PIPE = 1) that publishes the next stage;
-//   STAGES >= 2 (NWG = 2): warpgroup 0 is a producer (setmaxnreg.dec) that fills STAGES stages, publishes tile
-//     it on full[it % STAGES] and refills a stage once empty[s] has the 256 arrivals of the consumers
-//     (warpgroups 1, 2, setmaxnreg.inc), which meet only at named barrier 1 (dS^T of the previous tile
-//     published; PIPE = 2: an mbarrier) instead of a block barrier. LOAD = 0: Q and dO by cp.async from the
-//     producer's threads (full: 128 arrivals after the copies landed and a proxy fence); LOAD = 1: by TMA from
-//     one thread through the tensor maps maps[1], maps[2] (boxes of 64 columns x BQ rows, 128-byte swizzle; at
-//     D = 32 of 32 columns, 64-byte swizzle; rows past mq zero-filled; full: the copies' bytes, one arrival with them and one from each of the 64
-//     threads that store L and delta), the first NST stages issued while K and V load.
+// V of the block's keys are staged once. Q, dO, L and delta per tile: warpgroup 0 is a producer
+//   (setmaxnreg.dec) that fills STAGES stages, publishes tile it on full[it % STAGES] and refills a stage once
+//   empty[s] has the 256 arrivals of the consumers (warpgroups 1, 2, setmaxnreg.inc), which meet only at named
+//   barrier 1 (dS^T of the previous tile published; PIPE = 2: an mbarrier). LOAD = 0: Q and dO by cp.async from
+//   the producer's threads (full: 128 arrivals after the copies landed and a proxy fence); LOAD = 1: by TMA from
+//   one thread through the tensor maps maps[1], maps[2] (boxes of 64 columns x 64 rows, 128-byte swizzle; at
+//   D = 32 of 32 columns, 64-byte swizzle; rows past mq zero-filled; full: the copies' bytes, one arrival with
+//   them and one from each of the 64 threads that store L and delta), the first NST stages issued while K and V
+//   load.
 // Per query tile and computing warpgroup:
 //   S^T = K Q^T and dP^T = V dO^T (D / 16 wgmma m64n64k16 each, A = this warpgroup's K / V rows and B = the
 //     Q / dO tile from shared memory, both K-major; issued together, S^T waited for first);
@@ -27,14 +25,13 @@
 //     with L = -inf or past mq (L staged as +inf);
 //   dV += P^T dO (A = P^T repacked in registers as 16-bit fragments; B = dO MN-major, imm-trans-b = 1);
 //   dS^T = P^T (dP^T - delta); dK += dS^T Q (A = dS^T from registers; B = Q MN-major);
-//   dS^T (16-bit) to shared memory; after a barrier (block, or consumers), dQ(tile) = dS K: M = the BQ queries, N = D / NWG
+//   dS^T (16-bit) to shared memory; after the consumers met, dQ(tile) = dS K: M = the BQ queries, N = D / NWG
 //     columns per warpgroup, K = the BK keys (A = dS read MN-major from the dS^T buffer, imm-trans-a = 1;
 //     B = K MN-major), and scale dQ added to the float32 dq with red.global.add.v2.f32.
-// PIPE = 0: the dQ of a tile follows its dK (two block barriers a tile). PIPE = 1: dS^T is double-buffered and
-// a tile's dQ is issued with the next tile's S^T and dP^T, so that it runs during that tile's softmax (one block
-// barrier a tile, the one that also publishes the next Q / dO stage); with more than 32 dQ columns per
-// warpgroup (D = 128) only the first 32 are, the rest follow once S^T and dP^T are dead (255 registers, no
-// spills). PIPE = 2 (STAGES > 0): as PIPE = 1, but the consumers hand dS^T over through an mbarrier instead of
+// dS^T is double-buffered and a tile's dQ is issued with the next tile's S^T and dP^T, so that it runs during
+// that tile's softmax (PIPE = 1: the consumers meet once a tile at the named barrier); with more than 48 dQ
+// columns per warpgroup (D = 128) only the first 32 are, the rest follow once S^T and dP^T are dead. PIPE = 2:
+// as PIPE = 1, but the consumers hand dS^T over through an mbarrier instead of
 // meeting at the named barrier: a consumer arrives once its dS^T of tile it is stored (and fenced) and its
 // reads of tile it - 1's dS^T (the dQ of it - 1, every column part) are done, and waits for the 256 arrivals of
 // tile it - 1 only right before issuing that tile's dQ; the two warpgroups drift apart by up to a tile, so one's
@@ -54,9 +51,8 @@
 // by query halves (warpgroup w: queries 64 w .. 64 w + 63, every column, in parts of 32) and issued once dS^T is
 // stored, not with the next tile's S^T; a Q or dO region and a dQ column box are two TMA boxes of 64 rows.
 // Producer 24, consumers 240 registers. Slower than BQ = 64 (0.94-0.99x, docs/kernels.md).
-// Registers (ptxas, sm_90a; NWG = 2): STAGES = 0: D = 64: 214 (PIPE = 1), 198 (PIPE = 0); D = 128: 255, 255;
-// one block of 8 warps per SM. STAGES > 0: 168 at launch, producer 40 / consumers 232 (D = 64), 24 / 240
-// (D = 96, 128), no spills at STAGES = 3 (D = 128 spills a few bytes at STAGES = 2 and 4). LOAD = 1 defaults
+// Registers (ptxas, sm_90a): 168 at launch (one block of 12 warps per SM), producer 40 / consumers 232 (D = 64),
+// 24 / 240 (D = 96, 128), no spills at STAGES = 3 (D = 128 spills a few bytes at STAGES = 2 and 4). LOAD = 1 defaults
 // (2, 2, 3, 1, 1, 0), H200, 2026-11-29: D = 64 361 useful TFLOP/s, causal 285; D = 96 407 / 327; D = 128
 // 437 / 354 (docs/performance.md). Earlier, before the TMA loads, on an H200
 // (tests/scripts/bwd_wgmma16_check.py, 2026-11-25; N = 262,144, patterns (2048,1) (4096,2) (8192,4), bf16,
@@ -76,15 +72,15 @@
 // MN-major with LBO = 16 W, SBO = 128), Q and dO so too with LOAD = 0, with LOAD = 1 as the copy engine's
 // 128-byte (D = 32: 64-byte) swizzle writes them (StagedTile); from a 1024-byte-aligned window where any tile is swizzled:
 //   K, V of the block     2 * BK * D * 2
-//   Q, dO, NST stages     2 * NST * BQ * TD * 2 (NST = STAGES, or 2 where STAGES = 0; TD = D, or LOAD = 1 whole
+//   Q, dO, NST stages     2 * NST * BQ * TD * 2 (NST = STAGES; TD = D, or LOAD = 1 whole
 //                         regions of 64 columns, 32 at D = 32: 128 at D = 96)
-//   dS^T (keys x queries) (1 + PIPE) * BK * BQ * 2
+//   dS^T (keys x queries) 2 * BK * BQ * 2
 //   L, delta, NST stages  8 * NST * BQ
-//   STAGES > 0: mbarriers full[NST], empty[NST]: 16 * NST; PIPE = 2: + the dS^T handoff mbarrier, 8
+//   mbarriers full[NST], empty[NST]: 16 * NST; PIPE = 2: + the dS^T handoff mbarrier, 8
 //   DQ = 1: the dQ tile first, BQ * D * 4, and its two mbarriers, 16
 //   DKV = 1: no more (the dK and dV tiles, 4 * 64 * D * 4, overwrite K, V and the stages at the end)
-//   (NWG = 2: D = 64: 99,328 (PIPE = 1, STAGES = 0), 116,280 (2, 3), 132,680 (2, 3, DQ = LOAD = 1); D = 96:
-//   206,408 (2, 3, 1, 1); D = 128: 164,864 (1, 0), 198,200 (2, 3), 230,984 (2, 3, DQ = 1, any LOAD))
+//   (D = 64: 116,280 (PIPE, STAGES = 2, 3), 132,680 (2, 3, DQ = LOAD = 1); D = 96: 206,408 (2, 3, 1, 1);
+//   D = 128: 198,200 (2, 3), 230,984 (2, 3, DQ = 1, any LOAD))
 // Fragments (per warp of a warpgroup, lane = 4 g + t): accumulator element 4 i + 2 h + e = (row g + 8 h of the
 // warp's 16, column 8 i + 2 t + e); element r of the 16-bit A fragment of k-step kk is accumulator element
 // 8 kk + r (dilated_fwd_wgmma_16.cu), so P^T and dS^T become A operands in place.
@@ -182,8 +178,8 @@ struct BwdSmemWg {
     static constexpr bool GRADS_FIT = 2 * NWG * GRAD_TILE <= 2 * KV + 2 * NST * TILE;
     static constexpr int OFF_V = KV, OFF_Q = 2 * KV;
     static constexpr int OFF_DS = OFF_Q + 2 * NST * TILE;  // stage s: Q at OFF_Q + 2 s TILE, dO at + TILE
-    static constexpr int OFF_L = OFF_DS + (PIPE ? 2 : 1) * DS;  // stage s: L at float 2 s BQ, delta at (2 s + 1) BQ
-    static constexpr int OFF_BAR = OFF_L + 8 * NST * BQ;        // STAGES > 0: full[NST], empty[NST]
+    static constexpr int OFF_L = OFF_DS + 2 * DS;             // stage s: L at float 2 s BQ, delta at (2 s + 1) BQ
+    static constexpr int OFF_BAR = OFF_L + 8 * NST * BQ;        // full[NST], empty[NST]
     static constexpr int OFF_DQBAR = OFF_BAR + 16 * NST + (PIPE == 2 ? 8 : 0);   // PIPE = 2: + the dS^T handoff
     static constexpr int bytes = OFF_DQBAR + (DQ ? 16 + DQ_TILE : 0);   // DQ = 1: + dQ full and empty mbarriers
     static constexpr bool ALIGNED = ALIGN;
@@ -191,25 +187,24 @@ struct BwdSmemWg {
                   "swizzled tiles aligned");
 };
 
-// STAGES = 0: every thread computes and loads (two stages, block barriers). STAGES >= 2 (NWG = 2): warpgroup 0
-// is the producer (setmaxnreg.dec to PREG), warpgroups 1 and 2 the consumers (setmaxnreg.inc to CREG): 40 / 232
-// for D = 64, 24 / 240 for D = 96, 128 and BQ = 128 (the launch bound gives 168 each). PIPE: 0, 1, or 2 with
-// STAGES > 0. BQ: query rows of a tile, 64, or 128 (D <= 64, PIPE = 2, LOAD = 1).
+// NWG = 2 computing warpgroups and STAGES (2 to 4) stages: warpgroup 0 is the producer (setmaxnreg.dec to
+// PREG), warpgroups 1 and 2 the consumers (setmaxnreg.inc to CREG): 40 / 232 for D = 64, 24 / 240 for D = 96,
+// 128 and BQ = 128 (the launch bound gives 168 each). PIPE: 1 or 2. BQ: query rows of a tile, 64, or 128
+// (D <= 64, PIPE = 2, LOAD = 1).
 // DQ = 0: the consumers add dQ to dq (red.global.add); DQ = 1 (PIPE = 2): they store it into a shared tile and
 // warp 3 of the producer adds the tile to dq by TMA reduce-add through the tensor map maps[0] (docs/kernels.md).
-// LOAD = 0: the producer's threads load Q and dO by cp.async into core-matrix order; LOAD = 1 (STAGES > 0): one
+// LOAD = 0: the producer's threads load Q and dO by cp.async into core-matrix order; LOAD = 1: one
 // producer thread loads them by TMA through the tensor maps maps[1] (Q) and maps[2] (dO), 128-byte swizzled.
-// DKV = 0: every consumer thread adds its dK, dV to dk, dv (read-add-write); DKV = 1 (STAGES > 0): the consumers
+// DKV = 0: every consumer thread adds its dK, dV to dk, dv (read-add-write); DKV = 1: the consumers
 // store them into swizzled float32 tiles over K, V and the stages, and one thread a warpgroup adds them by TMA
 // reduce-add through maps[3] (dk) and maps[4] (dv). maps: null unless DQ, LOAD or DKV is 1.
 template <typename T, int D, int NWG, int PIPE, int STAGES, int DQ, int LOAD, int DKV, int QT>
-__global__ void __launch_bounds__(WG_THREADS * (NWG + (STAGES ? 1 : 0)), 1)
+__global__ void __launch_bounds__(WG_THREADS * (NWG + 1), 1)
 dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps)
 {
     allow_next_launch();                     // backward.cuh: programmatic dependent launch
     using H = Half16<T>;
-    constexpr bool WS = STAGES > 0;
-    constexpr int NST = WS ? STAGES : 2;     // stages of Q, dO, L and delta
+    constexpr int NST = STAGES;              // stages of Q, dO, L and delta
     constexpr int RC = tma_region_columns<D>();   // LOAD = 1: columns of a swizzled region of a tile
     constexpr int TD = LOAD ? (D + RC - 1) / RC * RC : D;   // stored columns of a Q or dO tile
     constexpr int NR = TD / RC;              // LOAD = 1: regions of a tile
@@ -228,19 +223,19 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps)
     constexpr int NC = NQ / NP;              // columns of one part
     // QH = 2: dS^T worked out before dV is issued, so that P^T (as A fragments) and S^T are never live together
     constexpr bool DS_FIRST = QH == 2;
-    // STAGES > 0: registers per thread of the producer and of the consumers; 128 PREG + 256 CREG is at most the
+    // registers per thread of the producer and of the consumers; 128 PREG + 256 CREG is at most the
     // block's 384 x 168 (what setmaxnreg.dec frees is all setmaxnreg.inc can take: more would wait for ever)
     constexpr int PREG = D <= 64 && BQ == 64 ? 40 : 24, CREG = D <= 64 && BQ == 64 ? 232 : 240;
-    static_assert(STAGES == 0 || WG_THREADS * PREG + THREADS * CREG <= (WG_THREADS + THREADS) * 168,
+    static_assert(WG_THREADS * PREG + THREADS * CREG <= (WG_THREADS + THREADS) * 168,
                   "setmaxnreg: the consumers take no more registers than the producer gives up");
-    static_assert((D == 32 || D == 64 || D == 96 || D == 128) && (NWG == 1 || NWG == 2), "D: 32 to 128; NWG: 1 or 2");
+    static_assert((D == 32 || D == 64 || D == 96 || D == 128) && NWG == 2, "D: 32 to 128; NWG: 2");
     static_assert(BQ == 64 || (BQ == 128 && NWG == 2 && D <= 64 && PIPE == 2 && LOAD == 1),
                   "BQ: 64, or 128 with D <= 64, PIPE = 2 and LOAD = 1 (S^T and dP^T of 64 keys x 128 queries)");
-    static_assert(STAGES == 0 || (NWG == 2 && STAGES >= 2 && STAGES <= 4), "STAGES: 0, or 2..4 with NWG = 2");
-    static_assert(PIPE >= 0 && PIPE <= 2 && (PIPE != 2 || STAGES), "PIPE: 0, 1, or 2 with STAGES");
+    static_assert(STAGES >= 2 && STAGES <= 4, "STAGES: 2..4");
+    static_assert(PIPE == 1 || PIPE == 2, "PIPE: 1 or 2");
     static_assert(DQ == 0 || (DQ == 1 && PIPE == 2 && NC % 16 == 0), "DQ: 0, or 1 with PIPE = 2");
-    static_assert(LOAD == 0 || (LOAD == 1 && STAGES), "LOAD: 0, or 1 with STAGES");
-    static_assert(DKV == 0 || (DKV == 1 && STAGES && L::GRADS_FIT), "DKV: 0, or 1 with STAGES");
+    static_assert(LOAD == 0 || LOAD == 1, "LOAD: 0 or 1");
+    static_assert(DKV == 0 || (DKV == 1 && L::GRADS_FIT), "DKV: 0, or 1 where the tiles fit");
     // producer threads that load, arriving on full[s] (LOAD = 0: warps 0-2 with DQ = 1, else all four; LOAD = 1:
     // the 64 threads that store L and delta, BQ / 64 rows each, and thread 0 once more with the TMA's expected bytes)
     constexpr int LOADERS = LOAD ? 64 : DQ ? WG_THREADS - 32 : WG_THREADS;
@@ -275,135 +270,121 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps)
     if (q_begin >= mq) return;               // no query sees these keys (uniform)
     const int ntiles = (mq - q_begin + BQ - 1) / BQ;
 
-    float next_l = 0.0f, next_d = 0.0f;      // STAGES = 0: L and delta of row tid of the next tile
-    if (WS) {
-        constexpr int ALL = THREADS + WG_THREADS;
-        // LOAD = 1: Q and dO of tile it into stage it % NST by TMA (one thread), completing on full[stage]; a box
-        // (the tensor maps') is one region of 64 query rows: QH of them stacked make a region of the tile
-        auto load_tile = [&](int it) {
-            const int s = stage_of<NST>(it), q0 = q_begin + it * BQ;
-            const unsigned st = sK + L::OFF_Q + 2 * s * L::TILE;
-            mbar_expect_tx(BWD_FULL(s), 2 * L::TILE);
+    constexpr int ALL = THREADS + WG_THREADS;
+    // LOAD = 1: Q and dO of tile it into stage it % NST by TMA (one thread), completing on full[stage]; a box
+    // (the tensor maps') is one region of 64 query rows: QH of them stacked make a region of the tile
+    auto load_tile = [&](int it) {
+        const int s = stage_of<NST>(it), q0 = q_begin + it * BQ;
+        const unsigned st = sK + L::OFF_Q + 2 * s * L::TILE;
+        mbar_expect_tx(BWD_FULL(s), 2 * L::TILE);
 #pragma unroll
-            for (int r = 0; r < NR; ++r)
+        for (int r = 0; r < NR; ++r)
 #pragma unroll
-                for (int h = 0; h < QH; ++h) {
-                    const unsigned box = h * (64 * 2 * RC);   // rows 64 h .. 64 h + 63 of the region
-                    tma_load_4d(st + r * L::REGION + box, maps + 1, RC * r, problem_head, q0 + 64 * h,
-                                (int)problem_seg, BWD_FULL(s));
-                    tma_load_4d(st + L::TILE + r * L::REGION + box, maps + 2, RC * r, problem_head, q0 + 64 * h,
-                                (int)problem_seg, BWD_FULL(s));
-                }
-        };
-        if (threadIdx.x == 0) {
-            for (int s = 0; s < NST; ++s) {
-                mbar_init(BWD_FULL(s), LOADERS + LOAD);
-                mbar_init(BWD_EMPTY(s), THREADS);
+            for (int h = 0; h < QH; ++h) {
+                const unsigned box = h * (64 * 2 * RC);   // rows 64 h .. 64 h + 63 of the region
+                tma_load_4d(st + r * L::REGION + box, maps + 1, RC * r, problem_head, q0 + 64 * h,
+                            (int)problem_seg, BWD_FULL(s));
+                tma_load_4d(st + L::TILE + r * L::REGION + box, maps + 2, RC * r, problem_head, q0 + 64 * h,
+                            (int)problem_seg, BWD_FULL(s));
             }
-            if (PIPE == 2) mbar_init(BWD_DS, THREADS);
-            if (DQ) {
-                mbar_init(BWD_DQ_FULL, THREADS);
-                mbar_init(BWD_DQ_EMPTY, 1);
-            }
-            mbar_fence_init();
-            if (LOAD)                        // the first stages' Q and dO load while K and V do
-                for (int it = 0; it < min(NST, ntiles); ++it) load_tile(it);
+    };
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < NST; ++s) {
+            mbar_init(BWD_FULL(s), LOADERS + LOAD);
+            mbar_init(BWD_EMPTY(s), THREADS);
         }
-        stage_core_rows<T, D, BK, ALL>(sK, k, koff, k_row, k0, mk, threadIdx.x);
-        stage_core_rows<T, D, BK, ALL>(sV, v, voff, v_row, k0, mk, threadIdx.x);
-        cp_async_commit();
-        cp_async_wait_all();
-        fence_async_shared();
-        __syncthreads();                     // K, V and the barriers ready
-        if (threadIdx.x < WG_THREADS) {      // producer: Q, dO, L and delta of tile it into stage it % STAGES;
-            setmaxnreg_dec<PREG>();      // full once they landed, refilled once empty
-            const int self = threadIdx.x;
-            if (DQ && self >= WRITER) {      // warp 3: each tile's dQ, once stored, added to dq by TMA
-                if (self == WRITER) {
-                    for (int it = 0; it < ntiles; ++it) {
-                        mbar_wait(BWD_DQ_FULL, it & 1);
+        if (PIPE == 2) mbar_init(BWD_DS, THREADS);
+        if (DQ) {
+            mbar_init(BWD_DQ_FULL, THREADS);
+            mbar_init(BWD_DQ_EMPTY, 1);
+        }
+        mbar_fence_init();
+        if (LOAD)                        // the first stages' Q and dO load while K and V do
+            for (int it = 0; it < min(NST, ntiles); ++it) load_tile(it);
+    }
+    stage_core_rows<T, D, BK, ALL>(sK, k, koff, k_row, k0, mk, threadIdx.x);
+    stage_core_rows<T, D, BK, ALL>(sV, v, voff, v_row, k0, mk, threadIdx.x);
+    cp_async_commit();
+    cp_async_wait_all();
+    fence_async_shared();
+    __syncthreads();                     // K, V and the barriers ready
+    if (threadIdx.x < WG_THREADS) {      // producer: Q, dO, L and delta of tile it into stage it % STAGES;
+        setmaxnreg_dec<PREG>();      // full once they landed, refilled once empty
+        const int self = threadIdx.x;
+        if (DQ && self >= WRITER) {      // warp 3: each tile's dQ, once stored, added to dq by TMA
+            if (self == WRITER) {
+                for (int it = 0; it < ntiles; ++it) {
+                    mbar_wait(BWD_DQ_FULL, it & 1);
 #pragma unroll
-                        for (int b = 0; b < D / 32; ++b)
+                    for (int b = 0; b < D / 32; ++b)
 #pragma unroll
-                            for (int h = 0; h < QH; ++h)   // boxes of 64 rows, QH stacked a column box
-                                tma_reduce_add_4d(maps, sDQ + b * (BQ * 128) + h * (64 * 128), 32 * b, problem_head,
-                                                  q_begin + it * BQ + 64 * h, (int)problem_seg);
-                        bulk_commit();
-                        bulk_wait_read();    // the tile may be stored again
-                        mbar_arrive(BWD_DQ_EMPTY);
-                    }
-                    bulk_wait_all();
+                        for (int h = 0; h < QH; ++h)   // boxes of 64 rows, QH stacked a column box
+                            tma_reduce_add_4d(maps, sDQ + b * (BQ * 128) + h * (64 * 128), 32 * b, problem_head,
+                                              q_begin + it * BQ + 64 * h, (int)problem_seg);
+                    bulk_commit();
+                    bulk_wait_read();    // the tile may be stored again
+                    mbar_arrive(BWD_DQ_EMPTY);
                 }
-                return;
-            }
-            if (LOAD) {                      // thread 0: Q and dO by TMA; threads 0 .. 63: L and delta
-                if (self >= LOADERS) return;
-                for (int it = 0; it < ntiles; ++it) {   // (the first NST tiles' Q and dO issued above)
-                    const int s = stage_of<NST>(it), q0 = q_begin + it * BQ;
-                    if (it >= NST) {
-                        mbar_wait(BWD_EMPTY(s), (phase_of<NST>(it) + 1) & 1);
-                        if (self == 0) load_tile(it);
-                    }
-#pragma unroll
-                    for (int j = 0; j < BQ / LOADERS; ++j) {
-                        const int row = self + LOADERS * j;
-                        float l2, dl;
-                        query_stats(lse, delta, loff, l_row, q0 + row, mq, l2, dl);
-                        const unsigned sl = sK + L::OFF_L + 4 * (2 * s * BQ + row);
-                        st_shared_f32(sl, l2);
-                        st_shared_f32(sl + 4 * BQ, dl);
-                    }
-                    mbar_arrive(BWD_FULL(s));
-                }
-                return;
-            }
-            float lr = 0.0f, dr = 0.0f;      // raw L and delta of row `self` of the last tile issued
-            for (int it = 0; it <= ntiles; ++it) {
-                if (it < ntiles) {
-                    const int s = stage_of<NST>(it), q0 = q_begin + it * BQ;
-                    if (it >= NST) mbar_wait(BWD_EMPTY(s), (phase_of<NST>(it) + 1) & 1);
-                    const unsigned st = sK + L::OFF_Q + 2 * s * L::TILE;
-                    stage_core_rows<T, D, BQ, LOADERS, 1>(st, q, qoff, q_row, q0, mq, self);
-                    stage_core_rows<T, D, BQ, LOADERS, 1>(st + L::TILE, dout, qoff, q_row, q0, mq, self);
-                    cp_async_commit();
-                }
-                if (it > 0) {                // tile it - 1 complete: its L, delta stored, then published
-                    const int p = stage_of<NST>(it - 1);
-                    if (it < ntiles)
-                        cp_async_wait<1>();
-                    else
-                        cp_async_wait_all();
-                    if (self < BQ) {
-                        const unsigned sl = sK + L::OFF_L + 4 * (2 * p * BQ + self);
-                        st_shared_f32(sl, lr == NEG_INF ? -NEG_INF : lr * LOG2E);
-                        st_shared_f32(sl + 4 * BQ, dr);
-                    }
-                    fence_async_shared();
-                    mbar_arrive(BWD_FULL(p));
-                }
-                if (it < ntiles && self < BQ) {
-                    const int i = q_begin + it * BQ + self;
-                    lr = i < mq ? lse[loff + i * l_row] : NEG_INF;
-                    dr = i < mq ? delta[loff + i * l_row] : 0.0f;
-                }
+                bulk_wait_all();
             }
             return;
         }
-        setmaxnreg_inc<CREG>();
-    } else {
-        stage_core_rows<T, D, BK, THREADS>(sK, k, koff, k_row, k0, mk, threadIdx.x);
-        stage_core_rows<T, D, BK, THREADS>(sV, v, voff, v_row, k0, mk, threadIdx.x);
-        stage_core_rows<T, D, BQ, THREADS>(sK + L::OFF_Q, q, qoff, q_row, q_begin, mq, threadIdx.x);
-        stage_core_rows<T, D, BQ, THREADS>(sK + L::OFF_Q + L::TILE, dout, qoff, q_row, q_begin, mq, threadIdx.x);
-        cp_async_commit();
-        if (threadIdx.x < BQ) {
-            query_stats(lse, delta, loff, l_row, q_begin + threadIdx.x, mq, next_l, next_d);
-            sL[threadIdx.x] = next_l;
-            sL[BQ + threadIdx.x] = next_d;
+        if (LOAD) {                      // thread 0: Q and dO by TMA; threads 0 .. 63: L and delta
+            if (self >= LOADERS) return;
+            for (int it = 0; it < ntiles; ++it) {   // (the first NST tiles' Q and dO issued above)
+                const int s = stage_of<NST>(it), q0 = q_begin + it * BQ;
+                if (it >= NST) {
+                    mbar_wait(BWD_EMPTY(s), (phase_of<NST>(it) + 1) & 1);
+                    if (self == 0) load_tile(it);
+                }
+#pragma unroll
+                for (int j = 0; j < BQ / LOADERS; ++j) {
+                    const int row = self + LOADERS * j;
+                    float l2, dl;
+                    query_stats(lse, delta, loff, l_row, q0 + row, mq, l2, dl);
+                    const unsigned sl = sK + L::OFF_L + 4 * (2 * s * BQ + row);
+                    st_shared_f32(sl, l2);
+                    st_shared_f32(sl + 4 * BQ, dl);
+                }
+                mbar_arrive(BWD_FULL(s));
+            }
+            return;
         }
+        float lr = 0.0f, dr = 0.0f;      // raw L and delta of row `self` of the last tile issued
+        for (int it = 0; it <= ntiles; ++it) {
+            if (it < ntiles) {
+                const int s = stage_of<NST>(it), q0 = q_begin + it * BQ;
+                if (it >= NST) mbar_wait(BWD_EMPTY(s), (phase_of<NST>(it) + 1) & 1);
+                const unsigned st = sK + L::OFF_Q + 2 * s * L::TILE;
+                stage_core_rows<T, D, BQ, LOADERS, 1>(st, q, qoff, q_row, q0, mq, self);
+                stage_core_rows<T, D, BQ, LOADERS, 1>(st + L::TILE, dout, qoff, q_row, q0, mq, self);
+                cp_async_commit();
+            }
+            if (it > 0) {                // tile it - 1 complete: its L, delta stored, then published
+                const int p = stage_of<NST>(it - 1);
+                if (it < ntiles)
+                    cp_async_wait<1>();
+                else
+                    cp_async_wait_all();
+                if (self < BQ) {
+                    const unsigned sl = sK + L::OFF_L + 4 * (2 * p * BQ + self);
+                    st_shared_f32(sl, lr == NEG_INF ? -NEG_INF : lr * LOG2E);
+                    st_shared_f32(sl + 4 * BQ, dr);
+                }
+                fence_async_shared();
+                mbar_arrive(BWD_FULL(p));
+            }
+            if (it < ntiles && self < BQ) {
+                const int i = q_begin + it * BQ + self;
+                lr = i < mq ? lse[loff + i * l_row] : NEG_INF;
+                dr = i < mq ? delta[loff + i * l_row] : 0.0f;
+            }
+        }
+        return;
     }
+    setmaxnreg_inc<CREG>();
 
-    const int tid = threadIdx.x - (WS ? WG_THREADS : 0);    // among the computing threads
+    const int tid = threadIdx.x - WG_THREADS;   // among the computing threads
     const int wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
     const int kw0 = k0 + 64 * wg;            // this warpgroup's first key
@@ -483,35 +464,20 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps)
 
     int it = 0;
     for (int q0 = q_begin; q0 < mq; q0 += BQ, ++it) {
-        const int cur = it & 1;              // dS^T buffer (PIPE); STAGES = 0: also the stage
-        const int stage = WS ? stage_of<NST>(it) : cur;
-        const bool more = q0 + BQ < mq;
-        if (WS) {
-            mbar_wait(BWD_FULL(stage), phase_of<NST>(it));
-            fence_async_shared();
-            if (PIPE != 2)
-                consumers_sync();            // every consumer is done with tile q0 - BQ's products (PIPE: its
-                                             // dS^T is in shared memory)
-        } else {
-            cp_async_wait_all();
-            fence_async_shared();
-            __syncthreads();                 // tile q0 landed; every warpgroup is done with tile q0 - BQ's
-                                             // products (PIPE: its dS^T is in shared memory)
-            if (more) {                      // the next tile into the other stage (read last in tile q0 - BQ)
-                const unsigned st = sK + L::OFF_Q + 2 * (cur ^ 1) * L::TILE;
-                stage_core_rows<T, D, BQ, THREADS>(st, q, qoff, q_row, q0 + BQ, mq, tid);
-                stage_core_rows<T, D, BQ, THREADS>(st + L::TILE, dout, qoff, q_row, q0 + BQ, mq, tid);
-                cp_async_commit();
-                if (tid < BQ) query_stats(lse, delta, loff, l_row, q0 + BQ + tid, mq, next_l, next_d);
-            }
-        }
+        const int cur = it & 1;              // dS^T buffer
+        const int stage = stage_of<NST>(it);
+        mbar_wait(BWD_FULL(stage), phase_of<NST>(it));
+        fence_async_shared();
+        if (PIPE == 1)
+            consumers_sync();                // every consumer is done with tile q0 - BQ's products (its dS^T is in
+                                             // shared memory)
         const unsigned sQ = sK + L::OFF_Q + 2 * stage * L::TILE, sO = sQ + L::TILE;
-        const unsigned ds_buf = sDS + (PIPE ? cur * L::DS : 0);
+        const unsigned ds_buf = sDS + cur * L::DS;
         const float* const lt = sL + 2 * stage * BQ;
         const float* const dt = lt + BQ;
         const bool masked = tile_needs_mask<64>(kw0, q0, mk, causal, causal_shift);
 
-        // S^T = K Q^T and dP^T = V dO^T (64 keys x BQ queries each); PIPE: then dQ of the previous tile
+        // S^T = K Q^T and dP^T = V dO^T (64 keys x BQ queries each), then the dQ of the previous tile
         float s[NS], dp[NS];
         pin(s);
         pin(dp);
@@ -528,8 +494,8 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps)
             for (int ks = 1; ks < KD; ++ks) Wgmma16<T, BQ>::template ss<1>(dp, dVw + 16 * ks, bo + Tile::k_step(ks));
             wgmma_commit();
         }
-        // PIPE: the first part of the previous tile's dQ, one commit group (an empty one for the first tile); issued
-        // here, or with DS_FIRST once S^T and dP^T are consumed (fewer live registers)
+        // the first part of the previous tile's dQ, one commit group (an empty one for the first tile); issued here,
+        // or with DS_FIRST once S^T and dP^T are consumed (fewer live registers)
         auto issue_previous_dq = [&]() {
             if (it > 0) {
                 if (PIPE == 2) mbar_wait(BWD_DS, (it - 1) & 1);   // every consumer's dS^T of tile q0 - BQ
@@ -537,7 +503,7 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps)
             }
             wgmma_commit();
         };
-        if (PIPE && !DS_FIRST) {
+        if (!DS_FIRST) {
             issue_previous_dq();
             wgmma_wait<2>();
         } else {
@@ -594,10 +560,7 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps)
         }
         wgmma_commit();
         if (!DS_FIRST) {
-            if (PIPE)
-                wgmma_wait<2>();             // dP^T landed (dQ, dV may still run)
-            else
-                wgmma_wait<1>();             // dP^T landed (dV may still run)
+            wgmma_wait<2>();                 // dP^T landed (dQ, dV may still run)
             pin(dp);
             dscore();
         }
@@ -624,7 +587,7 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps)
             pin_u(da);
         }
         wgmma_fence();
-        if (PIPE && DS_FIRST) issue_previous_dq();   // the previous tile's dQ: its own commit group
+        if (DS_FIRST) issue_previous_dq();   // the previous tile's dQ: its own commit group
         {
             const desc_t bq = Tile::mn_major(sQ), aw = smem_desc(ds_buf + 8 * wg * (16 * BQ), 128, 16 * BQ);
 #pragma unroll
@@ -635,67 +598,45 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps)
                     Wgmma16<T, D>::template rs<1, 1>(gk, da[kk], bq + Tile::mn_step(kk));
         }
         wgmma_commit();
-        if (PIPE) {
-            if (DS_FIRST)
-                wgmma_wait<1>();             // dQ of the previous tile landed (dK may still run)
-            else
-                wgmma_wait<2>();             // dQ of the previous tile landed (dV, dK may still run)
-            pin(c);
-            if (PIPE == 2 && (it == 0 || NP == 1)) ds_release();
-            if (it > 0) {
-                add_dq(q0 - BQ, 0);
-                if (NP == 2) {               // its second part, now that S^T and dP^T are dead
-                    wgmma_fence();
-                    issue_dq(sDS + (cur ^ 1) * L::DS, 1);
-                    wgmma_commit();
-                    wgmma_wait<0>();
-                    pin(c);
-                    if (PIPE == 2) ds_release();
-                    add_dq(q0 - BQ, 1);
-                }
+        if (DS_FIRST)
+            wgmma_wait<1>();                 // dQ of the previous tile landed (dK may still run)
+        else
+            wgmma_wait<2>();                 // dQ of the previous tile landed (dV, dK may still run)
+        pin(c);
+        if (PIPE == 2 && (it == 0 || NP == 1)) ds_release();
+        if (it > 0) {
+            add_dq(q0 - BQ, 0);
+            if (NP == 2) {                   // its second part, now that S^T and dP^T are dead
+                wgmma_fence();
+                issue_dq(sDS + (cur ^ 1) * L::DS, 1);
+                wgmma_commit();
+                wgmma_wait<0>();
+                pin(c);
+                if (PIPE == 2) ds_release();
+                add_dq(q0 - BQ, 1);
             }
-        } else {
-            fence_async_shared();
-            if (WS)
-                consumers_sync();            // dS^T of every warpgroup in shared memory, visible to wgmma
-            else
-                __syncthreads();
-            wgmma_fence();
-            issue_dq(sDS, 0);
-            wgmma_commit();
-            wgmma_wait<0>();
-            pin(c);
-            add_dq(q0, 0);
         }
         wgmma_wait<0>();
         pin(gk);
         pin(gv);
         pin_u(pa);
         pin_u(da);
-        if (WS) {
-            mbar_arrive(BWD_EMPTY(stage));   // this thread's reads of the stage are done
-        } else if (more && tid < BQ) {       // L and delta of the next tile (stage cur ^ 1 read last in q0 - BQ)
-            sL[2 * (cur ^ 1) * BQ + tid] = next_l;
-            sL[(2 * (cur ^ 1) + 1) * BQ + tid] = next_d;
-        }
+        mbar_arrive(BWD_EMPTY(stage));       // this thread's reads of the stage are done
     }
-    if (PIPE) {                              // dQ of the last tile
-        fence_async_shared();
-        if (PIPE == 2)
-            mbar_wait(BWD_DS, (it - 1) & 1); // its dS^T (every warpgroup) in shared memory
-        else if (WS)
-            consumers_sync();                // its dS^T (every warpgroup) in shared memory
-        else
-            __syncthreads();
-        for (int part = 0; part < NP; ++part) {
-            pin(c);
-            wgmma_fence();
-            issue_dq(sDS + ((it - 1) & 1) * L::DS, part);
-            wgmma_commit();
-            wgmma_wait<0>();
-            pin(c);
-            add_dq(q_begin + (it - 1) * BQ, part);
-        }
+    // dQ of the last tile
+    fence_async_shared();
+    if (PIPE == 2)
+        mbar_wait(BWD_DS, (it - 1) & 1);     // its dS^T (every warpgroup) in shared memory
+    else
+        consumers_sync();                    // its dS^T (every warpgroup) in shared memory
+    for (int part = 0; part < NP; ++part) {
+        pin(c);
+        wgmma_fence();
+        issue_dq(sDS + ((it - 1) & 1) * L::DS, part);
+        wgmma_commit();
+        wgmma_wait<0>();
+        pin(c);
+        add_dq(q_begin + (it - 1) * BQ, part);
     }
 
     // dK (scaled) and dV of this thread's keys added to dk, dv (the accumulators' layout is backward.cuh's

@@ -341,29 +341,27 @@ def mma16_bwd_shared_bytes(head_dim: int, keys: int) -> int:
 def wgmma16_bwd_shared_bytes(head_dim: int, warpgroups: int, pipe: int, stages: int, dq: int = 0,
                              load: int = 0, dkv: int = 0, queries: int = 64) -> int:
     """Dynamic shared memory of one wgmma16_bwd block (BwdSmemWg in dilated_bwd_wgmma_16.cu): K and V of its
-    64 NWG keys, Q, dO, L and delta of the stages of query tiles of ``queries`` rows (``stages``, two where 0;
-    with ``load`` whole regions of ``tma.region_columns``), dS^T in 16 bits (two buffers with PIPE), with a
-    producer (``stages`` > 0) two mbarriers per stage, and with ``dq`` the float32 dQ tile and its two mbarriers
-    (``dkv``: dK and dV are staged over K, V and the stages, no more)."""
-    keys, n = 64 * warpgroups, stages or 2
+    64 NWG keys, Q, dO, L and delta of the ``stages`` stages of query tiles of ``queries`` rows (with ``load``
+    whole regions of ``tma.region_columns``), two dS^T buffers in 16 bits, two mbarriers per stage (and with
+    PIPE = 2 the dS^T handoff's), and with ``dq`` the float32 dQ tile and its two mbarriers (``dkv``: dK and dV
+    are staged over K, V and the stages, no more)."""
+    keys = 64 * warpgroups
     region = region_columns(head_dim)
     tile_columns = -(-head_dim // region) * region if load else head_dim
-    return (4 * head_dim * keys + 4 * n * tile_columns * queries + (2 if pipe else 1) * 2 * keys * queries
-            + 8 * n * queries + (16 * n if stages else 0) + (8 if pipe == 2 else 0)
-            + (16 + 4 * queries * head_dim if dq else 0))
+    return (4 * head_dim * keys + 4 * stages * tile_columns * queries + 4 * keys * queries + 8 * stages * queries
+            + 16 * stages + (8 if pipe == 2 else 0) + (16 + 4 * queries * head_dim if dq else 0))
 
 
 #: wgmma16_bwd per head dim: (warpgroups NWG, PIPE, STAGES, DQ, LOAD, DKV, BQ), template arguments of
 #: dilated_bwd_wgmma_16<T, D, NWG, PIPE, STAGES, DQ, LOAD, DKV, BQ>: a warpgroup per 64 keys (BK = 64 NWG keys per
 #: block), query tiles of BQ rows (64; 128 at D <= 64 with PIPE = 2 and LOAD = 1, an alternative, 0.94-0.99x);
+#: NWG = 2 computing warpgroups and a producer warpgroup that fills STAGES (2 to 4) stages behind mbarriers;
 #: PIPE = 1 computes a tile's dQ during the next tile's softmax, PIPE = 2 too, with the consumers handing dS^T over
-#: through an mbarrier instead of a named barrier (STAGES > 0 only); STAGES = 0: every thread loads (two stages,
-#: block barriers), STAGES >= 2 (NWG = 2): a producer warpgroup fills that many stages behind mbarriers; DQ = 1
-#: (PIPE = 2): dQ stored into a shared tile and added to dq by a producer warp's TMA reduce-add instead of
-#: red.global.add; LOAD = 1 (STAGES > 0): one producer thread loads Q and dO by TMA (128-byte swizzle) instead of
-#: the producer's threads by cp.async; DKV = 1 (STAGES > 0): dK and dV added to dk, dv by TMA reduce-add from
-#: shared tiles instead of every consumer thread's read-add-write. No spills with ptxas for sm_90a (D = 128 with a
-#: producer spills a few bytes at STAGES = 2 and 4, so those are not listed). Timings: docs/performance.md, section
+#: through an mbarrier instead of a named barrier; DQ = 1 (PIPE = 2): dQ stored into a shared tile and added to dq
+#: by a producer warp's TMA reduce-add instead of red.global.add; LOAD = 1: one producer thread loads Q and dO by
+#: TMA (128-byte swizzle) instead of the producer's threads by cp.async; DKV = 1: dK and dV added to dk, dv by TMA
+#: reduce-add from shared tiles instead of every consumer thread's read-add-write. No spills with ptxas for sm_90a
+#: (D = 128 spills a few bytes at STAGES = 2 and 4, so those are not listed). Timings: docs/performance.md, section
 #: "configuration sweeps of the Hopper 16-bit kernels". Causal launches take DKV = 1 (causal_defaults): the kernel
 #: alone 1.02-1.07x faster causal (0.85-0.97x full), the causal backward end to end 1.01-1.06x (H200,
 #: docs/performance.md).
@@ -371,23 +369,21 @@ WGMMA16_BWD = KernelFamily(
     "wgmma16_bwd", "dilated_bwd_wgmma_16.cu", SIXTEEN_BIT,
     lambda t, d, c, o: f"dilated_bwd_wgmma_16<{t},{d},{','.join(map(str, c))}>",
     ("NWG", "PIPE", "STAGES", "DQ", "LOAD", "DKV", "BQ"),
-    lambda d, c: wgmma16_bwd_shared_bytes(d, *c), lambda c: 128 * (c[0] + (1 if c[2] else 0)),
+    lambda d, c: wgmma16_bwd_shared_bytes(d, *c), lambda c: 128 * (c[0] + 1),
     lambda d, c: 64 * c[0], SIXTEEN_BIT_ALIGN,
     defaults={32: (2, 2, 3, 1, 1, 0, 64), 64: (2, 2, 3, 1, 1, 0, 64), 96: (2, 2, 3, 1, 1, 0, 64),
               128: (2, 2, 3, 1, 1, 0, 64)},
     alternatives={32: ((2, 2, 3, 1, 1, 0, 128), (2, 2, 3, 1, 1, 1, 64), (2, 2, 3, 0, 1, 0, 64),
-                       (2, 2, 3, 0, 0, 0, 64), (2, 1, 3, 0, 0, 0, 64), (2, 1, 0, 0, 0, 0, 64)),
+                       (2, 2, 3, 0, 0, 0, 64), (2, 1, 3, 0, 0, 0, 64)),
                   64: ((2, 2, 2, 1, 1, 0, 128), (2, 2, 3, 1, 1, 1, 64), (2, 2, 3, 0, 1, 0, 64),
-                       (2, 2, 3, 0, 0, 0, 64), (2, 1, 3, 0, 0, 0, 64), (2, 1, 0, 0, 0, 0, 64), (2, 0, 0, 0, 0, 0, 64),
-                       (1, 1, 0, 0, 0, 0, 64)),
+                       (2, 2, 3, 0, 0, 0, 64), (2, 1, 3, 0, 0, 0, 64)),
                   96: ((2, 2, 3, 1, 1, 1, 64), (2, 2, 3, 0, 1, 0, 64), (2, 2, 3, 0, 0, 0, 64)),
                   128: ((2, 2, 3, 1, 1, 1, 64), (2, 2, 3, 0, 1, 0, 64), (2, 2, 3, 0, 0, 0, 64),
-                        (2, 1, 3, 0, 0, 0, 64), (2, 0, 0, 0, 0, 0, 64))},
+                        (2, 1, 3, 0, 0, 0, 64))},
     causal_defaults={d: (2, 2, 3, 1, 1, 1, 64) for d in (32, 64, 96, 128)},
     min_cc=90, max_cc=90, arch=HOPPER_ARCH, max_shared=HOPPER_SHARED,
-    valid=lambda c: (c[0] in (1, 2) and c[1] in (0, 1, 2) and (c[2] == 0 or (c[0] == 2 and 2 <= c[2] <= 4))
-                     and (c[1] != 2 or c[2] > 0) and c[3] in (0, 1) and (c[3] == 0 or c[1] == 2)
-                     and c[4] in (0, 1) and (c[4] == 0 or c[2] > 0) and c[5] in (0, 1) and (c[5] == 0 or c[2] > 0)
+    valid=lambda c: (c[0] == 2 and c[1] in (1, 2) and 2 <= c[2] <= 4 and c[3] in (0, 1) and (c[3] == 0 or c[1] == 2)
+                     and c[4] in (0, 1) and c[5] in (0, 1)
                      and (c[6] == 64 or (c[6] == 128 and c[1] == 2 and c[4] == 1))),
     maps_argument=True, tensor_maps=lambda c: bool(c[3] or c[4] or c[5]), dependent_launch=True, direction=BACKWARD)
 
