@@ -17,8 +17,10 @@ or ``mma16:BK``); a forced family the GPU cannot run is one clear error.
 The backward (:func:`choose_backward`, the registry's ``direction`` BACKWARD families, which the forward never
 picks): the first backward family of the registry's order that takes the dtype and head dim, runs on the GPU and
 fits its shared memory (``fma_bwd`` runs everywhere); rows not aligned for it fall back, launch by launch, to the
-next (``KernelChoice.for_alignment``). 16-bit gradients need compute capability 8.0 as the 16-bit forward does.
-``HILBERT_HPC_BWD_KERNEL`` forces one (``fma_bwd`` or ``fma_bwd:BK,BQ``), for every dtype.
+next (``KernelChoice.for_alignment``); causal launches take a family's causal configuration first where the
+registry gives one (``causal_defaults``; ``KernelChoice.causal_candidates``). 16-bit gradients need compute
+capability 8.0 as the 16-bit forward does. ``HILBERT_HPC_BWD_KERNEL`` forces one (``fma_bwd`` or
+``fma_bwd:BK,BQ``, ``wgmma16_bwd:NWG,PIPE,STAGES,DQ,LOAD,DKV,BQ``), for every dtype, causal or not.
 """
 
 from __future__ import annotations
