@@ -70,7 +70,8 @@
 // Shared memory (bytes); K, V and dS^T in core-matrix order [row / 8][col / 8][row % 8][8], no swizzle (as in
 // dilated_fwd_wgmma_16.cu: K-major descriptors LBO = 128, SBO = 16 W for a W-wide tile; the same tile read
 // MN-major with LBO = 16 W, SBO = 128), Q and dO so too with LOAD = 0, with LOAD = 1 as the copy engine's
-// 128-byte (D = 32: 64-byte) swizzle writes them (StagedTile); from a 1024-byte-aligned window where any tile is swizzled:
+// 128-byte (D = 32: 64-byte) swizzle writes them (StagedTile); from a 1024-byte-aligned window where any tile is
+// swizzled:
 //   K, V of the block     2 * BK * D * 2
 //   Q, dO, NST stages     2 * NST * BQ * TD * 2 (NST = STAGES; TD = D, or LOAD = 1 whole
 //                         regions of 64 columns, 32 at D = 32: 128 at D = 96)
@@ -164,8 +165,8 @@ __device__ __forceinline__ void warpgroup_sync(int wg) {
 
 // Shared memory of one block in bytes (the layout at the top of this file); NST stages of Q, dO, L and delta
 // of query tiles of BQ rows; a Q or dO tile stores TD columns (D, or with LOAD = 1 whole swizzled regions of 64);
-// DQ = 1: the float32 dQ tile first (OFF_* count from the end of it); ALIGN: swizzled tiles (DQ, LOAD or DKV = 1), from a 1024-byte-aligned
-// base at offsets that keep them so
+// DQ = 1: the float32 dQ tile first (OFF_* count from the end of it); ALIGN: swizzled tiles (DQ, LOAD or DKV = 1),
+// from a 1024-byte-aligned base at offsets that keep them so
 template <int D, int TD, int NWG, int PIPE, int NST, int DQ, int ALIGN, int BQ_>
 struct BwdSmemWg {
     static constexpr int BK = 64 * NWG, BQ = BQ_;
@@ -420,7 +421,7 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps)
         fence_async_shared();
         mbar_arrive(BWD_DS);
     };
-    // scale dQ (column part `part`) of the tile at query qt added to dq (red.global.add.v2.f32); DQ = 1: stored
+    // scale dQ (part `part` of the share) of the tile at query qt added to dq (red.global.add.v2.f32); DQ = 1: stored
     // into the dQ tile (the tile of tile number qt / BQ - 1 reduced first), published after the last part
     auto add_dq = [&](int qt, int part) {
         if (DQ) {
@@ -440,7 +441,7 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps)
                     for (int n = 0; n < 4; ++n)
                         st_shared_v2_f32(at + 8 * 128 * h + (swz ^ (32 * n)), scale * c[4 * n + 2 * h],
                                          scale * c[4 * n + 2 * h + 1]);
-            } else {                         // NC = 16 (D = 32), 48 (D = 96), 64: within or across boxes
+            } else {                         // NC = 16 (D = 32), 48 (D = 96): within or across boxes
                 store_swizzled_boxes<NC / 8, BQ>(sDQ, dq_col() + NC * part,
                                                  reinterpret_cast<const float (&)[NC / 8][4]>(c), scale, warp, g, t,
                                                  dq_row());

@@ -96,7 +96,6 @@ class KernelFamily:
     #: other configurations per head dimension, compiled in CI and timed by the probe scripts' sweeps
     alternatives: dict[int, tuple[Config, ...]] = field(default_factory=dict)
     #: backward: the configuration causal launches take first, per head dimension where it is not the default
-    #: (one of the alternatives)
     causal_defaults: dict[int, Config] = field(default_factory=dict)
     min_cc: int = 60
     max_cc: int = 1000
@@ -123,10 +122,12 @@ class KernelFamily:
         return tuple(self.defaults)
 
     def configurations(self, head_dim: int, causal: bool = False) -> list[Config]:
-        """The default and alternative configurations for ``head_dim``, without repeats: the default first, or
-        for ``causal`` launches the causal default where there is one."""
-        first = self.causal_defaults.get(head_dim, self.defaults[head_dim]) if causal else self.defaults[head_dim]
-        return list(dict.fromkeys([first, self.defaults[head_dim], *self.alternatives.get(head_dim, ())]))
+        """The default, causal default and alternative configurations for ``head_dim``, without repeats: the
+        default first, or for ``causal`` launches the causal default where there is one."""
+        default = self.defaults[head_dim]
+        causal_default = self.causal_defaults.get(head_dim, default)
+        first, second = (causal_default, default) if causal else (default, causal_default)
+        return list(dict.fromkeys([first, second, *self.alternatives.get(head_dim, ())]))
 
     def variant(self, head_dim: int, dtype: Any = FLOAT32, config: Config | None = None,
                 accumulate: bool = False) -> Variant:

@@ -129,14 +129,14 @@ def device_maps(device: int, geometries: tuple[MapGeometry, ...], tail: bytes = 
         return cupy.asarray(data)
 
 
-#: query rows of a backward block's tile (wgmma16_bwd's BQ), and keys of one of its warpgroups: the rows of a Q, dO
-#: or accumulator box
+#: rows of a Q, dO or accumulator box of a backward block: 64 query rows (wgmma16_bwd's query tile of BQ rows is
+#: BQ / 64 of them stacked), or the keys of one of its warpgroups
 QUERY_TILE_ROWS = 64
 
 
 def query_tile_map(pointer: int, qg: tuple, rows: int, heads: int, segments: int, head_dim: int) -> MapGeometry:
     """The tensor map of a 16-bit Q or dO of one backward launch (geometry ``qg``, ``rows`` = the launch's mq):
-    boxes of one region of columns by one query tile, as wgmma16_bwd with LOAD = 1 stages them."""
+    boxes of one region of columns by QUERY_TILE_ROWS rows, as wgmma16_bwd with LOAD = 1 stages them."""
     return map_geometry(pointer, qg, rows, heads, segments, head_dim, QUERY_TILE_ROWS)
 
 
