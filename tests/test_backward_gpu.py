@@ -50,11 +50,14 @@ def problem(dtype: str, head_dim: int, causal: bool, patterns=PATTERNS, n: int =
     return dict(inputs=dev, lse=f32[0], delta=f32[1], want=want, scale=scale, patterns=patterns, causal=causal)
 
 
-def run(kernels: BackwardKernels, p: dict) -> tuple:
-    """dQ, dK, dV of the kernels (float64 NumPy arrays)."""
+def run(kernels: BackwardKernels, p: dict, fresh: bool = False) -> tuple:
+    """dQ, dK, dV of the kernels (float64 NumPy arrays); ``fresh``: dK and dV start as NaN, passed as
+    ``fresh_kv`` (never read: stored by the first pattern, or zeroed first)."""
     q, k, v, do = p["inputs"]
-    grads = [torch.zeros(x.shape, dtype=torch.float32, device="cuda") for x in (q, k, v)]
-    kernels.local_patterns(q, k, v, do, p["lse"], p["delta"], *grads, p["patterns"], p["causal"], p["scale"])
+    grads = [torch.full(x.shape, float("nan") if fresh and i else 0.0, dtype=torch.float32, device="cuda")
+             for i, x in enumerate((q, k, v))]
+    kernels.local_patterns(q, k, v, do, p["lse"], p["delta"], *grads, p["patterns"], p["causal"], p["scale"],
+                           fresh_kv=fresh)
     torch.cuda.synchronize()
     return tuple(g.double().cpu().numpy() for g in grads)
 
@@ -167,6 +170,31 @@ def test_tensor_map_kernels_match_float64_and_the_cp_async_atomic_kernel(head_di
             assert np.isfinite(g).all() and max_rel(g, w) <= TOLERANCE["bfloat16"], (name, max_rel(g, w))
         assert np.array_equal(got[1], want[1]) and np.array_equal(got[2], want[2])
         assert max_rel(got[0], want[0]) <= 1e-6
+
+
+def wgmma16_bwd_configurations() -> list:
+    """(head dim, configuration) of every wgmma16_bwd configuration."""
+    fam = registry.WGMMA16_BWD
+    return [(d, c) for d in fam.head_dims for c in fam.configurations(d)]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim,config", wgmma16_bwd_configurations())
+def test_fresh_launches_store_the_gradients_the_added_ones_give(head_dim, config, causal):
+    """fresh_kv with dK and dV full of NaN: the first pattern (dilation 1, every row) stores its terms, in one
+    launch and in one key block per launch, and the gradients are bit for bit those added into zeros (dQ within
+    float32 rounding: its additions are unordered); a first pattern that misses rows leaves dK and dV zeroed
+    first, with the same result."""
+    skip_unless_runs("bfloat16", "wgmma16_bwd", head_dim)
+    choice = choose_backward("bfloat16", head_dim, override="wgmma16_bwd:" + ",".join(map(str, config)))
+    for patterns in (PATTERNS, PATTERNS[1:] + PATTERNS[:1]):
+        p = problem("bfloat16", head_dim, causal, patterns=patterns, seed=7)
+        for kernels in (BackwardKernels(choice), BackwardKernels(choice, max_key_blocks=1)):
+            added, stored = run(kernels, p), run(kernels, p, fresh=True)
+            assert np.isfinite(stored[1]).all() and np.isfinite(stored[2]).all()
+            assert np.array_equal(stored[1], added[1]) and np.array_equal(stored[2], added[2])
+            assert max_rel(stored[0], added[0]) <= 1e-6
+            assert max_rel(stored[1], p["want"][1]) <= TOLERANCE["bfloat16"]
 
 
 @pytest.mark.parametrize("dtype,head_dim", [("float32", 64), ("float32", 36), ("bfloat16", 128), ("bfloat16", 20),

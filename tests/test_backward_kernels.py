@@ -284,7 +284,7 @@ def test_launches_of_one_call_follow_each_other(monkeypatch):
 
     calls, maps = [], []
     monkeypatch.setattr(backward, "compiled", lambda v: lambda grid, block, args, shared_mem, follows: calls.append(
-        (grid, follows, args[-1])))
+        (grid, follows, args[-2])))
     monkeypatch.setattr(backward, "tensor_maps", lambda *a: maps.append(a) or 4096)
     choice = choose_backward("bfloat16", 64, cc=90, override="")
     assert choice.variant.dependent_launch and choice.variant.maps_argument and choice.variant.tensor_maps
@@ -363,3 +363,45 @@ def test_row_dot_kernels_compile_for_every_gpu():
     for target in ("compute_61", "compute_90"):
         built = program.build(ROW_DOT_PROGRAM, target, "ptx")
         assert set(built.lowered) == set(ROW_DOT_PROGRAM.names)
+
+
+def test_fresh_gradients_are_stored_by_a_first_pattern_that_covers_every_row(monkeypatch):
+    """fresh_kv: the launches of a first pattern whose keys are every row (dilation 1, segments tiling the rows)
+    are fresh (the kernel's last argument 1: dK and dV stored, not added), every other launch adds (0) and
+    nothing is zeroed; where the first pattern does not cover every row, or the kernel has no fresh launch,
+    dk and dv are zeroed first and no launch is fresh; without fresh_kv nothing changes."""
+    import hilbert_hpc.kernels.backward as backward
+
+    calls, zeroed = [], []
+    monkeypatch.setattr(backward, "compiled", lambda v: lambda grid, block, args, shared_mem, follows: calls.append(
+        (v.fresh_gradients, int(args[-1]) if v.fresh_gradients else None, int(args[7]), int(args[8]))))
+    monkeypatch.setattr(backward, "tensor_maps", lambda *a: 4096)
+    monkeypatch.setattr(backward, "zero_float32", lambda x, count: zeroed.append((int(x), count)))
+    shape, arrays = (1024, 4, 64), range(9)
+    choice = choose_backward("bfloat16", 64, cc=90, override="")
+    kernels = BackwardKernels(choice, max_key_blocks=2)
+    for causal in (False, True):
+        calls.clear()
+        kernels.local_patterns(*arrays, [(512, 1), (1024, 2), (1024, 4)], causal, 0.125, shape=shape, fresh_kv=True)
+        first = len(backward.local_launches([(512, 1)], causal, 0.125, *shape))
+        chunks = 512 // choice.variant.block_queries // 2          # key chunks of the first pattern's launch
+        assert first == 1 and [f for _, f, _, _ in calls[:chunks]] == [1] * chunks
+        assert [f for _, f, _, _ in calls[chunks:]] == [0] * (len(calls) - chunks) and len(calls) > chunks
+        assert not zeroed
+    for patterns in ([(1024, 2), (512, 1)], [(768, 1)], [(2048, 1)]):   # first not dilation 1 / not tiling
+        calls.clear()
+        kernels.local_patterns(*arrays, patterns, False, 0.125, shape=shape, fresh_kv=True)
+        assert zeroed == [(7, 1024 * 4 * 64), (8, 1024 * 4 * 64)] and all(f == 0 for _, f, _, _ in calls)
+        zeroed.clear()
+    calls.clear()
+    kernels.local_patterns(*arrays, [(512, 1)], False, 0.125, shape=shape)
+    assert not zeroed and calls and all(f == 0 for _, f, _, _ in calls)
+    atomic_mma = BackwardKernels(choose_backward("bfloat16", 64, cc=80, override=""))
+    assert not atomic_mma.choice.variant.fresh_gradients
+    calls.clear()
+    atomic_mma.local_patterns(*arrays, [(512, 1)], False, 0.125, shape=shape, fresh_kv=True)
+    assert zeroed == [(7, 1024 * 4 * 64), (8, 1024 * 4 * 64)] and calls and all(f is None for _, f, _, _ in calls)
+    with pytest.raises(ValueError, match="no fresh launch"):
+        atomic_mma.launch(*arrays, qg=(0, 0, 64, 256), kg=(0, 0, 64, 256), vg=(0, 0, 64, 256), lg=(0, 0, 1, 4),
+                          segments=1, heads=1, mq=64, mk=64, shift=None, scale=0.1, head_dim=64, fresh=True)
+    assert {f.name for f in registry.FAMILIES.values() if f.fresh_gradients} == {"wgmma16_bwd"}

@@ -8,8 +8,9 @@ dimensions the fused kernels do not have, run the exact blockwise computation of
 :mod:`hilbert_hpc.core.dilated` and :mod:`hilbert_hpc.core.backward` on CuPy views of the tensors.
 :func:`fused_backward` is also the backward of the GPU backends' forward+backward cases (CuPy arrays or
 tensors).
-The backward kernels add their terms to float32 gradients (docs/kernels.md); 16-bit gradients are rounded
-from them once, a chunk of rows at a time (:func:`rounded_backward`: the float32 sums of a chunk of whole
+The backward kernels add their terms to float32 gradients (docs/kernels.md; dK and dV stored by the first
+pattern where its keys are every row, not zeroed and added to); 16-bit gradients are rounded from them once, a
+chunk of rows at a time (:func:`rounded_backward`: the float32 sums of a chunk of whole
 segments, so that they take a tenth of the memory of the tensors, not three quarters).
 """
 
@@ -150,11 +151,13 @@ def rounded_backward(qs: Tensor, ks: Tensor, vs: Tensor, out: Tensor, lse: Tenso
     rows = chunk_rows(n, patterns, SCRATCH_SHARE)
     grads = [torch.empty_like(x) for x in (qs, ks, vs)]
     scratch = [torch.empty((rows, *x.shape[1:]), dtype=torch.float32, device=x.device) for x in (qs, ks, vs)]
+    delta = row_dot(dout, out)                    # (n, H) float32: one pass for every chunk
     for c0 in range(0, n, rows):
         part = slice(c0, min(n, c0 + rows))
-        sums = [x[:part.stop - c0].zero_() for x in scratch]
-        kernels.local_patterns(qs[part], ks[part], vs[part], dout[part], lse[part], row_dot(dout[part], out[part]),
-                               *sums, patterns, causal, scale)
+        sums = [x[:part.stop - c0] for x in scratch]
+        sums[0].zero_()                           # dq; dk and dv are fresh (stored by the first pattern or zeroed)
+        kernels.local_patterns(qs[part], ks[part], vs[part], dout[part], lse[part], delta[part], *sums, patterns,
+                               causal, scale, fresh_kv=True)
         for grad, total in zip(grads, sums):
             grad[part].copy_(total)
     return tuple(grads)
@@ -168,17 +171,18 @@ def fused_backward(qs: Any, ks: Any, vs: Any, out: Any, lse: Any, dout: Any, pat
     from hilbert_hpc.kernels.selection import choose_backward
 
     choice = choice or choose_backward(_dtype_name(qs.dtype), int(qs.shape[2]))
-    grads = [_float32_zeros(x) for x in (qs, ks, vs)]
+    grads = [_float32_array(x, zeros=i == 0) for i, x in enumerate((qs, ks, vs))]
     BackwardKernels(choice).local_patterns(qs, ks, vs, dout, lse, row_dot(dout, out), *grads, patterns, causal,
-                                           scale)
+                                           scale, fresh_kv=True)
     return grads
 
 
-def _float32_zeros(x: Any) -> Any:
+def _float32_array(x: Any, zeros: bool) -> Any:
+    """A float32 array (tensor or CuPy array, as ``x``) of ``x``'s shape on its GPU: zeros, or uninitialized."""
     if is_tensor(x):
         import torch
 
-        return torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        return (torch.zeros if zeros else torch.empty)(x.shape, dtype=torch.float32, device=x.device)
     import cupy
 
-    return cupy.zeros(x.shape, dtype=cupy.float32)
+    return (cupy.zeros if zeros else cupy.empty)(x.shape, dtype=cupy.float32)

@@ -47,12 +47,13 @@ __device__ __forceinline__ void add_pair(float* p, float x, float y) {
 // (element offsets koff + j k_row, voff + j v_row; keys past mk left alone), the product scale dK rounded before
 // the addition (as an addition by TMA reduce-add from a stored tile rounds it): every old value of a row is read
 // before any is stored, once the launch before this one has completed (wait_for_previous_launch). The keys
-// belong to this block alone: no atomics.
+// belong to this block alone: no atomics. fresh: dk and dv hold no terms yet (whatever they hold is not read):
+// the rows are stored, not added to.
 template <int ND>
 __device__ __forceinline__ void add_key_gradients(float* dk, float* dv, long long koff, long long voff,
                                                   long long k_row, long long v_row, int key0, int mk, int t,
                                                   float scale, const float (&gk)[ND][4],
-                                                  const float (&gv)[ND][4]) {
+                                                  const float (&gv)[ND][4], bool fresh = false) {
     wait_for_previous_launch();
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -63,8 +64,8 @@ __device__ __forceinline__ void add_key_gradients(float* dk, float* dv, long lon
         float2 pk[ND], pv[ND];
 #pragma unroll
         for (int n = 0; n < ND; ++n) {
-            pk[n] = krow[4 * n];
-            pv[n] = vrow[4 * n];
+            pk[n] = fresh ? make_float2(0.0f, 0.0f) : krow[4 * n];
+            pv[n] = fresh ? make_float2(0.0f, 0.0f) : vrow[4 * n];
         }
 #pragma unroll
         for (int n = 0; n < ND; ++n) {
@@ -72,5 +73,19 @@ __device__ __forceinline__ void add_key_gradients(float* dk, float* dv, long lon
                                       pk[n].y + __fmul_rn(scale, gk[n][2 * h + 1]));
             vrow[4 * n] = make_float2(pv[n].x + gv[n][2 * h], pv[n].y + gv[n][2 * h + 1]);
         }
+    }
+}
+
+// fresh launches (add_key_gradients): rows [k0, min(k0 + rows, mk)) of dk and dv (D floats each, element offsets
+// koff + j k_row, voff + j v_row) set to zero by the block's threads, for key blocks that no query sees
+template <int D>
+__device__ __forceinline__ void zero_key_rows(float* dk, float* dv, long long koff, long long voff, long long k_row,
+                                              long long v_row, int k0, int rows, int mk) {
+    wait_for_previous_launch();
+    const int n = max(0, min(rows, mk - k0)) * (D / 4);
+    for (int p = threadIdx.x; p < n; p += blockDim.x) {
+        const long long j = k0 + p / (D / 4), c = 4 * (p % (D / 4));
+        *reinterpret_cast<float4*>(dk + koff + j * k_row + c) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        *reinterpret_cast<float4*>(dv + voff + j * v_row + c) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 }

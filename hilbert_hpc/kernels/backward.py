@@ -25,7 +25,7 @@ import numpy as np
 
 from hilbert_hpc.core.arrays import is_c_contiguous, itemsize, is_tensor, on_gpu
 from hilbert_hpc.core.blockwise import array_module
-from hilbert_hpc.kernels.launch import MAX_GRID_Y, geometry_arguments, hop_launches, local_launches
+from hilbert_hpc.kernels.launch import MAX_GRID_Y, geometry_arguments, hop_launches, local_launches, segment_dilation
 from hilbert_hpc.kernels.program import Program, compiled, load
 from hilbert_hpc.kernels.registry import BACKWARD, FLOAT32, SIXTEEN_BIT_TYPES, dtype_name
 from hilbert_hpc.kernels.selection import KernelChoice
@@ -88,40 +88,56 @@ class BackwardKernels:
 
     def local_patterns(self, q: Any, k: Any, v: Any, dout: Any, lse: Any, delta: Any, dq: Any, dk: Any, dv: Any,
                        patterns: Sequence[Any], causal: bool, scale: float,
-                       shape: Sequence[int] | None = None) -> None:
+                       shape: Sequence[int] | None = None, fresh_kv: bool = False) -> None:
         """Add the gradient terms of ``patterns`` (``Pattern`` or ``(segment, dilation)``, segments inside these
         (n, H, D) arrays) to ``dq``, ``dk``, ``dv``. ``lse``: the merged log-sum-exp of every pattern (n, H),
-        ``delta``: rowsum(dout * out) (n, H). ``shape`` is read from ``q`` unless given (raw pointers)."""
+        ``delta``: rowsum(dout * out) (n, H). ``shape`` is read from ``q`` unless given (raw pointers).
+        ``fresh_kv``: ``dk`` and ``dv`` hold no terms yet and what they hold is never read (``torch.empty``
+        will do): the first pattern's launches store its terms where its keys are every row and the kernel
+        can (:func:`stores_fresh_gradients`), otherwise ``dk`` and ``dv`` are zeroed first."""
         if shape is None and not hasattr(q, "shape"):
             raise ValueError("give shape=(n, H, D) with raw pointers")
         check_arrays(self.choice, shape, q=q, k=k, v=v, dout=dout, lse=lse, delta=delta, dq=dq, dk=dk, dv=dv)
         n, heads, d = (int(x) for x in (q.shape if shape is None else shape))
-        self.launch_each(local_launches(patterns, causal, scale, n, heads, d), q, k, v, dout, lse, delta, dq, dk, dv)
+        launches = local_launches(patterns, causal, scale, n, heads, d)
+        fresh = 0
+        if fresh_kv:
+            first = local_launches(patterns[:1], causal, scale, n, heads, d)
+            if stores_fresh_gradients(self.choice, patterns, n, first):
+                fresh = len(first)
+            else:
+                for x in (dk, dv):
+                    zero_float32(x, n * heads * d)
+        self.launch_each(launches, q, k, v, dout, lse, delta, dq, dk, dv, fresh=fresh)
 
     def launch_each(self, geometries: Sequence[dict], q: Any, k: Any, v: Any, dout: Any, lse: Any, delta: Any,
-                    dq: Any, dk: Any, dv: Any) -> None:
+                    dq: Any, dk: Any, dv: Any, fresh: int = 0) -> None:
         """:meth:`launch` of each geometry in order, every one after the first that launched anything following
-        it (``follows``: programmatic dependent launch)."""
+        it (``follows``: programmatic dependent launch); the first ``fresh`` store their dK and dV terms."""
         launched = False
-        for geometry in geometries:
-            launched |= self.launch(q, k, v, dout, lse, delta, dq, dk, dv, **geometry, follows=launched)
+        for i, geometry in enumerate(geometries):
+            launched |= self.launch(q, k, v, dout, lse, delta, dq, dk, dv, **geometry, follows=launched,
+                                    fresh=i < fresh)
 
     def launch(self, q: Any, k: Any, v: Any, dout: Any, lse: Any, delta: Any, dq: Any, dk: Any, dv: Any, *,
                qg: tuple, kg: tuple, vg: tuple, lg: tuple, segments: int, heads: int, mq: int, mk: int,
-               shift: int | None, scale: float, head_dim: int, follows: bool = False) -> bool:
+               shift: int | None, scale: float, head_dim: int, follows: bool = False, fresh: bool = False) -> bool:
         """One launch geometry (``launch.local_launches``' keyword arguments: base, segment, head and row
         strides in elements; dO and dQ addressed like Q, dK like K, dV like V, delta like L) over
         ``segments x heads`` problems, split into key chunks where needed. ``follows``: the last thing queued
         on the stream is a launch of this call (of the same inputs), whose end this one may overlap
-        (``kernels.dependent_launch``); the key chunks after the first follow each other so. Returns whether it
-        launched anything."""
+        (``kernels.dependent_launch``); the key chunks after the first follow each other so. ``fresh``: the
+        launch stores its dK and dV terms (every key row of its problems), the kernel's ``fresh`` (a variant with
+        ``fresh_gradients`` only). Returns whether it launched anything."""
         if segments == 0 or heads == 0 or mq == 0 or mk == 0:
             return False
         if head_dim != self.choice.head_dim:
             raise ValueError(f"the kernel was chosen for head_dim {self.choice.head_dim}, got {head_dim}")
         if not scale > 0:
             raise ValueError(f"the backward kernel needs scale > 0, got {scale}")
-        chosen = self.choice.for_alignment(math.gcd(*qg, *kg, *vg, 16), causal=shift is not None)
+        chosen = launch_variant(self.choice, qg, kg, vg, shift)
+        if fresh and not chosen.fresh_gradients:
+            raise ValueError(f"{chosen.name} adds its dK and dV terms: it has no fresh launch")
         fn = compiled(chosen)
         pointers = tuple(np.uint64(device_pointer(x)) for x in (q, k, v, dout, lse, delta, dq, dk, dv))
         for i, (kc, vc, mc, sc) in enumerate(key_chunks(kg, vg, mk, shift, chosen.block_queries,
@@ -132,9 +148,37 @@ class BackwardKernels:
                 maps = tensor_maps(pointers, qg, kc, vc, mq, mc, heads, segments, head_dim) \
                     if chosen.tensor_maps else 0
                 extra = (np.uint64(maps),)
+            if chosen.fresh_gradients:
+                extra += (np.int32(fresh),)
             args = (*pointers, *geometry_arguments(qg, kc, vc, lg, heads, mq, mc, sc, scale), *extra)
             fn(grid, (chosen.threads,), args, shared_mem=chosen.shared_bytes, follows=follows or i > 0)
         return True
+
+
+def launch_variant(choice: KernelChoice, qg: tuple, kg: tuple, vg: tuple, shift: int | None) -> Any:
+    """The variant of ``choice`` a launch of these geometries runs: the first whose alignment its row offsets
+    meet, among the causal candidates where ``shift`` is not None."""
+    return choice.for_alignment(math.gcd(*qg, *kg, *vg, 16), causal=shift is not None)
+
+
+def stores_fresh_gradients(choice: KernelChoice, patterns: Sequence[Any], n: int, first: Sequence[dict]) -> bool:
+    """Whether the first of ``patterns``, launched as ``first`` (its ``local_launches``), can store its dK and dV
+    terms into gradients that hold none yet, over ``n`` rows: its keys are every row of every head (dilation 1,
+    segments that tile the ``n`` rows) and the kernel each of its launches runs has a fresh launch
+    (``fresh_gradients``)."""
+    if not patterns:
+        return False
+    w, r = segment_dilation(patterns[0])
+    return (r == 1 and 0 < w <= n and n % w == 0 and
+            all(launch_variant(choice, g["qg"], g["kg"], g["vg"], g["shift"]).fresh_gradients for g in first))
+
+
+def zero_float32(x: Any, count: int) -> None:
+    """``count`` float32 elements at ``x`` (a GPU array, tensor or device pointer) set to zero on the current
+    stream."""
+    import cupy
+
+    cupy.cuda.runtime.memsetAsync(device_pointer(x), 0, 4 * count, cupy.cuda.get_current_stream().ptr)
 
 
 def tensor_maps(pointers: tuple, qg: tuple, kg: tuple, vg: tuple, mq: int, mk: int, heads: int, segments: int,

@@ -198,10 +198,12 @@ struct BwdSmemWg {
 // producer thread loads them by TMA through the tensor maps maps[1] (Q) and maps[2] (dO), 128-byte swizzled.
 // DKV = 0: every consumer thread adds its dK, dV to dk, dv (read-add-write); DKV = 1: the consumers
 // store them into swizzled float32 tiles over K, V and the stages, and one thread a warpgroup adds them by TMA
-// reduce-add through maps[3] (dk) and maps[4] (dv). maps: null unless DQ, LOAD or DKV is 1.
+// reduce-add through maps[3] (dk) and maps[4] (dv). maps: null unless DQ, LOAD or DKV is 1. fresh (not 0): dk and dv
+// hold no terms yet and are not read: the block's dK and dV rows are stored (zeros where no query sees its keys), the
+// launch of the first pattern of a backward whose keys cover every row (kernels/backward.py).
 template <typename T, int D, int NWG, int PIPE, int STAGES, int DQ, int LOAD, int DKV, int QT>
 __global__ void __launch_bounds__(WG_THREADS * (NWG + 1), 1)
-dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps)
+dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps, int fresh)
 {
     allow_next_launch();                     // backward.cuh: programmatic dependent launch
     using H = Half16<T>;
@@ -268,7 +270,10 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps)
     const long long loff = l_base + problem_seg * l_seg + problem_head * l_head;
 
     const int q_begin = first_visible_query(causal, k0, causal_shift);
-    if (q_begin >= mq) return;               // no query sees these keys (uniform)
+    if (q_begin >= mq) {                     // no query sees these keys (uniform): zero terms
+        if (fresh) zero_key_rows<D>(dk, dv, koff, voff, k_row, v_row, k0, BK, mk);
+        return;
+    }
     const int ntiles = (mq - q_begin + BQ - 1) / BQ;
 
     constexpr int ALL = THREADS + WG_THREADS;
@@ -655,14 +660,19 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps)
             wait_for_previous_launch();      // additions to the same rows done first: the same order every run)
 #pragma unroll
             for (int b = 0; b < D / 32; ++b) {
-                tma_reduce_add_4d(maps + 3, tk + b * (64 * 128), 32 * b, problem_head, kw0, (int)problem_seg);
-                tma_reduce_add_4d(maps + 4, tv + b * (64 * 128), 32 * b, problem_head, kw0, (int)problem_seg);
+                if (fresh) {                 // the rows hold no terms yet: stored, not added to
+                    tma_store_4d(maps + 3, tk + b * (64 * 128), 32 * b, problem_head, kw0, (int)problem_seg);
+                    tma_store_4d(maps + 4, tv + b * (64 * 128), 32 * b, problem_head, kw0, (int)problem_seg);
+                } else {
+                    tma_reduce_add_4d(maps + 3, tk + b * (64 * 128), 32 * b, problem_head, kw0, (int)problem_seg);
+                    tma_reduce_add_4d(maps + 4, tv + b * (64 * 128), 32 * b, problem_head, kw0, (int)problem_seg);
+                }
             }
             bulk_commit();
             bulk_wait_read();                // the tiles read before the block's shared memory is freed
         }
     } else {
-        add_key_gradients<D / 8>(dk, dv, koff, voff, k_row, v_row, key0, mk, t, scale, fk, fv);
+        add_key_gradients<D / 8>(dk, dv, koff, voff, k_row, v_row, key0, mk, t, scale, fk, fv, fresh != 0);
     }
 }
 #undef BWD_FULL

@@ -65,6 +65,9 @@ class Variant:
     tensor_maps: bool = False
     #: launches of it that follow one another may overlap (programmatic dependent launch, compute capability 9.0+)
     dependent_launch: bool = False
+    #: a backward kernel whose last argument is the int ``fresh`` (after the maps): not 0, dk and dv hold no terms
+    #: yet and are stored, not added to (``backward.BackwardKernels.local_patterns``' ``fresh_kv``)
+    fresh_gradients: bool = False
 
     def runs_on(self, cc: int) -> bool:
         """Whether a GPU of compute capability ``cc`` (major * 10 + minor) can run this variant."""
@@ -115,6 +118,8 @@ class KernelFamily:
     #: whether its kernels support programmatic dependent launch (backward.cuh: allow_next_launch at the start,
     #: wait_for_previous_launch before what an earlier launch of the same call writes)
     dependent_launch: bool = False
+    #: whether its kernels take ``fresh`` last: a launch that stores its dK and dV terms instead of adding them
+    fresh_gradients: bool = False
 
     @property
     def head_dims(self) -> tuple[int, ...]:
@@ -147,7 +152,7 @@ class KernelFamily:
         return Variant(self.name, head_dim, self.source, self.template(t, head_dim, cfg, "float" if accumulate else t),
                        self.threads(cfg), self.block_queries(head_dim, cfg), self.shared_bytes(head_dim, cfg),
                        self.align, self.min_cc, self.max_cc, self.arch, cfg, self.maps_argument,
-                       self.tensor_maps(cfg), self.dependent_launch)
+                       self.tensor_maps(cfg), self.dependent_launch, self.fresh_gradients)
 
     def instantiations(self) -> list[Variant]:
         """Every instantiation CI compiles: each dtype and head dim with each configuration, then the
@@ -386,7 +391,8 @@ WGMMA16_BWD = KernelFamily(
     valid=lambda c: (c[0] == 2 and c[1] in (1, 2) and 2 <= c[2] <= 4 and c[3] in (0, 1) and (c[3] == 0 or c[1] == 2)
                      and c[4] in (0, 1) and c[5] in (0, 1)
                      and (c[6] == 64 or (c[6] == 128 and c[1] == 2 and c[4] == 1))),
-    maps_argument=True, tensor_maps=lambda c: bool(c[3] or c[4] or c[5]), dependent_launch=True, direction=BACKWARD)
+    maps_argument=True, tensor_maps=lambda c: bool(c[3] or c[4] or c[5]), dependent_launch=True,
+    fresh_gradients=True, direction=BACKWARD)
 
 #: mma16_bwd per head dim: keys per block BK (a warp per 16 keys), template argument of
 #: dilated_bwd_mma_16<T, D, BK>; no spills with ptxas for sm_80 and sm_90. Measured on an H100 (N = 262,144,

@@ -70,6 +70,13 @@ __device__ __forceinline__ void tma_reduce_add_4d(const TensorMap* map, unsigned
                  ::"l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src) : "memory");
 }
 
+// the float32 box at shared address src stored into a 4-D tensor map's box (coordinates innermost first;
+// elements out of the tensor's bounds are skipped), in this thread's current bulk group
+__device__ __forceinline__ void tma_store_4d(const TensorMap* map, unsigned src, int c0, int c1, int c2, int c3) {
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n"
+                 ::"l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src) : "memory");
+}
+
 // close this thread's bulk group; wait until its groups read their shared sources (the buffers may be
 // written again); wait until they completed (their writes to global memory done)
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }

@@ -76,6 +76,9 @@ def breakdown(case: str, share: float, repeat: int) -> None:
             continue
         groups[group_of(e.name)] += us / 1e3 / repeat
         kernels[e.name[:70]] += us / 1e3 / repeat
+    timeline = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                      if e.device_type.name == "CUDA" and e.device_time > 0
+                      and not any(f in e.name for f in forward_names))
     total = sum(groups.values())
     wall = statistics.median(walls)
     flops = BACKWARD_FLOPS * useful_flops(n, heads, d, ANCHOR, causal)
@@ -85,6 +88,20 @@ def breakdown(case: str, share: float, repeat: int) -> None:
         print(f"  {g:20s} {ms:8.3f} ms {100 * ms / wall:5.1f} %")
     for name, ms in sorted(kernels.items(), key=lambda x: -x[1])[:8]:
         print(f"    {ms:8.3f} ms  {name}")
+    print_gaps(timeline, repeat)
+
+
+def print_gaps(timeline: list, repeat: int) -> None:
+    """The GPU's idle time between consecutive backward kernels (a kernel that starts before the one before it
+    ended, a dependent launch, counts its overlap as negative), summed per pair of kernel groups."""
+    pairs: dict[str, list[float]] = collections.defaultdict(list)
+    for (_, end, before), (start, _, after) in zip(timeline, timeline[1:]):
+        gap = (start - end) / 1e3
+        if gap < 5.0:                      # ms: between backwards (the forward in between) not counted
+            pairs[f"{group_of(before)} -> {group_of(after)}"].append(gap)
+    for pair, gaps in sorted(pairs.items(), key=lambda x: -sum(x[1])):
+        print(f"  gap {pair:45s} {sum(gaps) / repeat:8.3f} ms a backward, {len(gaps) // repeat} a backward, "
+              f"median {1e3 * statistics.median(gaps):7.1f} us")
 
 
 def main() -> int:
