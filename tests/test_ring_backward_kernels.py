@@ -40,11 +40,12 @@ def values(x: np.ndarray) -> np.ndarray:
 
 
 def numpy_backward_launch(q, k, v, dout, lse, delta, dq, dk, dv, *, qg, kg, vg, lg, segments, heads, mq, mk,
-                          shift, scale, head_dim, follows=False):
+                          shift, scale, head_dim, follows=False, fresh=False):
     """One backward launch: for each (segment, head) problem, rows at base + seg*segment + head*h + i*row (dO
     and dQ like Q, dK like K, dV like V, delta like L); query i sees key j < mk (and j <= i + shift when shift
-    is not None) with P = exp(scale q k - L); dQ, dK, dV (float32) get this problem's terms added. Returns
-    whether there was anything to launch, as the kernels' launcher does (``follows`` changes nothing here)."""
+    is not None) with P = exp(scale q k - L); dQ, dK, dV (float32) get this problem's terms added (``fresh``: dK
+    and dV stored). Returns whether there was anything to launch, as the kernels' launcher does (``follows``
+    changes nothing here)."""
     qf, kf, vf, of = (values(x.reshape(-1)) for x in (q, k, v, dout))
     lf, df = lse.reshape(-1), delta.reshape(-1)
     dqf, dkf, dvf = (x.reshape(-1) for x in (dq, dk, dv))
@@ -64,6 +65,9 @@ def numpy_backward_launch(q, k, v, dout, lse, delta, dq, dk, dv, *, qg, kg, vg, 
             scores = qf[qi] @ kf[ki].T * scale
             p = np.where(seen, np.exp(np.where(seen, scores - np.where(np.isfinite(L), L, 0)[:, None], 0)), 0)
             ds = p * (of[qi] @ vf[vi].T - df[li][:, None])
+            if fresh:
+                dvf[vi] = 0.0
+                dkf[ki] = 0.0
             dvf[vi] += (p.T @ of[qi]).astype(np.float32)
             dqf[qi] += (scale * ds @ kf[ki]).astype(np.float32)
             dkf[ki] += (scale * ds.T @ qf[qi]).astype(np.float32)
