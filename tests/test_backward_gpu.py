@@ -197,6 +197,36 @@ def test_fresh_launches_store_the_gradients_the_added_ones_give(head_dim, config
             assert max_rel(stored[1], p["want"][1]) <= TOLERANCE["bfloat16"]
 
 
+def persistent_configurations() -> list:
+    """(head dim, configuration) of every wgmma16_bwd configuration whose blocks can work through several items."""
+    fam = registry.WGMMA16_BWD
+    return [(d, c) for d, c in wgmma16_bwd_configurations() if fam.variant(d, "bfloat16", c).persistent]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim,config", persistent_configurations())
+def test_persistent_grids_give_the_gradients_of_a_block_an_item(head_dim, config, causal, monkeypatch):
+    """Three blocks working through every item of a launch (K and V staged item after item by a producer warp,
+    the pipeline's stages, dS^T buffers and dQ tiles carried from item to item), also with fresh dK and dV and one
+    key block per launch: dK and dV bit for bit those of a block an item, dQ within float32 rounding (its
+    additions are unordered), within the 16-bit tolerance of float64."""
+    skip_unless_runs("bfloat16", "wgmma16_bwd", head_dim)
+    from hilbert_hpc.kernels import backward
+
+    choice = choose_backward("bfloat16", head_dim, override="wgmma16_bwd:" + ",".join(map(str, config)))
+    p = problem("bfloat16", head_dim, causal, seed=11)
+    for fresh in (False, True):
+        for chunks in (backward.MAX_GRID_Y, 1):
+            monkeypatch.setenv(backward.PERSISTENT_ENV, "0")
+            one = run(BackwardKernels(choice, max_key_blocks=chunks), p, fresh=fresh)
+            monkeypatch.setenv(backward.PERSISTENT_ENV, "1")
+            few = run(BackwardKernels(choice, max_key_blocks=chunks, max_blocks=3), p, fresh=fresh)
+            assert np.array_equal(few[1], one[1]) and np.array_equal(few[2], one[2])
+            assert max_rel(few[0], one[0]) <= 1e-6
+            for name, g, w in zip(("dq", "dk", "dv"), few, p["want"]):
+                assert np.isfinite(g).all() and max_rel(g, w) <= TOLERANCE["bfloat16"], (name, max_rel(g, w))
+
+
 @pytest.mark.parametrize("dtype,head_dim", [("float32", 64), ("float32", 36), ("bfloat16", 128), ("bfloat16", 20),
                                             ("float16", 96), ("float16", 12)])
 def test_row_dot_kernel_is_the_float32_rowsum(dtype, head_dim):

@@ -284,11 +284,11 @@ def test_launches_of_one_call_follow_each_other(monkeypatch):
 
     calls, maps = [], []
     monkeypatch.setattr(backward, "compiled", lambda v: lambda grid, block, args, shared_mem, follows: calls.append(
-        (grid, follows, args[-2])))
+        (grid, follows, args[-3])))
     monkeypatch.setattr(backward, "tensor_maps", lambda *a: maps.append(a) or 4096)
     choice = choose_backward("bfloat16", 64, cc=90, override="")
     assert choice.variant.dependent_launch and choice.variant.maps_argument and choice.variant.tensor_maps
-    kernels = BackwardKernels(choice, max_key_blocks=2)
+    kernels = BackwardKernels(choice, max_key_blocks=2, max_blocks=132)
     kernels.local_patterns(*range(9), [(512, 1), (1024, 2), (1024, 4)], False, 0.125, shape=(1024, 4, 64))
     assert [f for _, f, _ in calls] == [False] + [True] * (len(calls) - 1) and len(calls) > 3
     assert all(int(last) == 4096 for *_, last in calls)            # the launch's tensor maps
@@ -374,12 +374,12 @@ def test_fresh_gradients_are_stored_by_a_first_pattern_that_covers_every_row(mon
 
     calls, zeroed = [], []
     monkeypatch.setattr(backward, "compiled", lambda v: lambda grid, block, args, shared_mem, follows: calls.append(
-        (v.fresh_gradients, int(args[-1]) if v.fresh_gradients else None, int(args[7]), int(args[8]))))
+        (v.fresh_gradients, int(args[-2]) if v.fresh_gradients else None, int(args[7]), int(args[8]))))
     monkeypatch.setattr(backward, "tensor_maps", lambda *a: 4096)
     monkeypatch.setattr(backward, "zero_float32", lambda x, count: zeroed.append((int(x), count)))
     shape, arrays = (1024, 4, 64), range(9)
     choice = choose_backward("bfloat16", 64, cc=90, override="")
-    kernels = BackwardKernels(choice, max_key_blocks=2)
+    kernels = BackwardKernels(choice, max_key_blocks=2, max_blocks=132)
     for causal in (False, True):
         calls.clear()
         kernels.local_patterns(*arrays, [(512, 1), (1024, 2), (1024, 4)], causal, 0.125, shape=shape, fresh_kv=True)
@@ -405,3 +405,34 @@ def test_fresh_gradients_are_stored_by_a_first_pattern_that_covers_every_row(mon
         atomic_mma.launch(*arrays, qg=(0, 0, 64, 256), kg=(0, 0, 64, 256), vg=(0, 0, 64, 256), lg=(0, 0, 1, 4),
                           segments=1, heads=1, mq=64, mk=64, shift=None, scale=0.1, head_dim=64, fresh=True)
     assert {f.name for f in registry.FAMILIES.values() if f.fresh_gradients} == {"wgmma16_bwd"}
+
+
+def test_persistent_configurations_run_a_grid_of_one_block_per_sm(monkeypatch):
+    """A persistent wgmma16_bwd configuration (LOAD = DQ = 1, PIPE = 2, DKV = 0, BQ = 64, D <= 64) with more work
+    items (problems x key blocks) than blocks gets a grid of max_blocks blocks and the items' count as its last
+    argument; with fewer items, or with HILBERT_HPC_BWD_PERSISTENT=0, or for another configuration, the grid is
+    problems x key blocks and the count 0 (a block an item)."""
+    import hilbert_hpc.kernels.backward as backward
+
+    calls = []
+    monkeypatch.setattr(backward, "compiled", lambda v: lambda grid, block, args, shared_mem, follows: calls.append(
+        (v.persistent, tuple(grid), int(args[-1]))))
+    monkeypatch.setattr(backward, "tensor_maps", lambda *a: 4096)
+    fam = registry.WGMMA16_BWD
+    assert {d: [c for c in fam.configurations(d) if fam.variant(d, "bfloat16", c).persistent]
+            for d in fam.head_dims} == {32: [fam.defaults[32]], 64: [fam.defaults[64]], 96: [], 128: []}
+    geometry = dict(qg=(0, 512 * 256, 64, 256), kg=(0, 512 * 256, 64, 256), vg=(0, 512 * 256, 64, 256),
+                    lg=(0, 512 * 4, 1, 4), segments=2, heads=4, mq=512, mk=512, shift=None, scale=0.1, head_dim=64)
+    items = 2 * 4 * (512 // 128)
+    choice = choose_backward("bfloat16", 64, cc=90, override="")
+    BackwardKernels(choice, max_blocks=5).launch(*range(9), **geometry)
+    assert calls[-1] == (True, (5, 1), items)
+    BackwardKernels(choice, max_blocks=items).launch(*range(9), **geometry)
+    assert calls[-1] == (True, (8, 4), 0)
+    monkeypatch.setenv(backward.PERSISTENT_ENV, "0")
+    BackwardKernels(choice, max_blocks=5).launch(*range(9), **geometry)
+    assert calls[-1] == (True, (8, 4), 0)
+    monkeypatch.delenv(backward.PERSISTENT_ENV)
+    causal = choose_backward("bfloat16", 64, cc=90, override="")
+    BackwardKernels(causal, max_blocks=5).launch(*range(9), **{**geometry, "shift": 0})
+    assert calls[-1] == (False, (8, 4), 0)                    # causal launches take DKV = 1

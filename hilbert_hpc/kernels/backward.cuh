@@ -77,13 +77,13 @@ __device__ __forceinline__ void add_key_gradients(float* dk, float* dv, long lon
 }
 
 // fresh launches (add_key_gradients): rows [k0, min(k0 + rows, mk)) of dk and dv (D floats each, element offsets
-// koff + j k_row, voff + j v_row) set to zero by the block's threads, for key blocks that no query sees
+// koff + j k_row, voff + j v_row) set to zero by `count` threads numbered `self`, for key blocks that no query sees
 template <int D>
 __device__ __forceinline__ void zero_key_rows(float* dk, float* dv, long long koff, long long voff, long long k_row,
-                                              long long v_row, int k0, int rows, int mk) {
+                                              long long v_row, int k0, int rows, int mk, int self, int count) {
     wait_for_previous_launch();
     const int n = max(0, min(rows, mk - k0)) * (D / 4);
-    for (int p = threadIdx.x; p < n; p += blockDim.x) {
+    for (int p = self; p < n; p += count) {
         const long long j = k0 + p / (D / 4), c = 4 * (p % (D / 4));
         *reinterpret_cast<float4*>(dk + koff + j * k_row + c) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         *reinterpret_cast<float4*>(dv + voff + j * v_row + c) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);

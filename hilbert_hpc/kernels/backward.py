@@ -18,6 +18,7 @@ dK/dV into the accumulator block that travels with it. Everything is queued on t
 from __future__ import annotations
 
 import math
+import os
 from functools import lru_cache
 from typing import Any, Sequence
 
@@ -29,7 +30,7 @@ from hilbert_hpc.kernels.launch import MAX_GRID_Y, geometry_arguments, hop_launc
 from hilbert_hpc.kernels.program import Program, compiled, load
 from hilbert_hpc.kernels.registry import BACKWARD, FLOAT32, SIXTEEN_BIT_TYPES, dtype_name
 from hilbert_hpc.kernels.selection import KernelChoice
-from hilbert_hpc.kernels.sixteen_bit import device_pointer
+from hilbert_hpc.kernels.sixteen_bit import device_pointer, multiprocessors
 
 #: the arrays of a backward launch, in the kernels' order (``DILATED_BWD_PARAMS``)
 ARRAYS = ("q", "k", "v", "dout", "lse", "delta", "dq", "dk", "dv")
@@ -37,6 +38,8 @@ ARRAYS = ("q", "k", "v", "dout", "lse", "delta", "dq", "dk", "dv")
 INPUTS = ("q", "k", "v", "dout")
 #: elements of the float32 temporaries of one chunk of rows of :func:`row_dot`
 ROW_DOT_CHUNK = 1 << 22
+#: set to 0 to give every work item its own block (no persistent grids; read when BackwardKernels is made)
+PERSISTENT_ENV = "HILBERT_HPC_BWD_PERSISTENT"
 
 
 def key_chunks(kg: tuple, vg: tuple, mk: int, shift: int | None, block_keys: int,
@@ -78,13 +81,16 @@ def check_arrays(choice: KernelChoice, shape: Sequence[int] | None = None, **arr
 
 class BackwardKernels:
     """Launches of one backward kernel choice. ``max_key_blocks``: most key blocks of one launch along grid y
-    (more are split into key chunks; tests force small chunks)."""
+    (more are split into key chunks; tests force small chunks). ``max_blocks``: most blocks of a persistent grid
+    (default: one per SM; tests force a few, so that each block works through many items)."""
 
-    def __init__(self, choice: KernelChoice, max_key_blocks: int = MAX_GRID_Y) -> None:
+    def __init__(self, choice: KernelChoice, max_key_blocks: int = MAX_GRID_Y, max_blocks: int | None = None) -> None:
         if choice.direction != BACKWARD:
             raise ValueError(f"BackwardKernels runs backward choices (choose_backward), not {choice.name}")
         self.choice = choice
         self.max_key_blocks = max_key_blocks
+        self.max_blocks = max_blocks
+        self.persistent = os.environ.get(PERSISTENT_ENV, "1") != "0"
 
     def local_patterns(self, q: Any, k: Any, v: Any, dout: Any, lse: Any, delta: Any, dq: Any, dk: Any, dv: Any,
                        patterns: Sequence[Any], causal: bool, scale: float,
@@ -128,7 +134,9 @@ class BackwardKernels:
         on the stream is a launch of this call (of the same inputs), whose end this one may overlap
         (``kernels.dependent_launch``); the key chunks after the first follow each other so. ``fresh``: the
         launch stores its dK and dV terms (every key row of its problems), the kernel's ``fresh`` (a variant with
-        ``fresh_gradients`` only). Returns whether it launched anything."""
+        ``fresh_gradients`` only). A persistent configuration with more work items (problems x key blocks) than
+        the GPU has SMs runs a grid of one block per SM that work through them (``items``). Returns whether it
+        launched anything."""
         if segments == 0 or heads == 0 or mq == 0 or mk == 0:
             return False
         if head_dim != self.choice.head_dim:
@@ -143,6 +151,11 @@ class BackwardKernels:
         for i, (kc, vc, mc, sc) in enumerate(key_chunks(kg, vg, mk, shift, chosen.block_queries,
                                                           self.max_key_blocks)):
             grid = (segments * heads, -(-mc // chosen.block_queries))
+            items = 0
+            if chosen.persistent and self.persistent:
+                blocks = self.max_blocks or multiprocessors(cupy_device())
+                if grid[0] * grid[1] > blocks:       # more items than blocks: each block works through several
+                    grid, items = (blocks, 1), grid[0] * grid[1]
             extra = ()
             if chosen.maps_argument:
                 maps = tensor_maps(pointers, qg, kc, vc, mq, mc, heads, segments, head_dim) \
@@ -150,9 +163,18 @@ class BackwardKernels:
                 extra = (np.uint64(maps),)
             if chosen.fresh_gradients:
                 extra += (np.int32(fresh),)
+            if chosen.items_argument:
+                extra += (np.int64(items),)
             args = (*pointers, *geometry_arguments(qg, kc, vc, lg, heads, mq, mc, sc, scale), *extra)
             fn(grid, (chosen.threads,), args, shared_mem=chosen.shared_bytes, follows=follows or i > 0)
         return True
+
+
+def cupy_device() -> int:
+    """The index of CuPy's current GPU."""
+    import cupy
+
+    return int(cupy.cuda.Device().id)
 
 
 def launch_variant(choice: KernelChoice, qg: tuple, kg: tuple, vg: tuple, shift: int | None) -> Any:

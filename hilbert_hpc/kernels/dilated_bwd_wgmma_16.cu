@@ -51,6 +51,15 @@
 // by query halves (warpgroup w: queries 64 w .. 64 w + 63, every column, in parts of 32) and issued once dS^T is
 // stored, not with the next tile's S^T; a Q or dO region and a dQ column box are two TMA boxes of 64 rows.
 // Producer 24, consumers 240 registers. Slower than BQ = 64 (0.94-0.99x, docs/kernels.md).
+// Persistent blocks (LOOP: LOAD = 1, DQ = 1, PIPE = 2, DKV = 0, BQ = 64, D = 32 or 64; the host gives `items` > 0
+// and a grid of one block per SM): a block works through the work items (problem, key block) first, first +
+// gridDim, ...; every role walks the same items, the stages, dS^T buffers, dQ tiles and their mbarrier phases
+// counted over the block's tiles of all its items (g); producer warp 2 stages each item's K and V by cp.async into
+// one of two buffers (kv_full[b], 32 arrivals; refilled once kv_empty[b] has the consumers' 256 arrivals after the
+// item's last dQ), so the next item's K, V and first Q, dO tiles load during this item's tiles and its dK, dV
+// epilogue. A block's fixed cost (staging, pipeline fill, last dQ, epilogue) fell from 8.7 to 5.1 us at D = 64 and
+// from 6.6 to 4.0 us at D = 32 (tests/scripts/bwd_block_cost.py, docs/performance.md); at D = 96 and 128 there is
+// no room for the second buffer, and with one the gain was none (0.97-0.99x at D = 128).
 // Registers (ptxas, sm_90a): 168 at launch (one block of 12 warps per SM), producer 40 / consumers 232 (D = 64),
 // 24 / 240 (D = 96, 128), no spills at STAGES = 3 (D = 128 spills a few bytes at STAGES = 2 and 4). LOAD = 1 defaults
 // (2, 2, 3, 1, 1, 0), H200, 2026-11-29: D = 64 361 useful TFLOP/s, causal 285; D = 96 407 / 327; D = 128
@@ -80,8 +89,9 @@
 //   mbarriers full[NST], empty[NST]: 16 * NST; PIPE = 2: + the dS^T handoff mbarrier, 8
 //   DQ = 1: the dQ tile first, BQ * D * 4, and its two mbarriers, 16
 //   DKV = 1: no more (the dK and dV tiles, 4 * 64 * D * 4, overwrite K, V and the stages at the end)
-//   (D = 64: 116,280 (PIPE, STAGES = 2, 3), 132,680 (2, 3, DQ = LOAD = 1); D = 96: 206,408 (2, 3, 1, 1);
-//   D = 128: 198,200 (2, 3), 230,984 (2, 3, DQ = 1, any LOAD))
+//   LOOP: kv_full[2], kv_empty[2], 32; then, from the next 1024-byte boundary, the second K and V, 2 * BK * D * 2
+//   (D = 64: 116,280 (PIPE, STAGES = 2, 3), 132,680 (2, 3, DQ = LOAD = 1), 165,888 (the LOOP default); D = 96:
+//   206,408 (2, 3, 1, 1); D = 128: 198,200 (2, 3), 230,984 (2, 3, DQ = 1, any LOAD))
 // Fragments (per warp of a warpgroup, lane = 4 g + t): accumulator element 4 i + 2 h + e = (row g + 8 h of the
 // warp's 16, column 8 i + 2 t + e); element r of the 16-bit A fragment of k-step kk is accumulator element
 // 8 kk + r (dilated_fwd_wgmma_16.cu), so P^T and dS^T become A operands in place.
@@ -155,6 +165,14 @@ __device__ __forceinline__ void store_swizzled_boxes(unsigned base, int c0, cons
         }
 }
 
+// One work item of dilated_bwd_wgmma_16: the BK keys from k0 of problem (seg, head), the element offsets of its
+// problem's Q (dO, dq), K (dk), V (dv) and L (delta) rows, the first query that sees its keys and its query tiles
+// (0: no query sees them)
+struct BwdItem {
+    long long qoff, koff, voff, loff;
+    int seg, head, k0, q_begin, ntiles;
+};
+
 // the consumer warpgroups (threads 128 .. 383 of a warp-specialized block) meet at named barrier 1
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
 
@@ -166,8 +184,9 @@ __device__ __forceinline__ void warpgroup_sync(int wg) {
 // Shared memory of one block in bytes (the layout at the top of this file); NST stages of Q, dO, L and delta
 // of query tiles of BQ rows; a Q or dO tile stores TD columns (D, or with LOAD = 1 whole swizzled regions of 64);
 // DQ = 1: the float32 dQ tile first (OFF_* count from the end of it); ALIGN: swizzled tiles (DQ, LOAD or DKV = 1),
-// from a 1024-byte-aligned base at offsets that keep them so
-template <int D, int TD, int NWG, int PIPE, int NST, int DQ, int ALIGN, int BQ_>
+// from a 1024-byte-aligned base at offsets that keep them so; LOOP: the K/V full and empty mbarriers of a block that
+// works through several items, and with KVB = 2 a second K and V buffer (the next item's, staged during this one)
+template <int D, int TD, int NWG, int PIPE, int NST, int DQ, int ALIGN, int BQ_, bool LOOP, int KVB = 1>
 struct BwdSmemWg {
     static constexpr int BK = 64 * NWG, BQ = BQ_;
     static constexpr int DQ_TILE = DQ ? BQ * D * 4 : 0;   // the dQ tile: D / 32 boxes of [BQ][32] floats
@@ -182,7 +201,10 @@ struct BwdSmemWg {
     static constexpr int OFF_L = OFF_DS + 2 * DS;             // stage s: L at float 2 s BQ, delta at (2 s + 1) BQ
     static constexpr int OFF_BAR = OFF_L + 8 * NST * BQ;        // full[NST], empty[NST]
     static constexpr int OFF_DQBAR = OFF_BAR + 16 * NST + (PIPE == 2 ? 8 : 0);   // PIPE = 2: + the dS^T handoff
-    static constexpr int bytes = OFF_DQBAR + (DQ ? 16 + DQ_TILE : 0);   // DQ = 1: + dQ full and empty mbarriers
+    static constexpr int OFF_KVBAR = OFF_DQBAR + (DQ ? 16 : 0);         // DQ = 1: + dQ full and empty mbarriers
+    static constexpr int KV_BARS = LOOP ? 16 * KVB : 0;                 // LOOP: K/V full[KVB] and empty[KVB]
+    static constexpr int OFF_KV2 = (OFF_KVBAR + KV_BARS + 1023) / 1024 * 1024;   // KVB = 2: K and V again
+    static constexpr int bytes = (KVB == 2 ? OFF_KV2 + 2 * KV : OFF_KVBAR + KV_BARS) + DQ_TILE;
     static constexpr bool ALIGNED = ALIGN;
     static_assert(!ALIGN || (KV % 1024 == 0 && TILE % 1024 == 0 && DQ_TILE % 1024 == 0 && GRAD_TILE % 1024 == 0),
                   "swizzled tiles aligned");
@@ -203,7 +225,7 @@ struct BwdSmemWg {
 // launch of the first pattern of a backward whose keys cover every row (kernels/backward.py).
 template <typename T, int D, int NWG, int PIPE, int STAGES, int DQ, int LOAD, int DKV, int QT>
 __global__ void __launch_bounds__(WG_THREADS * (NWG + 1), 1)
-dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps, int fresh)
+dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps, int fresh, long long items)
 {
     allow_next_launch();                     // backward.cuh: programmatic dependent launch
     using H = Half16<T>;
@@ -211,7 +233,15 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps, 
     constexpr int RC = tma_region_columns<D>();   // LOAD = 1: columns of a swizzled region of a tile
     constexpr int TD = LOAD ? (D + RC - 1) / RC * RC : D;   // stored columns of a Q or dO tile
     constexpr int NR = TD / RC;              // LOAD = 1: regions of a tile
-    using L = BwdSmemWg<D, TD, NWG, PIPE, NST, DQ, DQ || LOAD || DKV, QT>;
+    // LOOP (LOAD = 1, DQ = 1, PIPE = 2, DKV = 0, BQ = 64, D = 32 or 64): a block works through items first, first +
+    // stride, ... (a persistent grid when `items` > 0), the next item's K and V staged into a second buffer by
+    // producer warp 2 during this item's tiles (KVB = 2 buffers behind kv_full / kv_empty mbarriers). Not at D = 96
+    // and 128: no room for a second K and V (with one, the item's K and V wait for the last one's tiles: 0.97-0.99x
+    // at D = 128, docs/performance.md), and with BQ = 128 no register to spare.
+    constexpr bool LOOP = LOAD == 1 && DQ == 1 && PIPE == 2 && DKV == 0 && QT == 64 && D <= 64;
+    constexpr int KVB = LOOP ? 2 : 1;
+    using L = BwdSmemWg<D, TD, NWG, PIPE, NST, DQ, DQ || LOAD || DKV, QT, LOOP, KVB>;
+    static_assert(L::bytes <= HOPPER_SMEM, "the block's shared memory fits");
     using Tile = StagedTile<D, QT, LOAD>;    // descriptors of the Q and dO tiles
     constexpr int THREADS = WG_THREADS * NWG, BK = L::BK, BQ = L::BQ;   // THREADS: the computing threads
     constexpr int NS = BQ / 2;               // score registers per thread (64 keys x BQ queries)
@@ -249,6 +279,9 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps, 
     extern __shared__ __align__(1024) unsigned char smem_bwd[];
     const unsigned sDQ = (unsigned)__cvta_generic_to_shared(smem_bwd);   // DQ = 1: the dQ tile
     if (L::ALIGNED && (sDQ & 1023u)) __trap();   // (never: the declaration aligns it)
+    unsigned window;                             // the launch's dynamic shared memory: the layout's at least
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(window));
+    if (window < (unsigned)L::bytes) __trap();
     const unsigned sK = sDQ + L::DQ_TILE;
     const unsigned sV = sK + L::OFF_V, sDS = sK + L::OFF_DS;
     float* const sL = reinterpret_cast<float*>(smem_bwd + L::DQ_TILE + L::OFF_L);
@@ -257,30 +290,42 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps, 
 #define BWD_DS (sK + L::OFF_BAR + 16 * NST)
 #define BWD_DQ_FULL (sK + L::OFF_DQBAR)
 #define BWD_DQ_EMPTY (sK + L::OFF_DQBAR + 8)
+#define BWD_KV_FULL(b) (sK + L::OFF_KVBAR + 8 * (b))
+#define BWD_KV_EMPTY(b) (sK + L::OFF_KVBAR + 8 * (KVB + (b)))
 
-    // blocks numbered key block fastest (the grid is problems x key blocks): the key blocks of one problem run
-    // at the same time and share its Q, dO, L, delta and dq in L2
-    const long long block = blockIdx.x + (long long)gridDim.x * blockIdx.y;
-    const long long problem_seg = block / gridDim.y / heads;
-    const int problem_head = (int)(block / gridDim.y % heads);
-    const int k0 = (int)(block % gridDim.y) * BK;
-    const long long qoff = q_base + problem_seg * q_seg + problem_head * q_head;
-    const long long koff = k_base + problem_seg * k_seg + problem_head * k_head;
-    const long long voff = v_base + problem_seg * v_seg + problem_head * v_head;
-    const long long loff = l_base + problem_seg * l_seg + problem_head * l_head;
-
-    const int q_begin = first_visible_query(causal, k0, causal_shift);
-    if (q_begin >= mq) {                     // no query sees these keys (uniform): zero terms
-        if (fresh) zero_key_rows<D>(dk, dv, koff, voff, k_row, v_row, k0, BK, mk);
+    // work items numbered key block fastest (problems x key blocks, the grid's shape when one item is a block): the
+    // key blocks of one problem run at the same time and share its Q, dO, L, delta and dq in L2. A block takes items
+    // first, first + stride, ... below total (LOOP with items > 0: the persistent grid's blocks; otherwise its own)
+    const int kblocks = (mk + BK - 1) / BK;
+    const int first = blockIdx.x + gridDim.x * blockIdx.y;
+    const int total = LOOP && items > 0 ? (int)items : gridDim.x * gridDim.y;
+    const int stride = LOOP && items > 0 ? gridDim.x * gridDim.y : total;
+    auto item_at = [&](int block) {
+        BwdItem w;
+        const int problem = block / kblocks;
+        w.seg = problem / heads;
+        w.head = problem - w.seg * heads;
+        w.k0 = (block - problem * kblocks) * BK;
+        w.qoff = q_base + (long long)w.seg * q_seg + w.head * q_head;
+        w.koff = k_base + (long long)w.seg * k_seg + w.head * k_head;
+        w.voff = v_base + (long long)w.seg * v_seg + w.head * v_head;
+        w.loff = l_base + (long long)w.seg * l_seg + w.head * l_head;
+        w.q_begin = first_visible_query(causal, w.k0, causal_shift);
+        w.ntiles = w.q_begin < mq ? (mq - w.q_begin + BQ - 1) / BQ : 0;
+        return w;
+    };
+    BwdItem w = item_at(first);              // the block's first item
+    if (!LOOP && w.ntiles == 0) {            // no query sees these keys (uniform): zero terms
+        if (fresh) zero_key_rows<D>(dk, dv, w.koff, w.voff, k_row, v_row, w.k0, BK, mk, threadIdx.x, blockDim.x);
         return;
     }
-    const int ntiles = (mq - q_begin + BQ - 1) / BQ;
 
     constexpr int ALL = THREADS + WG_THREADS;
-    // LOAD = 1: Q and dO of tile it into stage it % NST by TMA (one thread), completing on full[stage]; a box
-    // (the tensor maps') is one region of 64 query rows: QH of them stacked make a region of the tile
-    auto load_tile = [&](int it) {
-        const int s = stage_of<NST>(it), q0 = q_begin + it * BQ;
+    // LOAD = 1: Q and dO of tile it of item w (the block's tile g) into stage g % NST by TMA (one thread), completing
+    // on full[stage]; a box (the tensor maps') is one region of 64 query rows: QH of them stacked make a region of
+    // the tile
+    auto load_tile = [&](const BwdItem& w, int g, int it) {
+        const int s = stage_of<NST>(g), q0 = w.q_begin + it * BQ;
         const unsigned st = sK + L::OFF_Q + 2 * s * L::TILE;
         mbar_expect_tx(BWD_FULL(s), 2 * L::TILE);
 #pragma unroll
@@ -288,10 +333,10 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps, 
 #pragma unroll
             for (int h = 0; h < QH; ++h) {
                 const unsigned box = h * (64 * 2 * RC);   // rows 64 h .. 64 h + 63 of the region
-                tma_load_4d(st + r * L::REGION + box, maps + 1, RC * r, problem_head, q0 + 64 * h,
-                            (int)problem_seg, BWD_FULL(s));
-                tma_load_4d(st + L::TILE + r * L::REGION + box, maps + 2, RC * r, problem_head, q0 + 64 * h,
-                            (int)problem_seg, BWD_FULL(s));
+                tma_load_4d(st + r * L::REGION + box, maps + 1, RC * r, w.head, q0 + 64 * h, w.seg,
+                            BWD_FULL(s));
+                tma_load_4d(st + L::TILE + r * L::REGION + box, maps + 2, RC * r, w.head, q0 + 64 * h, w.seg,
+                            BWD_FULL(s));
             }
     };
     if (threadIdx.x == 0) {
@@ -304,71 +349,107 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps, 
             mbar_init(BWD_DQ_FULL, THREADS);
             mbar_init(BWD_DQ_EMPTY, 1);
         }
+        if (LOOP) {
+            for (int b = 0; b < KVB; ++b) {
+                mbar_init(BWD_KV_FULL(b), 32);
+                mbar_init(BWD_KV_EMPTY(b), THREADS);
+            }
+        }
         mbar_fence_init();
-        if (LOAD)                        // the first stages' Q and dO load while K and V do
-            for (int it = 0; it < min(NST, ntiles); ++it) load_tile(it);
+        if (LOAD && !LOOP)               // the first stages' Q and dO load while K and V do
+            for (int it = 0; it < min(NST, w.ntiles); ++it) load_tile(w, it, it);
     }
-    stage_core_rows<T, D, BK, ALL>(sK, k, koff, k_row, k0, mk, threadIdx.x);
-    stage_core_rows<T, D, BK, ALL>(sV, v, voff, v_row, k0, mk, threadIdx.x);
-    cp_async_commit();
-    cp_async_wait_all();
-    fence_async_shared();
-    __syncthreads();                     // K, V and the barriers ready
+    if (!LOOP) {                         // one item: its K and V staged by every thread
+        stage_core_rows<T, D, BK, ALL>(sK, k, w.koff, k_row, w.k0, mk, threadIdx.x);
+        stage_core_rows<T, D, BK, ALL>(sV, v, w.voff, v_row, w.k0, mk, threadIdx.x);
+        cp_async_commit();
+        cp_async_wait_all();
+        fence_async_shared();
+    }
+    __syncthreads();                     // the barriers ready (and without LOOP K and V)
     if (threadIdx.x < WG_THREADS) {      // producer: Q, dO, L and delta of tile it into stage it % STAGES;
         setmaxnreg_dec<PREG>();      // full once they landed, refilled once empty
         const int self = threadIdx.x;
         if (DQ && self >= WRITER) {      // warp 3: each tile's dQ, once stored, added to dq by TMA
             if (self == WRITER) {
-                for (int it = 0; it < ntiles; ++it) {
-                    mbar_wait(BWD_DQ_FULL, it & 1);
+                int g = 0;               // the block's tiles, over its items
+                for (int item = first, pass = 0; LOOP ? item < total : pass < 1; item += stride, ++pass) {
+                    if (LOOP) w = item_at(item);
+                    for (int it = 0; it < w.ntiles; ++it, ++g) {
+                        mbar_wait(BWD_DQ_FULL, g & 1);
 #pragma unroll
-                    for (int b = 0; b < D / 32; ++b)
+                        for (int c = 0; c < D / 32; ++c)
 #pragma unroll
-                        for (int h = 0; h < QH; ++h)   // boxes of 64 rows, QH stacked a column box
-                            tma_reduce_add_4d(maps, sDQ + b * (BQ * 128) + h * (64 * 128), 32 * b, problem_head,
-                                              q_begin + it * BQ + 64 * h, (int)problem_seg);
-                    bulk_commit();
-                    bulk_wait_read();    // the tile may be stored again
-                    mbar_arrive(BWD_DQ_EMPTY);
+                            for (int h = 0; h < QH; ++h)   // boxes of 64 rows, QH stacked a column box
+                                tma_reduce_add_4d(maps, sDQ + c * (BQ * 128) + h * (64 * 128), 32 * c, w.head,
+                                                  w.q_begin + it * BQ + 64 * h, w.seg);
+                        bulk_commit();
+                        bulk_wait_read();    // the tile may be stored again
+                        mbar_arrive(BWD_DQ_EMPTY);
+                    }
                 }
                 bulk_wait_all();
             }
             return;
         }
+        if (LOOP && self >= 64) {        // warp 2: each item's K and V, once the consumers are done with the last
+            if (self < 96) {
+                int n = 0;               // the block's items with query tiles
+                for (int item = first, pass = 0; LOOP ? item < total : pass < 1; item += stride, ++pass) {
+                    if (LOOP) w = item_at(item);
+                    if (w.ntiles == 0) continue;
+                    const int buf = n % KVB;
+                    if (n >= KVB) mbar_wait(BWD_KV_EMPTY(buf), (n / KVB - 1) & 1);
+                    const unsigned kv = buf ? sK + L::OFF_KV2 : sK;
+                    stage_core_rows<T, D, BK, 32, 1>(kv, k, w.koff, k_row, w.k0, mk, self - 64);
+                    stage_core_rows<T, D, BK, 32, 1>(kv + L::OFF_V, v, w.voff, v_row, w.k0, mk, self - 64);
+                    cp_async_commit();
+                    cp_async_wait_all();
+                    fence_async_shared();
+                    mbar_arrive(BWD_KV_FULL(buf));
+                    ++n;
+                }
+            }
+            return;
+        }
         if (LOAD) {                      // thread 0: Q and dO by TMA; threads 0 .. 63: L and delta
             if (self >= LOADERS) return;
-            for (int it = 0; it < ntiles; ++it) {   // (the first NST tiles' Q and dO issued above)
-                const int s = stage_of<NST>(it), q0 = q_begin + it * BQ;
-                if (it >= NST) {
-                    mbar_wait(BWD_EMPTY(s), (phase_of<NST>(it) + 1) & 1);
-                    if (self == 0) load_tile(it);
-                }
+            int g = 0;                   // the block's tiles, over its items
+            for (int item = first, pass = 0; LOOP ? item < total : pass < 1; item += stride, ++pass) {
+                if (LOOP) w = item_at(item);
+                for (int it = 0; it < w.ntiles; ++it, ++g) {   // (without LOOP the first NST issued above)
+                    const int s = stage_of<NST>(g), q0 = w.q_begin + it * BQ;
+                    if (LOOP || g >= NST) {
+                        if (g >= NST) mbar_wait(BWD_EMPTY(s), (phase_of<NST>(g) + 1) & 1);
+                        if (self == 0) load_tile(w, g, it);
+                    }
 #pragma unroll
-                for (int j = 0; j < BQ / LOADERS; ++j) {
-                    const int row = self + LOADERS * j;
-                    float l2, dl;
-                    query_stats(lse, delta, loff, l_row, q0 + row, mq, l2, dl);
-                    const unsigned sl = sK + L::OFF_L + 4 * (2 * s * BQ + row);
-                    st_shared_f32(sl, l2);
-                    st_shared_f32(sl + 4 * BQ, dl);
+                    for (int j = 0; j < BQ / LOADERS; ++j) {
+                        const int row = self + LOADERS * j;
+                        float l2, dl;
+                        query_stats(lse, delta, w.loff, l_row, q0 + row, mq, l2, dl);
+                        const unsigned sl = sK + L::OFF_L + 4 * (2 * s * BQ + row);
+                        st_shared_f32(sl, l2);
+                        st_shared_f32(sl + 4 * BQ, dl);
+                    }
+                    mbar_arrive(BWD_FULL(s));
                 }
-                mbar_arrive(BWD_FULL(s));
             }
             return;
         }
         float lr = 0.0f, dr = 0.0f;      // raw L and delta of row `self` of the last tile issued
-        for (int it = 0; it <= ntiles; ++it) {
-            if (it < ntiles) {
-                const int s = stage_of<NST>(it), q0 = q_begin + it * BQ;
+        for (int it = 0; it <= w.ntiles; ++it) {
+            if (it < w.ntiles) {
+                const int s = stage_of<NST>(it), q0 = w.q_begin + it * BQ;
                 if (it >= NST) mbar_wait(BWD_EMPTY(s), (phase_of<NST>(it) + 1) & 1);
                 const unsigned st = sK + L::OFF_Q + 2 * s * L::TILE;
-                stage_core_rows<T, D, BQ, LOADERS, 1>(st, q, qoff, q_row, q0, mq, self);
-                stage_core_rows<T, D, BQ, LOADERS, 1>(st + L::TILE, dout, qoff, q_row, q0, mq, self);
+                stage_core_rows<T, D, BQ, LOADERS, 1>(st, q, w.qoff, q_row, q0, mq, self);
+                stage_core_rows<T, D, BQ, LOADERS, 1>(st + L::TILE, dout, w.qoff, q_row, q0, mq, self);
                 cp_async_commit();
             }
             if (it > 0) {                // tile it - 1 complete: its L, delta stored, then published
                 const int p = stage_of<NST>(it - 1);
-                if (it < ntiles)
+                if (it < w.ntiles)
                     cp_async_wait<1>();
                 else
                     cp_async_wait_all();
@@ -380,10 +461,10 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps, 
                 fence_async_shared();
                 mbar_arrive(BWD_FULL(p));
             }
-            if (it < ntiles && self < BQ) {
-                const int i = q_begin + it * BQ + self;
-                lr = i < mq ? lse[loff + i * l_row] : NEG_INF;
-                dr = i < mq ? delta[loff + i * l_row] : 0.0f;
+            if (it < w.ntiles && self < BQ) {
+                const int i = w.q_begin + it * BQ + self;
+                lr = i < mq ? lse[w.loff + i * l_row] : NEG_INF;
+                dr = i < mq ? delta[w.loff + i * l_row] : 0.0f;
             }
         }
         return;
@@ -393,286 +474,302 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps, 
     const int tid = threadIdx.x - WG_THREADS;   // among the computing threads
     const int wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
-    const int kw0 = k0 + 64 * wg;            // this warpgroup's first key
-    const int key0 = kw0 + 16 * warp + g;    // this thread's keys: key0, key0 + 8
-    const float mul = scale * LOG2E;
-    // A of S^T and dP^T: this warpgroup's K / V rows, K-major; k-step ks: + 256 ks bytes (16 ks in 16-byte units)
-    const desc_t dKw = smem_desc(sK + 64 * wg * D * 2, 128, 16 * D);
-    const desc_t dVw = smem_desc(sV + 64 * wg * D * 2, 128, 16 * D);
-    // dS^T row (key) of this thread's first stores: key block 8 wg + 2 warp (+ 1 for h = 1), row g, 4 t bytes in
-    const unsigned ds_row = (8 * wg + 2 * warp) * (16 * BQ) + 16 * g + 4 * t;
-
-    float gk[D / 2], gv[D / 2];              // dK, dV of this warpgroup's keys
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) gk[i] = gv[i] = 0.0f;
-    // this warpgroup's share of a tile's dQ: queries dq_row() .. + 63, columns dq_col() .. + NQ - 1
-    auto dq_row = [&]() { return QH == 2 ? 64 * wg : 0; };
-    auto dq_col = [&]() { return QH == 2 ? 0 : NQ * wg; };
-    float c[NC / 2];                         // dQ of a tile, its share's columns NC part .. + NC - 1
-    unsigned pa[KQ][4], da[KQ][4];           // P^T and dS^T as A fragments
-
-    // dQ(tile) = dS K, part `part` of the share, from the dS^T buffer at ds: A = dS (queries x keys) read MN-major
-    // from dS^T (k-step kk = 16 keys: + 32 BQ kk bytes; 8 queries: + 128 bytes), B = K MN-major (+ 32 D kk bytes;
-    // 8 columns: + 128 bytes); issued, not committed
-    auto issue_dq = [&](unsigned ds, int part) {
-        const desc_t a = smem_desc(ds + 16 * dq_row(), 16 * BQ, 128);
-        const desc_t b = smem_desc(sK + 16 * (dq_col() + NC * part), 16 * D, 128);
-        Wgmma16<T, NC>::template ss<0, 1, 1>(c, a, b);
-#pragma unroll
-        for (int kk = 1; kk < KB; ++kk) Wgmma16<T, NC>::template ss<1, 1, 1>(c, a + 2 * BQ * kk, b + 2 * D * kk);
-    };
-    // PIPE = 2: this thread's dS^T of the current tile stored and its reads of the other buffer done
-    auto ds_release = [&]() {
-        fence_async_shared();
-        mbar_arrive(BWD_DS);
-    };
-    // scale dQ (part `part` of the share) of the tile at query qt added to dq (red.global.add.v2.f32); DQ = 1: stored
-    // into the dQ tile (the tile of tile number qt / BQ - 1 reduced first), published after the last part
-    auto add_dq = [&](int qt, int part) {
-        if (DQ) {
-            const int j = (qt - q_begin) / BQ;           // the tile's number
-            if (part == 0 && j > 0) mbar_wait(BWD_DQ_EMPTY, (j - 1) & 1);
-            // NC = 32: the part is rows dq_row() .. + 63 of box (dq_col() + NC part) / 32 of [BQ][32] floats, with its
-            // tensor map's 128-byte swizzle (16-byte chunk k of row r at chunk k ^ (r % 8)); this thread's pair (row
-            // 16 warp + g + 8 h of the part, column 8 n + 2 t) is in chunk 2 n + t / 2 of a row with r % 8 = g: at
-            // chunk (2 n + t / 2) ^ g, 8 (t % 2) bytes in
-            if (NC == 32) {
-                const unsigned at = sDQ + ((QH == 2 ? 0 : NQ / 32 * wg) + part) * (BQ * 128) +
-                                    (dq_row() + 16 * warp + g) * 128 + 16 * ((t >> 1) ^ (g & 1)) + 8 * (t & 1);
-                const unsigned swz = 32 * (g >> 1);
-#pragma unroll
-                for (int h = 0; h < 2; ++h)
-#pragma unroll
-                    for (int n = 0; n < 4; ++n)
-                        st_shared_v2_f32(at + 8 * 128 * h + (swz ^ (32 * n)), scale * c[4 * n + 2 * h],
-                                         scale * c[4 * n + 2 * h + 1]);
-            } else {                         // NC = 16 (D = 32), 48 (D = 96): within or across boxes
-                store_swizzled_boxes<NC / 8, BQ>(sDQ, dq_col() + NC * part,
-                                                 reinterpret_cast<const float (&)[NC / 8][4]>(c), scale, warp, g, t,
-                                                 dq_row());
-            }
-            if (part == NP - 1) {
-                fence_async_shared();
-                mbar_arrive(BWD_DQ_FULL);
-            }
-        } else {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int i = qt + dq_row() + 16 * warp + g + 8 * h;
-                if (i >= mq) continue;
-                float* row = dq + qoff + i * q_row + dq_col() + NC * part + 2 * t;
-#pragma unroll
-                for (int n = 0; n < NC / 8; ++n)
-                    add_pair(row + 8 * n, scale * c[4 * n + 2 * h], scale * c[4 * n + 2 * h + 1]);
-            }
+    int n = 0, g0 = 0;                       // the block's items with query tiles so far, and their tiles
+    for (int item = first, pass = 0; LOOP ? item < total : pass < 1; item += stride, ++pass) {
+        if (LOOP) w = item_at(item);
+        if (w.ntiles == 0) {                 // (LOOP) no query sees these keys: zero terms
+            if (fresh) zero_key_rows<D>(dk, dv, w.koff, w.voff, k_row, v_row, w.k0, BK, mk, tid, THREADS);
+            continue;
         }
-    };
+        const int buf = n % KVB;             // (LOOP) this item's K/V buffer
+        if (LOOP) mbar_wait(BWD_KV_FULL(buf), (n / KVB) & 1);   // this item's K and V staged
+        const unsigned kvK = buf ? sK + L::OFF_KV2 : sK, kvV = kvK + L::OFF_V;
+        const int q_begin = w.q_begin;
+        const int kw0 = w.k0 + 64 * wg;          // this warpgroup's first key
+        const int key0 = kw0 + 16 * warp + g;    // this thread's keys: key0, key0 + 8
+        const float mul = scale * LOG2E;
+        // A of S^T and dP^T: this warpgroup's K / V rows, K-major; k-step ks: + 256 ks bytes (16 ks in 16-byte units)
+        const desc_t dKw = smem_desc(kvK + 64 * wg * D * 2, 128, 16 * D);
+        const desc_t dVw = smem_desc(kvV + 64 * wg * D * 2, 128, 16 * D);
+        // dS^T row (key) of this thread's first stores: key block 8 wg + 2 warp (+ 1 for h = 1), row g, 4 t bytes in
+        const unsigned ds_row = (8 * wg + 2 * warp) * (16 * BQ) + 16 * g + 4 * t;
 
-    int it = 0;
-    for (int q0 = q_begin; q0 < mq; q0 += BQ, ++it) {
-        const int cur = it & 1;              // dS^T buffer
-        const int stage = stage_of<NST>(it);
-        mbar_wait(BWD_FULL(stage), phase_of<NST>(it));
-        fence_async_shared();
-        if (PIPE == 1)
-            consumers_sync();                // every consumer is done with tile q0 - BQ's products (its dS^T is in
-                                             // shared memory)
-        const unsigned sQ = sK + L::OFF_Q + 2 * stage * L::TILE, sO = sQ + L::TILE;
-        const unsigned ds_buf = sDS + cur * L::DS;
-        const float* const lt = sL + 2 * stage * BQ;
-        const float* const dt = lt + BQ;
-        const bool masked = tile_needs_mask<64>(kw0, q0, mk, causal, causal_shift);
+        float gk[D / 2], gv[D / 2];              // dK, dV of this warpgroup's keys
+#pragma unroll
+        for (int i = 0; i < D / 2; ++i) gk[i] = gv[i] = 0.0f;
+        // this warpgroup's share of a tile's dQ: queries dq_row() .. + 63, columns dq_col() .. + NQ - 1
+        auto dq_row = [&]() { return QH == 2 ? 64 * wg : 0; };
+        auto dq_col = [&]() { return QH == 2 ? 0 : NQ * wg; };
+        float c[NC / 2];                         // dQ of a tile, its share's columns NC part .. + NC - 1
+        unsigned pa[KQ][4], da[KQ][4];           // P^T and dS^T as A fragments
 
-        // S^T = K Q^T and dP^T = V dO^T (64 keys x BQ queries each), then the dQ of the previous tile
-        float s[NS], dp[NS];
-        pin(s);
-        pin(dp);
-        if (!DS_FIRST) pin(c);
-        wgmma_fence();
-        {
-            const desc_t bq = Tile::k_major(sQ), bo = Tile::k_major(sO);
-            Wgmma16<T, BQ>::template ss<0>(s, dKw, bq);
+        // dQ(tile) = dS K, part `part` of the share, from the dS^T buffer at ds: A = dS (queries x keys) read MN-major
+        // from dS^T (k-step kk = 16 keys: + 32 BQ kk bytes; 8 queries: + 128 bytes), B = K MN-major (+ 32 D kk bytes;
+        // 8 columns: + 128 bytes); issued, not committed
+        auto issue_dq = [&](unsigned ds, int part) {
+            const desc_t a = smem_desc(ds + 16 * dq_row(), 16 * BQ, 128);
+            const desc_t b = smem_desc(kvK + 16 * (dq_col() + NC * part), 16 * D, 128);
+            Wgmma16<T, NC>::template ss<0, 1, 1>(c, a, b);
 #pragma unroll
-            for (int ks = 1; ks < KD; ++ks) Wgmma16<T, BQ>::template ss<1>(s, dKw + 16 * ks, bq + Tile::k_step(ks));
-            wgmma_commit();
-            Wgmma16<T, BQ>::template ss<0>(dp, dVw, bo);
-#pragma unroll
-            for (int ks = 1; ks < KD; ++ks) Wgmma16<T, BQ>::template ss<1>(dp, dVw + 16 * ks, bo + Tile::k_step(ks));
-            wgmma_commit();
-        }
-        // the first part of the previous tile's dQ, one commit group (an empty one for the first tile); issued here,
-        // or with DS_FIRST once S^T and dP^T are consumed (fewer live registers)
-        auto issue_previous_dq = [&]() {
-            if (it > 0) {
-                if (PIPE == 2) mbar_wait(BWD_DS, (it - 1) & 1);   // every consumer's dS^T of tile q0 - BQ
-                issue_dq(sDS + (cur ^ 1) * L::DS, 0);
-            }
-            wgmma_commit();
+            for (int kk = 1; kk < KB; ++kk) Wgmma16<T, NC>::template ss<1, 1, 1>(c, a + 2 * BQ * kk, b + 2 * D * kk);
         };
-        if (!DS_FIRST) {
-            issue_previous_dq();
-            wgmma_wait<2>();
-        } else {
-            wgmma_wait<1>();
-        }
-        pin(s);
-
-        // P^T = exp2(mul S^T - L log2 e); 0 for keys past mk and, if causal, past i + causal_shift
+        // PIPE = 2: this thread's dS^T of the current tile stored and its reads of the other buffer done
+        auto ds_release = [&]() {
+            fence_async_shared();
+            mbar_arrive(BWD_DS);
+        };
+        // scale dQ (part `part` of the share) of the tile at query qt added to dq (red.global.add.v2.f32); DQ = 1: stored
+        // into the dQ tile (the tile of tile number qt / BQ - 1 reduced first), published after the last part
+        auto add_dq = [&](int qt, int part) {
+            if (DQ) {
+                const int j = g0 + (qt - q_begin) / BQ;      // the block's tile number
+                if (part == 0 && j > 0) mbar_wait(BWD_DQ_EMPTY, (j - 1) & 1);
+                // NC = 32: the part is rows dq_row() .. + 63 of box (dq_col() + NC part) / 32 of [BQ][32] floats, with its
+                // tensor map's 128-byte swizzle (16-byte chunk k of row r at chunk k ^ (r % 8)); this thread's pair (row
+                // 16 warp + g + 8 h of the part, column 8 n + 2 t) is in chunk 2 n + t / 2 of a row with r % 8 = g: at
+                // chunk (2 n + t / 2) ^ g, 8 (t % 2) bytes in
+                if (NC == 32) {
+                    const unsigned at = sDQ + ((QH == 2 ? 0 : NQ / 32 * wg) + part) * (BQ * 128) +
+                                        (dq_row() + 16 * warp + g) * 128 + 16 * ((t >> 1) ^ (g & 1)) + 8 * (t & 1);
+                    const unsigned swz = 32 * (g >> 1);
 #pragma unroll
-        for (int b = 0; b < BQ / 8; ++b) {
-            const float2 l2 = *reinterpret_cast<const float2*>(lt + 8 * b + 2 * t);
+                    for (int h = 0; h < 2; ++h)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                s[4 * b + 2 * h] = exp2f(fmaf(s[4 * b + 2 * h], mul, -l2.x));
-                s[4 * b + 2 * h + 1] = exp2f(fmaf(s[4 * b + 2 * h + 1], mul, -l2.y));
-                if (masked) {
-                    const int j = key0 + 8 * h, i = q0 + 8 * b + 2 * t;
-                    mask_query_pair(s[4 * b + 2 * h], s[4 * b + 2 * h + 1], i, j, mk, causal, causal_shift);
+                        for (int n = 0; n < 4; ++n)
+                            st_shared_v2_f32(at + 8 * 128 * h + (swz ^ (32 * n)), scale * c[4 * n + 2 * h],
+                                             scale * c[4 * n + 2 * h + 1]);
+                } else {                         // NC = 16 (D = 32), 48 (D = 96): within or across boxes
+                    store_swizzled_boxes<NC / 8, BQ>(sDQ, dq_col() + NC * part,
+                                                     reinterpret_cast<const float (&)[NC / 8][4]>(c), scale, warp, g, t,
+                                                     dq_row());
                 }
-            }
-        }
-
-        // dS^T = P^T (dP^T - delta) into ds: dp (DS_FIRST: P^T kept in s for dV) or s (P^T packed for dV first)
-        float (&ds)[NS] = DS_FIRST ? dp : s;
-        auto dscore = [&]() {
-#pragma unroll
-            for (int b = 0; b < BQ / 8; ++b) {
-                const float2 d2 = *reinterpret_cast<const float2*>(dt + 8 * b + 2 * t);
+                if (part == NP - 1) {
+                    fence_async_shared();
+                    mbar_arrive(BWD_DQ_FULL);
+                }
+            } else {
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    ds[4 * b + 2 * h] = s[4 * b + 2 * h] * (dp[4 * b + 2 * h] - d2.x);
-                    ds[4 * b + 2 * h + 1] = s[4 * b + 2 * h + 1] * (dp[4 * b + 2 * h + 1] - d2.y);
+                    const int i = qt + dq_row() + 16 * warp + g + 8 * h;
+                    if (i >= mq) continue;
+                    float* row = dq + w.qoff + i * q_row + dq_col() + NC * part + 2 * t;
+#pragma unroll
+                    for (int n = 0; n < NC / 8; ++n)
+                        add_pair(row + 8 * n, scale * c[4 * n + 2 * h], scale * c[4 * n + 2 * h + 1]);
                 }
             }
         };
-        if (DS_FIRST) {
-            wgmma_wait<0>();                 // dP^T landed
-            pin(dp);
-            dscore();
-        }
 
-        // dV += P^T dO: A = P^T (k-step kk = accumulator elements 8 kk .. 8 kk + 7), B = dO MN-major
-#pragma unroll
-        for (int kk = 0; kk < KQ; ++kk)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) pa[kk][j] = H::pack(s[8 * kk + 2 * j], s[8 * kk + 2 * j + 1]);
-        pin(gv);
-        pin_u(pa);
-        wgmma_fence();
-        {
-            const desc_t bo = Tile::mn_major(sO);
-#pragma unroll
-            for (int kk = 0; kk < KQ; ++kk) Wgmma16<T, D>::template rs<1, 1>(gv, pa[kk], bo + Tile::mn_step(kk));
-        }
-        wgmma_commit();
-        if (!DS_FIRST) {
-            wgmma_wait<2>();                 // dP^T landed (dQ, dV may still run)
-            pin(dp);
-            dscore();
-        }
-
-        // dS^T packed as A fragments (DS_FIRST: not kept) and stored (16-bit) as rows of dS^T
-#pragma unroll
-        for (int kk = 0; kk < KQ; ++kk)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const unsigned packed = H::pack(ds[8 * kk + 2 * j], ds[8 * kk + 2 * j + 1]);
-                if (!DS_FIRST) da[kk][j] = packed;
-                // key row + 8 (j & 1), query columns 16 kk + 8 (j >> 1) + 2 t, + 1
-                st_shared_b32(ds_buf + ds_row + (j & 1) * (16 * BQ) + (2 * kk + (j >> 1)) * 128, packed);
-            }
-
-        // dK += dS^T Q: B = Q MN-major; A = dS^T from registers, or with DS_FIRST from this warpgroup's rows of the
-        // dS^T buffer, K-major (k-step kk = 16 queries: + 256 bytes), once all its threads stored theirs
-        pin(gk);
-        if (DS_FIRST) {
+        int it = 0;
+        for (int q0 = q_begin; q0 < mq; q0 += BQ, ++it) {
+            const int cur = (g0 + it) & 1;       // dS^T buffer
+            const int stage = stage_of<NST>(g0 + it);
+            mbar_wait(BWD_FULL(stage), phase_of<NST>(g0 + it));
             fence_async_shared();
-            warpgroup_sync(wg);
-            pin(c);
-        } else {
-            pin_u(da);
-        }
-        wgmma_fence();
-        if (DS_FIRST) issue_previous_dq();   // the previous tile's dQ: its own commit group
-        {
-            const desc_t bq = Tile::mn_major(sQ), aw = smem_desc(ds_buf + 8 * wg * (16 * BQ), 128, 16 * BQ);
-#pragma unroll
-            for (int kk = 0; kk < KQ; ++kk)
-                if (DS_FIRST)
-                    Wgmma16<T, D>::template ss<1, 0, 1>(gk, aw + 16 * kk, bq + Tile::mn_step(kk));
-                else
-                    Wgmma16<T, D>::template rs<1, 1>(gk, da[kk], bq + Tile::mn_step(kk));
-        }
-        wgmma_commit();
-        if (DS_FIRST)
-            wgmma_wait<1>();                 // dQ of the previous tile landed (dK may still run)
-        else
-            wgmma_wait<2>();                 // dQ of the previous tile landed (dV, dK may still run)
-        pin(c);
-        if (PIPE == 2 && (it == 0 || NP == 1)) ds_release();
-        if (it > 0) {
-            add_dq(q0 - BQ, 0);
-            if (NP == 2) {                   // its second part, now that S^T and dP^T are dead
-                wgmma_fence();
-                issue_dq(sDS + (cur ^ 1) * L::DS, 1);
-                wgmma_commit();
-                wgmma_wait<0>();
-                pin(c);
-                if (PIPE == 2) ds_release();
-                add_dq(q0 - BQ, 1);
-            }
-        }
-        wgmma_wait<0>();
-        pin(gk);
-        pin(gv);
-        pin_u(pa);
-        pin_u(da);
-        mbar_arrive(BWD_EMPTY(stage));       // this thread's reads of the stage are done
-    }
-    // dQ of the last tile
-    fence_async_shared();
-    if (PIPE == 2)
-        mbar_wait(BWD_DS, (it - 1) & 1);     // its dS^T (every warpgroup) in shared memory
-    else
-        consumers_sync();                    // its dS^T (every warpgroup) in shared memory
-    for (int part = 0; part < NP; ++part) {
-        pin(c);
-        wgmma_fence();
-        issue_dq(sDS + ((it - 1) & 1) * L::DS, part);
-        wgmma_commit();
-        wgmma_wait<0>();
-        pin(c);
-        add_dq(q_begin + (it - 1) * BQ, part);
-    }
+            if (PIPE == 1)
+                consumers_sync();                // every consumer is done with tile q0 - BQ's products (its dS^T is in
+                                                 // shared memory)
+            const unsigned sQ = sK + L::OFF_Q + 2 * stage * L::TILE, sO = sQ + L::TILE;
+            const unsigned ds_buf = sDS + cur * L::DS;
+            const float* const lt = sL + 2 * stage * BQ;
+            const float* const dt = lt + BQ;
+            const bool masked = tile_needs_mask<64>(kw0, q0, mk, causal, causal_shift);
 
-    // dK (scaled) and dV of this thread's keys added to dk, dv (the accumulators' layout is backward.cuh's
-    // [D / 8][4] fragment, flattened)
-    const auto& fk = reinterpret_cast<const float (&)[D / 8][4]>(gk);
-    const auto& fv = reinterpret_cast<const float (&)[D / 8][4]>(gv);
-    if (DKV) {   // into shared tiles over K, V and the stages (every consumer is done with them), then by TMA
-        consumers_sync();
-        const unsigned tk = sK + 2 * wg * L::GRAD_TILE, tv = tk + L::GRAD_TILE;
-        store_swizzled_boxes<D / 8>(tk, 0, fk, scale, warp, g, t);
-        store_swizzled_boxes<D / 8>(tv, 0, fv, 1.0f, warp, g, t);
-        fence_async_shared();
-        consumers_sync();                    // every tile stored
-        if ((tid & (WG_THREADS - 1)) == 0) { // thread 0 of a warpgroup adds its dK and dV tiles (the previous launch's
-            wait_for_previous_launch();      // additions to the same rows done first: the same order every run)
+            // S^T = K Q^T and dP^T = V dO^T (64 keys x BQ queries each), then the dQ of the previous tile
+            float s[NS], dp[NS];
+            pin(s);
+            pin(dp);
+            if (!DS_FIRST) pin(c);
+            wgmma_fence();
+            {
+                const desc_t bq = Tile::k_major(sQ), bo = Tile::k_major(sO);
+                Wgmma16<T, BQ>::template ss<0>(s, dKw, bq);
 #pragma unroll
-            for (int b = 0; b < D / 32; ++b) {
-                if (fresh) {                 // the rows hold no terms yet: stored, not added to
-                    tma_store_4d(maps + 3, tk + b * (64 * 128), 32 * b, problem_head, kw0, (int)problem_seg);
-                    tma_store_4d(maps + 4, tv + b * (64 * 128), 32 * b, problem_head, kw0, (int)problem_seg);
-                } else {
-                    tma_reduce_add_4d(maps + 3, tk + b * (64 * 128), 32 * b, problem_head, kw0, (int)problem_seg);
-                    tma_reduce_add_4d(maps + 4, tv + b * (64 * 128), 32 * b, problem_head, kw0, (int)problem_seg);
+                for (int ks = 1; ks < KD; ++ks) Wgmma16<T, BQ>::template ss<1>(s, dKw + 16 * ks, bq + Tile::k_step(ks));
+                wgmma_commit();
+                Wgmma16<T, BQ>::template ss<0>(dp, dVw, bo);
+#pragma unroll
+                for (int ks = 1; ks < KD; ++ks) Wgmma16<T, BQ>::template ss<1>(dp, dVw + 16 * ks, bo + Tile::k_step(ks));
+                wgmma_commit();
+            }
+            // the first part of the previous tile's dQ, one commit group (an empty one for the first tile); issued here,
+            // or with DS_FIRST once S^T and dP^T are consumed (fewer live registers)
+            auto issue_previous_dq = [&]() {
+                if (it > 0) {
+                    if (PIPE == 2) mbar_wait(BWD_DS, (g0 + it - 1) & 1);   // every consumer's dS^T of tile q0 - BQ
+                    issue_dq(sDS + (cur ^ 1) * L::DS, 0);
+                }
+                wgmma_commit();
+            };
+            if (!DS_FIRST) {
+                issue_previous_dq();
+                wgmma_wait<2>();
+            } else {
+                wgmma_wait<1>();
+            }
+            pin(s);
+
+            // P^T = exp2(mul S^T - L log2 e); 0 for keys past mk and, if causal, past i + causal_shift
+#pragma unroll
+            for (int b = 0; b < BQ / 8; ++b) {
+                const float2 l2 = *reinterpret_cast<const float2*>(lt + 8 * b + 2 * t);
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    s[4 * b + 2 * h] = exp2f(fmaf(s[4 * b + 2 * h], mul, -l2.x));
+                    s[4 * b + 2 * h + 1] = exp2f(fmaf(s[4 * b + 2 * h + 1], mul, -l2.y));
+                    if (masked) {
+                        const int j = key0 + 8 * h, i = q0 + 8 * b + 2 * t;
+                        mask_query_pair(s[4 * b + 2 * h], s[4 * b + 2 * h + 1], i, j, mk, causal, causal_shift);
+                    }
                 }
             }
-            bulk_commit();
-            bulk_wait_read();                // the tiles read before the block's shared memory is freed
+
+            // dS^T = P^T (dP^T - delta) into ds: dp (DS_FIRST: P^T kept in s for dV) or s (P^T packed for dV first)
+            float (&ds)[NS] = DS_FIRST ? dp : s;
+            auto dscore = [&]() {
+#pragma unroll
+                for (int b = 0; b < BQ / 8; ++b) {
+                    const float2 d2 = *reinterpret_cast<const float2*>(dt + 8 * b + 2 * t);
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        ds[4 * b + 2 * h] = s[4 * b + 2 * h] * (dp[4 * b + 2 * h] - d2.x);
+                        ds[4 * b + 2 * h + 1] = s[4 * b + 2 * h + 1] * (dp[4 * b + 2 * h + 1] - d2.y);
+                    }
+                }
+            };
+            if (DS_FIRST) {
+                wgmma_wait<0>();                 // dP^T landed
+                pin(dp);
+                dscore();
+            }
+
+            // dV += P^T dO: A = P^T (k-step kk = accumulator elements 8 kk .. 8 kk + 7), B = dO MN-major
+#pragma unroll
+            for (int kk = 0; kk < KQ; ++kk)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) pa[kk][j] = H::pack(s[8 * kk + 2 * j], s[8 * kk + 2 * j + 1]);
+            pin(gv);
+            pin_u(pa);
+            wgmma_fence();
+            {
+                const desc_t bo = Tile::mn_major(sO);
+#pragma unroll
+                for (int kk = 0; kk < KQ; ++kk) Wgmma16<T, D>::template rs<1, 1>(gv, pa[kk], bo + Tile::mn_step(kk));
+            }
+            wgmma_commit();
+            if (!DS_FIRST) {
+                wgmma_wait<2>();                 // dP^T landed (dQ, dV may still run)
+                pin(dp);
+                dscore();
+            }
+
+            // dS^T packed as A fragments (DS_FIRST: not kept) and stored (16-bit) as rows of dS^T
+#pragma unroll
+            for (int kk = 0; kk < KQ; ++kk)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const unsigned packed = H::pack(ds[8 * kk + 2 * j], ds[8 * kk + 2 * j + 1]);
+                    if (!DS_FIRST) da[kk][j] = packed;
+                    // key row + 8 (j & 1), query columns 16 kk + 8 (j >> 1) + 2 t, + 1
+                    st_shared_b32(ds_buf + ds_row + (j & 1) * (16 * BQ) + (2 * kk + (j >> 1)) * 128, packed);
+                }
+
+            // dK += dS^T Q: B = Q MN-major; A = dS^T from registers, or with DS_FIRST from this warpgroup's rows of the
+            // dS^T buffer, K-major (k-step kk = 16 queries: + 256 bytes), once all its threads stored theirs
+            pin(gk);
+            if (DS_FIRST) {
+                fence_async_shared();
+                warpgroup_sync(wg);
+                pin(c);
+            } else {
+                pin_u(da);
+            }
+            wgmma_fence();
+            if (DS_FIRST) issue_previous_dq();   // the previous tile's dQ: its own commit group
+            {
+                const desc_t bq = Tile::mn_major(sQ), aw = smem_desc(ds_buf + 8 * wg * (16 * BQ), 128, 16 * BQ);
+#pragma unroll
+                for (int kk = 0; kk < KQ; ++kk)
+                    if (DS_FIRST)
+                        Wgmma16<T, D>::template ss<1, 0, 1>(gk, aw + 16 * kk, bq + Tile::mn_step(kk));
+                    else
+                        Wgmma16<T, D>::template rs<1, 1>(gk, da[kk], bq + Tile::mn_step(kk));
+            }
+            wgmma_commit();
+            if (DS_FIRST)
+                wgmma_wait<1>();                 // dQ of the previous tile landed (dK may still run)
+            else
+                wgmma_wait<2>();                 // dQ of the previous tile landed (dV, dK may still run)
+            pin(c);
+            if (PIPE == 2 && (it == 0 || NP == 1)) ds_release();
+            if (it > 0) {
+                add_dq(q0 - BQ, 0);
+                if (NP == 2) {                   // its second part, now that S^T and dP^T are dead
+                    wgmma_fence();
+                    issue_dq(sDS + (cur ^ 1) * L::DS, 1);
+                    wgmma_commit();
+                    wgmma_wait<0>();
+                    pin(c);
+                    if (PIPE == 2) ds_release();
+                    add_dq(q0 - BQ, 1);
+                }
+            }
+            wgmma_wait<0>();
+            pin(gk);
+            pin(gv);
+            pin_u(pa);
+            pin_u(da);
+            mbar_arrive(BWD_EMPTY(stage));       // this thread's reads of the stage are done
         }
-    } else {
-        add_key_gradients<D / 8>(dk, dv, koff, voff, k_row, v_row, key0, mk, t, scale, fk, fv, fresh != 0);
+        // dQ of the last tile
+        fence_async_shared();
+        if (PIPE == 2)
+            mbar_wait(BWD_DS, (g0 + it - 1) & 1);   // its dS^T (every warpgroup) in shared memory
+        else
+            consumers_sync();                    // its dS^T (every warpgroup) in shared memory
+        for (int part = 0; part < NP; ++part) {
+            pin(c);
+            wgmma_fence();
+            issue_dq(sDS + ((g0 + it - 1) & 1) * L::DS, part);
+            wgmma_commit();
+            wgmma_wait<0>();
+            pin(c);
+            add_dq(q_begin + (it - 1) * BQ, part);
+        }
+        if (LOOP) mbar_arrive(BWD_KV_EMPTY(buf));   // K and V read for the last time: the buffer may be refilled
+
+        // dK (scaled) and dV of this thread's keys added to dk, dv (the accumulators' layout is backward.cuh's
+        // [D / 8][4] fragment, flattened); the item's offsets worked out again here (not kept through its tiles)
+        if (LOOP) w = item_at(item);
+        const auto& fk = reinterpret_cast<const float (&)[D / 8][4]>(gk);
+        const auto& fv = reinterpret_cast<const float (&)[D / 8][4]>(gv);
+        if (DKV) {   // into shared tiles over K, V and the stages (every consumer is done with them), then by TMA
+            consumers_sync();
+            const unsigned tk = sK + 2 * wg * L::GRAD_TILE, tv = tk + L::GRAD_TILE;
+            store_swizzled_boxes<D / 8>(tk, 0, fk, scale, warp, g, t);
+            store_swizzled_boxes<D / 8>(tv, 0, fv, 1.0f, warp, g, t);
+            fence_async_shared();
+            consumers_sync();                    // every tile stored
+            if ((tid & (WG_THREADS - 1)) == 0) { // thread 0 of a warpgroup adds its dK and dV tiles (the previous launch's
+                wait_for_previous_launch();      // additions to the same rows done first: the same order every run)
+#pragma unroll
+                for (int b = 0; b < D / 32; ++b) {
+                    if (fresh) {                 // the rows hold no terms yet: stored, not added to
+                        tma_store_4d(maps + 3, tk + b * (64 * 128), 32 * b, w.head, kw0, w.seg);
+                        tma_store_4d(maps + 4, tv + b * (64 * 128), 32 * b, w.head, kw0, w.seg);
+                    } else {
+                        tma_reduce_add_4d(maps + 3, tk + b * (64 * 128), 32 * b, w.head, kw0, w.seg);
+                        tma_reduce_add_4d(maps + 4, tv + b * (64 * 128), 32 * b, w.head, kw0, w.seg);
+                    }
+                }
+                bulk_commit();
+                bulk_wait_read();                // the tiles read before the block's shared memory is freed
+            }
+        } else {
+            add_key_gradients<D / 8>(dk, dv, w.koff, w.voff, k_row, v_row, key0, mk, t, scale, fk, fv, fresh != 0);
+        }
+        g0 += it;
+        ++n;
     }
 }
 #undef BWD_FULL
@@ -680,3 +777,5 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps, 
 #undef BWD_DS
 #undef BWD_DQ_FULL
 #undef BWD_DQ_EMPTY
+#undef BWD_KV_FULL
+#undef BWD_KV_EMPTY

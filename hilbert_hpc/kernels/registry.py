@@ -68,6 +68,10 @@ class Variant:
     #: a backward kernel whose last argument is the int ``fresh`` (after the maps): not 0, dk and dv hold no terms
     #: yet and are stored, not added to (``backward.BackwardKernels.local_patterns``' ``fresh_kv``)
     fresh_gradients: bool = False
+    #: a backward kernel that takes the work items' count ``items`` after ``fresh`` (``fresh_gradients``), and one
+    #: whose blocks work through several items when it is > 0 (a persistent grid, ``backward.persistent_grid``)
+    items_argument: bool = False
+    persistent: bool = False
 
     def runs_on(self, cc: int) -> bool:
         """Whether a GPU of compute capability ``cc`` (major * 10 + minor) can run this variant."""
@@ -118,8 +122,11 @@ class KernelFamily:
     #: whether its kernels support programmatic dependent launch (backward.cuh: allow_next_launch at the start,
     #: wait_for_previous_launch before what an earlier launch of the same call writes)
     dependent_launch: bool = False
-    #: whether its kernels take ``fresh`` last: a launch that stores its dK and dV terms instead of adding them
+    #: whether its kernels take ``fresh``: a launch that stores its dK and dV terms instead of adding them; and
+    #: the work items' count ``items`` after it, with which a configuration's blocks (``persistent``) work through
+    #: several items each
     fresh_gradients: bool = False
+    persistent: Callable[[int, Config], bool] = lambda head_dim, cfg: False
 
     @property
     def head_dims(self) -> tuple[int, ...]:
@@ -152,7 +159,8 @@ class KernelFamily:
         return Variant(self.name, head_dim, self.source, self.template(t, head_dim, cfg, "float" if accumulate else t),
                        self.threads(cfg), self.block_queries(head_dim, cfg), self.shared_bytes(head_dim, cfg),
                        self.align, self.min_cc, self.max_cc, self.arch, cfg, self.maps_argument,
-                       self.tensor_maps(cfg), self.dependent_launch, self.fresh_gradients)
+                       self.tensor_maps(cfg), self.dependent_launch, self.fresh_gradients, self.fresh_gradients,
+                       self.persistent(head_dim, cfg))
 
     def instantiations(self) -> list[Variant]:
         """Every instantiation CI compiles: each dtype and head dim with each configuration, then the
@@ -344,18 +352,30 @@ def mma16_bwd_shared_bytes(head_dim: int, keys: int) -> int:
     return 4 * (head_dim + 8) * (keys + 2 * queries) + 2 * keys * (queries + 8) + 16 * queries
 
 
+def wgmma16_bwd_persistent(head_dim: int, cfg: Config) -> bool:
+    """Whether a wgmma16_bwd configuration's blocks can work through several items (LOOP in
+    dilated_bwd_wgmma_16.cu: LOAD = 1, DQ = 1, PIPE = 2, DKV = 0, BQ = 64, D = 32 or 64; the next item's K and V
+    staged into a second buffer by a producer warp)."""
+    return cfg[4] == 1 and cfg[3] == 1 and cfg[1] == 2 and cfg[5] == 0 and cfg[6] == 64 and head_dim <= 64
+
+
 def wgmma16_bwd_shared_bytes(head_dim: int, warpgroups: int, pipe: int, stages: int, dq: int = 0,
                              load: int = 0, dkv: int = 0, queries: int = 64) -> int:
     """Dynamic shared memory of one wgmma16_bwd block (BwdSmemWg in dilated_bwd_wgmma_16.cu): K and V of its
     64 NWG keys, Q, dO, L and delta of the ``stages`` stages of query tiles of ``queries`` rows (with ``load``
     whole regions of ``tma.region_columns``), two dS^T buffers in 16 bits, two mbarriers per stage (and with
     PIPE = 2 the dS^T handoff's), and with ``dq`` the float32 dQ tile and its two mbarriers (``dkv``: dK and dV
-    are staged over K, V and the stages, no more)."""
+    are staged over K, V and the stages, no more), and a persistent configuration's K/V mbarriers and second K
+    and V buffer (KVB in dilated_bwd_wgmma_16.cu)."""
     keys = 64 * warpgroups
     region = region_columns(head_dim)
     tile_columns = -(-head_dim // region) * region if load else head_dim
-    return (4 * head_dim * keys + 4 * stages * tile_columns * queries + 4 * keys * queries + 8 * stages * queries
-            + 16 * stages + (8 if pipe == 2 else 0) + (16 + 4 * queries * head_dim if dq else 0))
+    dq_tile = 4 * queries * head_dim if dq else 0
+    kv_bars = (4 * head_dim * keys + 4 * stages * tile_columns * queries + 4 * keys * queries + 8 * stages * queries
+               + 16 * stages + (8 if pipe == 2 else 0) + (16 if dq else 0))      # OFF_KVBAR
+    if not wgmma16_bwd_persistent(head_dim, (warpgroups, pipe, stages, dq, load, dkv, queries)):
+        return kv_bars + dq_tile
+    return -(-(kv_bars + 32) // 1024) * 1024 + 4 * head_dim * keys + dq_tile    # + K and V again (KVB = 2)
 
 
 #: wgmma16_bwd per head dim: (warpgroups NWG, PIPE, STAGES, DQ, LOAD, DKV, BQ), template arguments of
@@ -370,7 +390,8 @@ def wgmma16_bwd_shared_bytes(head_dim: int, warpgroups: int, pipe: int, stages: 
 #: (D = 128 spills a few bytes at STAGES = 2 and 4, so those are not listed). Timings: docs/performance.md, section
 #: "configuration sweeps of the Hopper 16-bit kernels". Causal launches take DKV = 1 (causal_defaults): the kernel
 #: alone 1.02-1.07x faster causal (0.85-0.97x full), the causal backward end to end 1.01-1.06x (H200,
-#: docs/performance.md).
+#: docs/performance.md). The defaults at D = 32 and 64 are persistent (``wgmma16_bwd_persistent``): a grid of one
+#: block per SM working through the launch's items, the next item's K and V staged during this one's tiles.
 WGMMA16_BWD = KernelFamily(
     "wgmma16_bwd", "dilated_bwd_wgmma_16.cu", SIXTEEN_BIT,
     lambda t, d, c, o: f"dilated_bwd_wgmma_16<{t},{d},{','.join(map(str, c))}>",
@@ -392,7 +413,7 @@ WGMMA16_BWD = KernelFamily(
                      and c[4] in (0, 1) and c[5] in (0, 1)
                      and (c[6] == 64 or (c[6] == 128 and c[1] == 2 and c[4] == 1))),
     maps_argument=True, tensor_maps=lambda c: bool(c[3] or c[4] or c[5]), dependent_launch=True,
-    fresh_gradients=True, direction=BACKWARD)
+    fresh_gradients=True, persistent=wgmma16_bwd_persistent, direction=BACKWARD)
 
 #: mma16_bwd per head dim: keys per block BK (a warp per 16 keys), template argument of
 #: dilated_bwd_mma_16<T, D, BK>; no spills with ptxas for sm_80 and sm_90. Measured on an H100 (N = 262,144,

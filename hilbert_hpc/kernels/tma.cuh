@@ -55,6 +55,9 @@ __device__ __forceinline__ int ld_shared_int(unsigned addr) {
     return value;
 }
 
+// the most dynamic shared memory a block may have on compute capability 9.0 (registry.HOPPER_SHARED)
+constexpr int HOPPER_SMEM = 227 * 1024;
+
 // one box of a 4-D tensor map (coordinates innermost first) into shared memory; completes on `bar`
 __device__ __forceinline__ void tma_load_4d(unsigned dst, const TensorMap* map, int c0, int c1, int c2, int c3,
                                             unsigned bar) {
