@@ -436,3 +436,28 @@ def test_persistent_configurations_run_a_grid_of_one_block_per_sm(monkeypatch):
     causal = choose_backward("bfloat16", 64, cc=90, override="")
     BackwardKernels(causal, max_blocks=5).launch(*range(9), **{**geometry, "shift": 0})
     assert calls[-1] == (False, (8, 4), 0)                    # causal launches take DKV = 1
+
+
+@needs_nvrtc
+def test_host_layout_and_persistence_are_the_kernels():
+    """registry.wgmma16_bwd_shared_bytes and wgmma16_bwd_persistent give, for every configuration of every head dim,
+    the kernel's own shared-memory layout size and persistence (BwdConfig in dilated_bwd_wgmma_16.cu): static
+    asserts compiled by NVRTC, so that a change on one side alone fails here, not on a GPU."""
+    from hilbert_hpc.kernels.compile import nvrtc_compile
+    from hilbert_hpc.kernels.program import ARCH_OPTIONS, source
+
+    fam = registry.WGMMA16_BWD
+    checks = []
+    for d in fam.head_dims:
+        for cfg in fam.configurations(d):
+            v = fam.variant(d, "bfloat16", cfg)
+            args = ", ".join(map(str, (d, *cfg)))
+            checks.append(f"static_assert(BwdConfig<{args}>::Layout::bytes == {v.shared_bytes}, \"bytes {args}\");")
+            checks.append(f"static_assert((BwdConfig<{args}>::LOOP != 0) == {str(v.persistent).lower()}, "
+                          f"\"persistent {args}\");")
+    assert len(checks) == 2 * sum(len(fam.configurations(d)) for d in fam.head_dims)
+    text = source(fam.source) + "\n" + "\n".join(checks) + "\n"
+    nvrtc_compile(text, "layout_checks.cu", (), ARCH_OPTIONS, fam.arch, "ptx")     # a mismatch: RuntimeError
+    wrong = text + f"static_assert(BwdConfig<64, {', '.join(map(str, fam.defaults[64]))}>::Layout::bytes == 1, \"x\");"
+    with pytest.raises(RuntimeError, match="static assertion failed|static_assert"):
+        nvrtc_compile(wrong, "layout_checks.cu", (), ARCH_OPTIONS, fam.arch, "ptx")

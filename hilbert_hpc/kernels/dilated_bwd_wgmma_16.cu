@@ -210,6 +210,25 @@ struct BwdSmemWg {
                   "swizzled tiles aligned");
 };
 
+// What a configuration (NWG, PIPE, STAGES, DQ, LOAD, DKV, QT) of the kernel below derives, in one place (the host's
+// registry.wgmma16_bwd_shared_bytes and wgmma16_bwd_persistent mirror Layout::bytes and LOOP; the package's tests
+// compile static_asserts that they agree). TD: stored columns of a Q or dO tile (D, or with LOAD = 1 whole
+// regions of RC columns). LOOP (LOAD = 1, DQ = 1, PIPE = 2, DKV = 0, BQ = 64, D = 32 or 64): a block works through
+// items first, first + stride, ... (a persistent grid when `items` > 0), the next item's K and V staged into a
+// second buffer by producer warp 2 during this item's tiles (KVB = 2 buffers behind kv_full / kv_empty mbarriers).
+// Not at D = 96 and 128: no room for a second K and V (with one, the item's K and V wait for the last one's tiles:
+// 0.97-0.99x at D = 128, docs/performance.md), and with BQ = 128 no register to spare.
+template <int D, int NWG, int PIPE, int STAGES, int DQ, int LOAD, int DKV, int QT>
+struct BwdConfig {
+    enum : int {                             // (an enum: constants that are never objects in device memory)
+        RC = tma_region_columns<D>(),
+        TD = LOAD ? (D + RC - 1) / RC * RC : D,
+        LOOP = LOAD == 1 && DQ == 1 && PIPE == 2 && DKV == 0 && QT == 64 && D <= 64,
+        KVB = LOOP ? 2 : 1
+    };
+    using Layout = BwdSmemWg<D, TD, NWG, PIPE, STAGES, DQ, DQ || LOAD || DKV, QT, LOOP != 0, KVB>;
+};
+
 // NWG = 2 computing warpgroups and STAGES (2 to 4) stages: warpgroup 0 is the producer (setmaxnreg.dec to
 // PREG), warpgroups 1 and 2 the consumers (setmaxnreg.inc to CREG): 40 / 232 for D = 64, 24 / 240 for D = 96,
 // 128 and BQ = 128 (the launch bound gives 168 each). PIPE: 1 or 2. BQ: query rows of a tile, 64, or 128
@@ -229,18 +248,12 @@ dilated_bwd_wgmma_16(DILATED_BWD_PARAMS(T), const TensorMap* __restrict__ maps, 
 {
     allow_next_launch();                     // backward.cuh: programmatic dependent launch
     using H = Half16<T>;
+    using C = BwdConfig<D, NWG, PIPE, STAGES, DQ, LOAD, DKV, QT>;
     constexpr int NST = STAGES;              // stages of Q, dO, L and delta
-    constexpr int RC = tma_region_columns<D>();   // LOAD = 1: columns of a swizzled region of a tile
-    constexpr int TD = LOAD ? (D + RC - 1) / RC * RC : D;   // stored columns of a Q or dO tile
-    constexpr int NR = TD / RC;              // LOAD = 1: regions of a tile
-    // LOOP (LOAD = 1, DQ = 1, PIPE = 2, DKV = 0, BQ = 64, D = 32 or 64): a block works through items first, first +
-    // stride, ... (a persistent grid when `items` > 0), the next item's K and V staged into a second buffer by
-    // producer warp 2 during this item's tiles (KVB = 2 buffers behind kv_full / kv_empty mbarriers). Not at D = 96
-    // and 128: no room for a second K and V (with one, the item's K and V wait for the last one's tiles: 0.97-0.99x
-    // at D = 128, docs/performance.md), and with BQ = 128 no register to spare.
-    constexpr bool LOOP = LOAD == 1 && DQ == 1 && PIPE == 2 && DKV == 0 && QT == 64 && D <= 64;
-    constexpr int KVB = LOOP ? 2 : 1;
-    using L = BwdSmemWg<D, TD, NWG, PIPE, NST, DQ, DQ || LOAD || DKV, QT, LOOP, KVB>;
+    constexpr int RC = C::RC, TD = C::TD, NR = TD / RC;   // LOAD = 1: columns of a region, columns, regions of a tile
+    constexpr bool LOOP = C::LOOP != 0;
+    constexpr int KVB = C::KVB;
+    using L = typename C::Layout;
     static_assert(L::bytes <= HOPPER_SMEM, "the block's shared memory fits");
     using Tile = StagedTile<D, QT, LOAD>;    // descriptors of the Q and dO tiles
     constexpr int THREADS = WG_THREADS * NWG, BK = L::BK, BQ = L::BQ;   // THREADS: the computing threads

@@ -353,9 +353,10 @@ def mma16_bwd_shared_bytes(head_dim: int, keys: int) -> int:
 
 
 def wgmma16_bwd_persistent(head_dim: int, cfg: Config) -> bool:
-    """Whether a wgmma16_bwd configuration's blocks can work through several items (LOOP in
+    """Whether a wgmma16_bwd configuration's blocks can work through several items (BwdConfig::LOOP in
     dilated_bwd_wgmma_16.cu: LOAD = 1, DQ = 1, PIPE = 2, DKV = 0, BQ = 64, D = 32 or 64; the next item's K and V
-    staged into a second buffer by a producer warp)."""
+    staged into a second buffer by a producer warp). It and :func:`wgmma16_bwd_shared_bytes` mirror the kernel's
+    BwdConfig, which tests/test_backward_kernels.py compiles static asserts against."""
     return cfg[4] == 1 and cfg[3] == 1 and cfg[1] == 2 and cfg[5] == 0 and cfg[6] == 64 and head_dim <= 64
 
 
