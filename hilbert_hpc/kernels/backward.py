@@ -162,9 +162,7 @@ class BackwardKernels:
                     if chosen.tensor_maps else 0
                 extra = (np.uint64(maps),)
             if chosen.fresh_gradients:
-                extra += (np.int32(fresh),)
-            if chosen.items_argument:
-                extra += (np.int64(items),)
+                extra += (np.int32(fresh), np.int64(items))
             args = (*pointers, *geometry_arguments(qg, kc, vc, lg, heads, mq, mc, sc, scale), *extra)
             fn(grid, (chosen.threads,), args, shared_mem=chosen.shared_bytes, follows=follows or i > 0)
         return True

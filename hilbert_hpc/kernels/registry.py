@@ -65,12 +65,11 @@ class Variant:
     tensor_maps: bool = False
     #: launches of it that follow one another may overlap (programmatic dependent launch, compute capability 9.0+)
     dependent_launch: bool = False
-    #: a backward kernel whose last argument is the int ``fresh`` (after the maps): not 0, dk and dv hold no terms
-    #: yet and are stored, not added to (``backward.BackwardKernels.local_patterns``' ``fresh_kv``)
+    #: a backward kernel whose last arguments (after the maps) are the int ``fresh`` (not 0: dk and dv hold no
+    #: terms yet and are stored, not added to; ``backward.BackwardKernels.local_patterns``' ``fresh_kv``) and the
+    #: work items' count ``items``; and one whose blocks work through several items when ``items`` > 0 (a
+    #: persistent grid, ``backward.BackwardKernels.launch``)
     fresh_gradients: bool = False
-    #: a backward kernel that takes the work items' count ``items`` after ``fresh`` (``fresh_gradients``), and one
-    #: whose blocks work through several items when it is > 0 (a persistent grid, ``backward.persistent_grid``)
-    items_argument: bool = False
     persistent: bool = False
 
     def runs_on(self, cc: int) -> bool:
@@ -159,7 +158,7 @@ class KernelFamily:
         return Variant(self.name, head_dim, self.source, self.template(t, head_dim, cfg, "float" if accumulate else t),
                        self.threads(cfg), self.block_queries(head_dim, cfg), self.shared_bytes(head_dim, cfg),
                        self.align, self.min_cc, self.max_cc, self.arch, cfg, self.maps_argument,
-                       self.tensor_maps(cfg), self.dependent_launch, self.fresh_gradients, self.fresh_gradients,
+                       self.tensor_maps(cfg), self.dependent_launch, self.fresh_gradients,
                        self.persistent(head_dim, cfg))
 
     def instantiations(self) -> list[Variant]:
