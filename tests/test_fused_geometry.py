@@ -88,6 +88,32 @@ def test_local_patterns_geometry_equals_the_unfused_computation(patterns, heads,
 
 
 @pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("patterns,every_row", [([(16, 1), (64, 2), (192, 6)], True), ([(64, 2), (48, 1)], True),
+                                                ([(64, 2), (192, 6)], False), ([(96, 3)], False),
+                                                ([(192, 1), (16, 2)], True)])
+def test_an_output_that_patterns_merge_at_every_row_starts_uninitialized(patterns, every_row, causal):
+    """``forward_accumulators``: an output starts at zero unless a pattern (dilation 1, segments tiling the rows)
+    gives every row a result; then whatever it holds (NaN here) is never read, and the result is the unfused
+    computation's."""
+    from hilbert_hpc.backends.base import forward_accumulators
+    from hilbert_hpc.core.patterns import merges_every_row
+
+    n, heads, d = 192, 5, 8
+    qs, ks, vs = _inputs(n, heads, d)
+    pats = [Pattern(w, r) for w, r in patterns]
+    assert merges_every_row(pats, n) == every_row
+    out, lse = forward_accumulators(qs, vs, pats)
+    assert out.shape == (n, heads, d) and lse.shape == (n, heads) and np.isneginf(lse).all()
+    if every_row:
+        out[:] = np.nan                               # what an uninitialized output may hold
+    else:
+        assert not out.any()                          # rows that no pattern selects keep 0
+    KERNELS.local_patterns(qs, ks, vs, pats, causal, 0.3, out, lse)
+    want = local_dilated_attention(qs, ks, vs, pats, causal, 0.3)
+    assert np.isfinite(out).all() and np.abs(out - want).max() <= 1e-12 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("heads,group", [(7, 2), (7, 3), (6, 1), (5, 5), (8, 2)])
 def test_head_groups_of_the_float32_running_output_equal_the_unfused_computation(heads, group, causal):
     """tma16's FP32 running output (kernels.sixteen_bit.SixteenBitKernels): every local pattern of a group of heads merged

@@ -109,6 +109,31 @@ def test_the_numpy_api_computes_cuda_tensors_on_their_gpu():
                                                                     causal=True))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 96])
+def test_an_output_that_a_pattern_merges_at_every_row_is_never_read_before_it_is_written(monkeypatch, dtype, causal, d):
+    """The forward's output starts uninitialized where a pattern gives every row a result (the kernels read a
+    row's old output only where its log-sum-exp is finite): started as NaN, it ends as it does started at zero,
+    bit for bit."""
+    from hilbert_hpc.backends import cuda_autograd
+    from hilbert_hpc.backends.base import forward_accumulators
+    from hilbert_hpc.core.patterns import Pattern, merges_every_row
+
+    patterns = [Pattern(w, r) for w, r in ((512, 2), (256, 1), (1024, 4))]
+    q, k, v = make((2048, 5, d), seed=10, dtype=dtype, device="cuda")[:3]
+    assert merges_every_row(patterns, 2048)
+    results = []
+    for fill in (math.nan, 0.0):
+        def filled(qs, vs, pats, fill=fill):
+            out, lse = forward_accumulators(qs, vs, pats)
+            return out.fill_(fill), lse
+        monkeypatch.setattr(cuda_autograd, "forward_accumulators", filled)
+        results.append(cuda_autograd.forward(q, k, v, patterns, causal, d ** -0.5))
+    (out_nan, lse_nan), (out_zero, lse_zero) = results
+    assert torch.isfinite(out_nan).all() and torch.equal(out_nan, out_zero) and torch.equal(lse_nan, lse_zero)
+
+
 def test_16_bit_gradients_in_row_chunks_equal_the_whole_sequence_at_once(monkeypatch):
     """A tiny scratch share makes the 16-bit backward take one lcm of the segments at a time; its gradients
     are those of the whole sequence at once (up to the order of dQ's float32 additions)."""

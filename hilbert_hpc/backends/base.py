@@ -22,7 +22,7 @@ from hilbert_hpc.backends.memory import BackendMemory
 from hilbert_hpc.core.arrays import is_tensor
 from hilbert_hpc.core.blockwise import array_module, attend
 from hilbert_hpc.core.dilated import AttendFn, empty_accumulators, local_dilated_forward
-from hilbert_hpc.core.patterns import Pattern
+from hilbert_hpc.core.patterns import Pattern, merges_every_row
 from hilbert_hpc.errors import ConfigError
 
 #: what a study case computes (its ``pass`` key): the forward alone, or the forward and then the backward
@@ -182,7 +182,7 @@ class Backend:
         kernels = self.ring_kernels(kernel or self.kernel_choice(int(qs.shape[2]), _dtype_name(qs)))
         if kernels is None:
             return local_dilated_forward(qs, ks, vs, patterns, causal, scale, self.attend_fn or attend)
-        out, lse = _forward_accumulators(qs, vs)
+        out, lse = forward_accumulators(qs, vs, patterns)
         kernels.local_patterns(qs, ks, vs, patterns, causal, scale, out, lse)
         return out, lse
 
@@ -215,16 +215,21 @@ def _dtype_name(x: Any) -> str:
     return str(x.dtype).removeprefix("torch.")
 
 
-def _forward_accumulators(qs: Any, vs: Any) -> tuple[Any, Any]:
-    """A zero output (N, H, Dv) and a -inf float32 log-sum-exp (N, H) for fused kernels: torch tensors of the
-    input's dtype on its device for a tensor input (16 bits), else the accumulators of its array module."""
+def forward_accumulators(qs: Any, vs: Any, patterns: Sequence[Pattern]) -> tuple[Any, Any]:
+    """The running output (N, H, Dv) and -inf float32 log-sum-exp (N, H) that fused kernels merge ``patterns``
+    into: torch tensors of the input's dtype on its device for a tensor input, else the accumulators of its
+    array module. The output starts at zero unless the patterns give every row a result
+    (:func:`~hilbert_hpc.core.patterns.merges_every_row`): the kernels read a row's old output only where its
+    log-sum-exp is finite, so it is then left uninitialized rather than filled for nothing."""
     n, heads, dv = int(qs.shape[0]), int(qs.shape[1]), int(vs.shape[-1])
+    zeros = not merges_every_row(patterns, n)
     if not is_tensor(qs):
-        return empty_accumulators(array_module(qs), n, heads, dv, qs.dtype)
+        return empty_accumulators(array_module(qs), n, heads, dv, qs.dtype, zeros=zeros)
     import torch
 
-    return (torch.zeros((n, heads, dv), dtype=qs.dtype, device=qs.device),
+    return ((torch.zeros if zeros else torch.empty)((n, heads, dv), dtype=qs.dtype, device=qs.device),
             torch.full((n, heads), float("-inf"), dtype=torch.float32, device=qs.device))
+
 
 def gpu_unusable() -> str | None:
     """Why CuPy cannot use a GPU here (no CuPy, no driver, no device), or None when one is usable."""

@@ -20,6 +20,7 @@ import math
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
+from hilbert_hpc.backends.base import forward_accumulators
 from hilbert_hpc.core.arrays import is_tensor
 from hilbert_hpc.core.backward import local_dilated_backward
 from hilbert_hpc.core.dilated import local_dilated_forward
@@ -84,8 +85,6 @@ def forward(qs: Tensor, ks: Tensor, vs: Tensor, patterns: Sequence[Pattern], cau
 
     The output is in the input's dtype; the log-sum-exp in float32 (float64 for float64 inputs), natural log,
     -inf where no pattern selects the (row, head)."""
-    import torch
-
     with tensor_stream(qs):
         n, heads, d = (int(x) for x in qs.shape)
         if not fused(qs.dtype, d):
@@ -94,8 +93,7 @@ def forward(qs: Tensor, ks: Tensor, vs: Tensor, patterns: Sequence[Pattern], cau
         from hilbert_hpc.kernels.selection import choose
 
         choice = choose(_dtype_name(qs.dtype), d)
-        out = torch.zeros((n, heads, vs.shape[-1]), dtype=qs.dtype, device=qs.device)
-        lse = torch.full((n, heads), float("-inf"), dtype=torch.float32, device=qs.device)
+        out, lse = forward_accumulators(qs, vs, patterns)
         arrays = (qs, ks, vs) if choice.sixteen_bit else _cupy(qs, ks, vs)
         accumulators = (out, lse) if choice.sixteen_bit else _cupy(out, lse)
         provider(choice).local_patterns(*arrays, patterns, causal, scale, *accumulators)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from hilbert_hpc.backends.base import RingSide
+from hilbert_hpc.backends.base import RingSide, forward_accumulators
 from hilbert_hpc.backends.cuda_fp32 import CudaFp32Backend
 from hilbert_hpc.backends.memory import BackendMemory, RankShape
 from hilbert_hpc.backends.torch_peer import device, to_tensor, torch_dtype
@@ -157,12 +157,9 @@ class CudaSixteenBit(CudaFused):
                              scale: float, kernel: KernelChoice | None = None) -> Any:
         """Dilated attention of a whole serialized sequence with the 16-bit kernel (``kernel``: the case's choice;
         None: chosen once here for this call)."""
-        import torch
-
         n, heads, head_dim = qs.shape
         kernel = kernel or self.kernel_choice(int(head_dim), str(qs.dtype).removeprefix("torch."))
-        out = torch.zeros((n, heads, vs.shape[-1]), dtype=qs.dtype, device=qs.device)
-        lse = torch.full((n, heads), float("-inf"), dtype=torch.float32, device=qs.device)
+        out, lse = forward_accumulators(qs, vs, patterns)
         self.ring_kernels(kernel).local_patterns(qs, ks, vs, patterns, causal, scale, out, lse)
         return out
 

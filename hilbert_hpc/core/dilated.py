@@ -51,10 +51,11 @@ def accumulate_patterns(qs: Array, ks: Array, vs: Array, patterns: Sequence[Patt
                       part_out.transpose(0, 2, 1, 3), part_lse.transpose(0, 2, 1))
 
 
-def empty_accumulators(xp: Any, n: int, heads: int, dv: int, dtype: Any) -> tuple[Array, Array]:
-    """Output zeros (n, H, Dv) and log-sum-exp -inf (n, H) in the accumulator dtype of ``dtype``."""
+def empty_accumulators(xp: Any, n: int, heads: int, dv: int, dtype: Any, zeros: bool = True) -> tuple[Array, Array]:
+    """Output zeros (n, H, Dv) (uninitialized when not ``zeros``) and log-sum-exp -inf (n, H) in the accumulator
+    dtype of ``dtype``."""
     acc = accumulator_dtype(dtype)
-    return xp.zeros((n, heads, dv), dtype=acc), xp.full((n, heads), -np.inf, dtype=acc)
+    return (xp.zeros if zeros else xp.empty)((n, heads, dv), dtype=acc), xp.full((n, heads), -np.inf, dtype=acc)
 
 
 def local_dilated_forward(qs: Array, ks: Array, vs: Array, patterns: Sequence[Pattern], causal: bool,

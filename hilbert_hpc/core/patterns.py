@@ -149,6 +149,18 @@ def check_serializable(grid: Sequence[int], ordering: str, segment: int | None =
                               f"shorter segment", segment_param)
 
 
+def tiles_rows(segment: int, dilation: int, n: int) -> bool:
+    """Whether a pattern of this ``segment`` and ``dilation`` takes each of ``n`` rows of every head as a query and
+    as a key: dilation 1 and segments that tile the rows."""
+    return dilation == 1 and 0 < segment <= n and n % segment == 0
+
+
+def merges_every_row(patterns: Sequence[Pattern], n: int) -> bool:
+    """Whether ``patterns`` give each of ``n`` rows of every head a result: one of them tiles the rows
+    (:func:`tiles_rows`), and each query of it sees at least its own key, causal or not."""
+    return any(tiles_rows(int(p.segment), int(p.dilation), n) for p in patterns)
+
+
 def attended_pairs(tokens: int, heads: int, patterns: Sequence[Pattern], causal: bool) -> int:
     """Number of (query, key, head) score entries the dilated attention computes."""
     total = 0

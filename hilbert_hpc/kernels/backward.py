@@ -26,6 +26,7 @@ import numpy as np
 
 from hilbert_hpc.core.arrays import is_c_contiguous, itemsize, is_tensor, on_gpu
 from hilbert_hpc.core.blockwise import array_module
+from hilbert_hpc.core.patterns import tiles_rows
 from hilbert_hpc.kernels.launch import MAX_GRID_Y, geometry_arguments, hop_launches, local_launches, segment_dilation
 from hilbert_hpc.kernels.program import Program, compiled, load
 from hilbert_hpc.kernels.registry import BACKWARD, FLOAT32, SIXTEEN_BIT_TYPES, dtype_name
@@ -188,8 +189,7 @@ def stores_fresh_gradients(choice: KernelChoice, patterns: Sequence[Any], n: int
     (``fresh_gradients``)."""
     if not patterns:
         return False
-    w, r = segment_dilation(patterns[0])
-    return (r == 1 and 0 < w <= n and n % w == 0 and
+    return (tiles_rows(*segment_dilation(patterns[0]), n) and
             all(launch_variant(choice, g["qg"], g["kg"], g["vg"], g["shift"]).fresh_gradients for g in first))
 
 

@@ -2,9 +2,10 @@
 // tma16 keeps for a group of heads (kernels/sixteen_bit.py, SixteenBitKernels): rows of `width` elements, `head_dim` per head
 // (both multiples of 8), source row r at src + r * src_stride, destination row r at dst + r * dst_stride
 // (elements; every row start 16-byte aligned); the log-sum-exp of row r, head j of the group at
-// lse[r * l_stride + l_first + j]. Eight elements a thread and step, 16-byte accesses on the 16-bit side.
+// lse[r * l_stride + l_first + j]. A thread a (row, head) pair and step, 16-byte accesses on the 16-bit side.
 //   widen_16: only (row, head) pairs with a running log-sum-exp (not -inf) are read: the others have no old
-//     value, and the kernels' merge ignores their running output (weight 0), so a fresh output costs nothing;
+//     value, and the kernels' merge ignores their running output (weight 0), so a fresh output costs one read
+//     of each pair's log-sum-exp;
 //   narrow_16 (where the kernels do not round a row at its last merge: a dilation that does not divide its
 //     segment): only pairs with a log-sum-exp are written: what no launch merged stays untouched, as the
 //     kernels leave it.
@@ -18,17 +19,19 @@
     const SRC* __restrict__ src, DST* __restrict__ dst, const float* __restrict__ lse, long long rows,    \
     int width, int head_dim, long long src_stride, long long dst_stride, long long l_stride, long long l_first
 
-// step(r, c) for this thread's steps (row r, first column c of eight) whose (row, head) has a log-sum-exp
+// step(r, c) for every step of eight columns c of the head of each of this thread's (row r, head) pairs that has
+// a log-sum-exp (a pair without one costs the read of it alone)
 template <typename Step>
 __device__ __forceinline__ void for_merged_steps(const float* __restrict__ lse, long long rows, int width,
                                                  int head_dim, long long l_stride, long long l_first, Step step) {
-    const int chunks = width / 8;
-    const long long total = rows * chunks;
+    const int heads = width / head_dim;
+    const long long total = rows * heads;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
          i += (long long)gridDim.x * blockDim.x) {
-        const long long r = i / chunks;
-        const int c = (int)(i - r * chunks) * 8;
-        if (lse[r * l_stride + l_first + c / head_dim] != NEG_INF) step(r, c);
+        const long long r = i / heads;
+        const int j = (int)(i - r * heads);
+        if (lse[r * l_stride + l_first + j] == NEG_INF) continue;
+        for (int c = j * head_dim; c < (j + 1) * head_dim; c += 8) step(r, c);
     }
 }
 

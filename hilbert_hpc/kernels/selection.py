@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import hilbert_hpc.kernels.program as program
@@ -225,6 +226,7 @@ def _checked_forced(env: str, forced: str, fam: KernelFamily, chosen: Variant, c
     return chosen
 
 
+@lru_cache(maxsize=256)        # a pure function of its arguments, asked at every call of the forward
 def _choose_fp32(head_dim: int, cc: int, forced: str, shared_limit: int) -> KernelChoice:
     if forced:
         fam, cfg = forced_family(FLOAT32, forced)
@@ -244,6 +246,7 @@ def _check_sixteen_bit(dtype: str, cc: int) -> None:
                            f"this GPU has {cc / 10:.1f}")
 
 
+@lru_cache(maxsize=256)        # as _choose_fp32
 def _choose_16(dtype: str, head_dim: int, cc: int, forced: str, shared_limit: int) -> KernelChoice:
     _check_sixteen_bit(dtype, cc)
     if forced:

@@ -471,8 +471,8 @@ def _convert(kind: str, dtype: str, src: int, dst: int, lse: int, *, rows: int, 
     pairs whose log-sum-exp (float32 at ``lse``, row stride ``l_stride``, the group's first head ``l_first``)
     is not -inf."""
     fn = load(CONVERT_PROGRAM).function(f"{kind}<{SIXTEEN_BIT_TYPES[dtype]}>")
-    steps = rows * (width // 8)
-    blocks = max(1, min(-(-steps // CONVERT_THREADS), 1 << 16))
+    pairs = rows * (width // head_dim)                 # a thread a (row, head) pair
+    blocks = max(1, min(-(-pairs // CONVERT_THREADS), 1 << 16))
     fn((blocks,), (CONVERT_THREADS,), (np.uint64(src), np.uint64(dst), np.uint64(lse), np.int64(rows),
                                        np.int32(width), np.int32(head_dim), np.int64(src_stride),
                                        np.int64(dst_stride), np.int64(l_stride), np.int64(l_first)))
