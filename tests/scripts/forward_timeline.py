@@ -3,8 +3,9 @@
 For a case of ``forward_probe.py``: after ``--warmup`` calls, one call under ``torch.profiler`` prints every GPU
 activity (kernel, memset, copy) with its start after the call began on the host, its duration and the idle time
 before it, then the sums (GPU busy, GPU idle, host time of the call); the call's median time alone and
-behind a queued GPU sleep (the host time it exposes); then ``--host-calls`` calls under
-``cProfile`` print the host functions that cost the most (own time).
+behind a queued GPU sleep (the host time it exposes); then, for ``ours``, the host time of each step of the call
+(``STAGES``: when it begins, what it costs) over ``--host-calls`` calls, and a ``cProfile`` of as many calls (the
+host functions that cost the most, own time).
 
     python tests/scripts/forward_timeline.py --case d64
     python tests/scripts/forward_timeline.py --case d64-causal --top 30
@@ -75,14 +76,15 @@ def exposed_host_ms(call, repeat: int) -> tuple[float, float]:
     return statistics.median(times["alone"]), statistics.median(times["hidden"])
 
 
-#: (module, attribute) of the host steps of a 16-bit forward call that --stages times
+#: (module, attribute) of the host steps of a 16-bit forward call that host_stages times (functions called from
+#: their module's namespace, so that patching the attribute times every call)
 STAGES = (("hilbert_hpc.nn", "check_arguments"), ("hilbert_hpc.nn", "_check_tensors"), ("hilbert_hpc.nn", "batch_view"),
           ("hilbert_hpc.nn", "_geometry"), ("hilbert_hpc.nn", "dilated_forward"),
-          ("hilbert_hpc.backends.cuda_autograd", "forward"), ("hilbert_hpc.backends.cuda_autograd", "tensor_stream"),
-          ("hilbert_hpc.kernels.selection", "choose"), ("hilbert_hpc.backends.cuda_autograd", "forward_accumulators"),
-          ("hilbert_hpc.kernels.providers", "provider"), ("hilbert_hpc.kernels.sixteen_bit", "check_arrays"),
-          ("hilbert_hpc.kernels.sixteen_bit", "_float32_scratch"), ("hilbert_hpc.kernels.sixteen_bit", "local_plan"),
-          ("hilbert_hpc.kernels.sixteen_bit", "_convert"), ("hilbert_hpc.kernels.sixteen_bit", "launch_parts"))
+          ("hilbert_hpc.backends.cuda_autograd", "forward"), ("hilbert_hpc.kernels.selection", "choose"),
+          ("hilbert_hpc.backends.cuda_autograd", "forward_accumulators"), ("hilbert_hpc.kernels.providers", "provider"),
+          ("hilbert_hpc.kernels.sixteen_bit", "check_arrays"), ("hilbert_hpc.kernels.sixteen_bit", "_float32_scratch"),
+          ("hilbert_hpc.kernels.sixteen_bit", "local_plan"), ("hilbert_hpc.kernels.sixteen_bit", "_convert"),
+          ("hilbert_hpc.kernels.sixteen_bit", "launch_parts"))
 
 
 def host_stages(call, calls: int) -> None:
@@ -107,9 +109,9 @@ def host_stages(call, calls: int) -> None:
                 spent[name] = spent.get(name, 0.0) + time.perf_counter() - t
         return wrapper
 
-    patches = [mock.patch.object(importlib.import_module(m), a, timed(f"{m.rsplit('.', 1)[1]}.{a}",
-                                                                     getattr(importlib.import_module(m), a)))
-               for m, a in STAGES if hasattr(importlib.import_module(m), a)]
+    modules = [(importlib.import_module(m), a) for m, a in STAGES]
+    patches = [mock.patch.object(module, a, timed(f"{module.__name__.rsplit('.', 1)[1]}.{a}", getattr(module, a)))
+               for module, a in modules]
     for patch in patches:
         patch.start()
     try:
