@@ -99,7 +99,7 @@ def test_every_instantiation_the_check_compiles_comes_from_the_registry(monkeypa
 
 def test_instantiations_are_each_familys_configurations():
     seen = registry.instantiations()
-    forward, fma_bwd, mma16_bwd, tf32x3_bwd, wgmma16_bwd = 134, 24, 16, 8, 42
+    forward, fma_bwd, mma16_bwd, tf32x3_bwd, wgmma16_bwd = 138, 24, 16, 8, 42
     assert len(seen) == len(set(seen)) == forward + fma_bwd + mma16_bwd + tf32x3_bwd + wgmma16_bwd
     for f in FAMILIES.values():
         mine = [v for v in seen if v.variant == f.name]

@@ -39,8 +39,8 @@ def test_fused_kernel_matches_float64_reference(seed):
     assert rel_err(got, ref32) < 1e-5
 
 
-VARIANTS = ["warp", "tiled64", "tiled128", "tf32x3", "wgmma"]
-TENSOR_CORE_VARIANTS = ["tf32x3", "wgmma"]
+VARIANTS = ["warp", "tiled64", "tiled128", "tf32x3", "wgmma", "wgmma_ws"]
+TENSOR_CORE_VARIANTS = ["tf32x3", "wgmma", "wgmma_ws"]
 
 
 def skip_unless_runs(variant: str, head_dim: int) -> None:
@@ -83,15 +83,17 @@ def test_tensor_core_kernel_agrees_with_the_fp32_fma_kernel(variant, causal, mon
         assert rel_err(outs[variant], want) < 2 * rel_err(outs["tiled64"], want) + 1e-7, d
 
 
+@pytest.mark.parametrize("variant", ["wgmma", "wgmma_ws"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("head_dim", [32, 64, 96, 128])
-def test_wgmma_kernel_has_fp32_accuracy(head_dim, causal, monkeypatch):
-    """wgmma (H100/H200): relative error <= 1e-6 against float64 on long segments with ragged ends (a
-    partial last key tile, query blocks past the end, dilated and strided rows), and against NumPy."""
+def test_wgmma_kernel_has_fp32_accuracy(head_dim, causal, variant, monkeypatch):
+    """wgmma and its warp-specialized form (H100/H200): relative error <= 1e-6 against float64 on long segments
+    with ragged ends (a partial last key tile, query blocks past the end, dilated and strided rows), and against
+    NumPy."""
     from hilbert_hpc.kernels import registry, selection
 
-    skip_unless_runs("wgmma", head_dim)
-    monkeypatch.setenv(selection.FP32_ENV, "wgmma")
+    skip_unless_runs(variant, head_dim)
+    monkeypatch.setenv(selection.FP32_ENV, variant)
     rng = np.random.default_rng(head_dim + 2 * causal)
     n, heads = 3000, 3                         # segments of 1000 and 3000 keys: no tile size divides them
     q, k, v = (rng.standard_normal((n, heads, head_dim)).astype(np.float32) for _ in range(3))
@@ -101,6 +103,24 @@ def test_wgmma_kernel_has_fp32_accuracy(head_dim, causal, monkeypatch):
     assert rel_err(got, want) <= 1e-6, (head_dim, causal, rel_err(got, want))
     ref32 = dilated_attention(q, k, v, patterns=pats, causal=causal, backend="numpy")
     assert rel_err(got, ref32) < 2e-6
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [32, 64, 96, 128])
+def test_the_warp_specialized_wgmma_gives_the_bits_of_the_all_thread_form(head_dim, causal, monkeypatch):
+    """wgmma_ws runs wgmma's products in wgmma's order, its tiles split by a producer warpgroup into a ring of
+    stages: the same output, bit for bit (several tiles a block, ragged ends, stages reused many times)."""
+    from hilbert_hpc.kernels import selection
+
+    skip_unless_runs("wgmma_ws", head_dim)
+    rng = np.random.default_rng(head_dim + 5 * causal)
+    q, k, v = (rng.standard_normal((6000, 3, head_dim)).astype(np.float32) for _ in range(3))
+    pats = [(1000, 1), (3000, 3), (6000, 2)]
+    outs = {}
+    for name in ("wgmma", "wgmma_ws"):
+        monkeypatch.setenv(selection.FP32_ENV, name)
+        outs[name] = dilated_attention(q, k, v, patterns=pats, causal=causal, backend="cuda-fp32")
+    assert np.array_equal(outs["wgmma"], outs["wgmma_ws"])
 
 
 @pytest.mark.parametrize("variant", [None, *TENSOR_CORE_VARIANTS])

@@ -80,16 +80,9 @@ struct SmemTma {
     static constexpr int bytes = BARS + 8 * (3 + 4 * STAGES) + 1024;
 };
 
-// Registers: the launch bound gives (65536 / threads) per thread, rounded down to 8; the producer gives
-// back all but PREG and the consumers share the rest (at most 240 each).
+// Registers (SplitRegs, tma.cuh): the producer keeps 24.
 template <int NC>
-struct RegsTma {
-    static constexpr int THREADS = WG_THREADS * (NC + 1);
-    static constexpr int ALLOC = ((65536 / THREADS) / 8) * 8 > 255 ? 248 : ((65536 / THREADS) / 8) * 8;
-    static constexpr int PREG = 24;
-    static constexpr int C = (((NC + 1) * ALLOC - PREG) / NC / 8) * 8;
-    static constexpr int CREG = C > 240 ? 240 : C;
-};
+using RegsTma = SplitRegs<NC, 24>;
 
 // The 16-bit output that a row's last merge into a float32 running output writes, rounded once (the host
 // passes it for local patterns; out16 null: every row stays in the float32 running output, which a separate

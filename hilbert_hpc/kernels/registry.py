@@ -238,6 +238,28 @@ WGMMA = KernelFamily(
     min_cc=90, max_cc=90, arch=HOPPER_ARCH, max_shared=HOPPER_SHARED,
     valid=lambda c: c[0] % 16 == 0 and c[1] in (1, 2) and c[2] in (1, 2))
 
+def wgmma_ws_shared_bytes(head_dim: int, keys: int, warpgroups: int, stages: int) -> int:
+    """Dynamic shared memory of a warp-specialized wgmma block (WgmmaStages in dilated_fwd_wgmma_tf32.cu): Q hi/lo,
+    ``stages`` split stages (K hi/lo, V^T hi/lo), the producer's raw K and V staging, 2 ``stages`` mbarriers."""
+    d = head_dim
+    q = 64 * warpgroups * d
+    kv = keys * d
+    vt = (d // 8) * (32 * keys + 16) // 4
+    vs = keys * (d + 4)
+    return 4 * (2 * q + stages * (2 * kv + 2 * vt) + kv + vs) + 16 * stages
+
+
+#: wgmma_ws: wgmma with a producer warpgroup splitting the tiles into STAGES stages for WG consumer warpgroups (BK,
+#: WG, PARTS as wgmma's); last of the FP32 families (taken when forced, HILBERT_HPC_FP32_KERNEL=wgmma_ws) until timed
+WGMMA_WS = KernelFamily(
+    "wgmma_ws", "dilated_fwd_wgmma_tf32.cu", (FLOAT32,),
+    lambda t, d, c, o: f"dilated_fwd_wgmma_tf32<{d},{c[0]},{c[1]},{c[2]},{c[3]}>",
+    ("BK", "WG", "PARTS", "STAGES"), lambda d, c: wgmma_ws_shared_bytes(d, c[0], c[1], c[3]),
+    lambda c: 128 * (c[1] + 1), lambda d, c: 64 * c[1], 4,
+    defaults={32: (64, 2, 1, 3), 64: (64, 2, 1, 2), 96: (32, 2, 1, 2), 128: (32, 1, 2, 2)},
+    min_cc=90, max_cc=90, arch=HOPPER_ARCH, max_shared=HOPPER_SHARED,
+    valid=lambda c: c[0] % 16 == 0 and c[1] in (1, 2) and c[2] in (1, 2) and c[3] >= 1)
+
 # ---- 16-bit families ------------------------------------------------------------------------------------
 
 SIXTEEN_BIT = tuple(SIXTEEN_BIT_TYPES)
@@ -461,7 +483,7 @@ FMA_BWD = KernelFamily(
 
 #: every family: the forward ones (FP32 fastest first, measured on an H200, docs/performance.md; then the 16-bit
 #: ones), then the backward ones, preferred first (the backward choice takes the first that runs)
-FAMILIES = {f.name: f for f in (WGMMA, TF32X3, TILED128, TILED64, WARP, WGMMA16, TMA16, MMA16, WGMMA16_BWD, MMA16_BWD,
+FAMILIES = {f.name: f for f in (WGMMA, TF32X3, TILED128, TILED64, WARP, WGMMA_WS, WGMMA16, TMA16, MMA16, WGMMA16_BWD, MMA16_BWD,
                                 TF32X3_BWD, FMA_BWD)}
 
 

@@ -55,6 +55,18 @@ __device__ __forceinline__ int ld_shared_int(unsigned addr) {
     return value;
 }
 
+// Registers of a warp-specialized block of one producer and NC consumer warpgroups: the launch bound gives
+// 65536 / threads per thread, rounded down to 8 (at most 248); the producer keeps PREG and the consumers share the
+// rest (at most 240 each).
+template <int NC, int PREG_>
+struct SplitRegs {
+    static constexpr int THREADS = 128 * (NC + 1);
+    static constexpr int ALLOC = ((65536 / THREADS) / 8) * 8 > 255 ? 248 : ((65536 / THREADS) / 8) * 8;
+    static constexpr int PREG = PREG_;
+    static constexpr int C = (((NC + 1) * ALLOC - PREG) / NC / 8) * 8;
+    static constexpr int CREG = C > 240 ? 240 : C;
+};
+
 // the most dynamic shared memory a block may have on compute capability 9.0 (registry.HOPPER_SHARED)
 constexpr int HOPPER_SMEM = 227 * 1024;
 
