@@ -187,10 +187,10 @@ __device__ __forceinline__ void split_queries(int tid, float* sQhi, float* sQlo,
 //
 // STAGES = 0: every thread stages each tile's raw K and V rows by cp.async, and splits it between two block
 // barriers into the one split stage; the next tile's rows load while this one is computed.
-// STAGES >= 1 (warp-specialized): warpgroup 0 is a producer (setmaxnreg.dec to PREG registers) whose 128 threads
+// STAGES >= 1 (warp-specialized): warpgroup 0 is a producer (with WG > 1 setmaxnreg.dec to PREG registers) whose 128 threads
 // stage tile it's rows into the staging buffer, wait for split stage it % STAGES to be free (empty[s]), split the
 // tile into it, make the stores visible to the tensor cores' proxy and arrive on full[s] (128 arrivals), then stage
-// the next tile's rows; warpgroups 1 .. WG consume (setmaxnreg.inc to CREG): each splits its own 64 queries once,
+// the next tile's rows; warpgroups 1 .. WG consume (with WG > 1 setmaxnreg.inc to CREG): each splits its own 64 queries once,
 // then for every tile waits full[s] (phase (it / STAGES) & 1), computes it and releases the stage (empty[s]: one
 // arrival per consumer warp once its products completed). Named barriers: 1 = the producer, 2 + w = consumer w.
 // Both forms run the same products in the same order, so they give the same bits.
@@ -217,6 +217,8 @@ struct WgmmaStages {
 };
 
 // Registers of the warp-specialized form (SplitRegs, tma.cuh): the producer keeps 56 (its cp.async and splits).
+// With one consumer warpgroup (256 threads) the launch bound already gives every thread 255 and ptxas would
+// cap the block at the consumers' 240, so that form moves no registers.
 template <int WG>
 using WgmmaWsRegs = SplitRegs<WG, 56>;
 
@@ -272,7 +274,7 @@ dilated_fwd_wgmma_tf32(DILATED_FWD_PARAMS)
         }
         __syncthreads();
         if (wg == 0) {                       // the producer
-            setmaxnreg_dec<WgmmaWsRegs<WG>::PREG>();
+            if (WG > 1) setmaxnreg_dec<WgmmaWsRegs<WG>::PREG>();
             const int ntiles = (kend + BK - 1) / BK;
             load_kv_async<D, BK, WG_THREADS>(tid, sKst, sVst, k, v, koff, k_row, voff, v_row, 0, kend);
             for (int it = 0; it < ntiles; ++it) {
@@ -290,7 +292,7 @@ dilated_fwd_wgmma_tf32(DILATED_FWD_PARAMS)
             }
             return;
         }
-        setmaxnreg_inc<WgmmaWsRegs<WG>::CREG>();
+        if (WG > 1) setmaxnreg_inc<WgmmaWsRegs<WG>::CREG>();
     }
 
     // the computing warpgroups: w of WG (all the block's threads when STAGES = 0)
