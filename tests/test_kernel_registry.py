@@ -15,7 +15,7 @@ from hilbert_hpc.kernels.selection import SHARED_OPTIN, choose
 
 #: (compute capability, dtype) -> the family per head dim 32, 64, 96, 128 (None: refused)
 EXPECTED = {
-    (90, "float32"): ("wgmma", "wgmma", "wgmma", "wgmma"),
+    (90, "float32"): ("wgmma_ws", "wgmma_ws", "wgmma_ws", "wgmma_ws"),
     (90, "bfloat16"): ("tma16", "tma16", "tma16", "tma16"),
     (90, "float16"): ("tma16", "tma16", "tma16", "tma16"),
     (80, "float32"): ("tf32x3", "tf32x3", "tf32x3", "tf32x3"),
@@ -41,7 +41,7 @@ def test_choose_gives_the_kernels_of_each_gpu(cc, dtype):
 
 def test_the_fp32_choice_falls_back_to_warp_for_unaligned_rows():
     c = choose("float32", 64, cc=90, override="")
-    assert c.for_alignment(4) is c.variant and c.for_alignment(16).variant == "wgmma"
+    assert c.for_alignment(4) is c.variant and c.for_alignment(16).variant == "wgmma_ws"
     assert c.for_alignment(2).variant == "warp" and c.for_alignment(1).variant == "warp"
     forced = choose("float32", 64, cc=90, override="tf32x3")
     with pytest.raises(RuntimeError, match="HILBERT_HPC_FP32_KERNEL=tf32x3: rows are not aligned to 4"):
@@ -54,7 +54,7 @@ def test_override_is_read_from_the_environment_once_per_choice(monkeypatch):
     assert choose("float32", 64, cc=90).name == "warp"
     c = choose("bfloat16", 64, cc=90)
     assert c.name == "wgmma16" and c.variant.config == (64, 1, 1) and c.forced == "wgmma16:64,1,1"
-    assert choose("float32", 64, cc=90, override="").name == "wgmma"          # '' forces nothing
+    assert choose("float32", 64, cc=90, override="").name == "wgmma_ws"       # '' forces nothing
     assert choose("float32", 64, cc=90, override="wgmma:32,2,1").variant.config == (32, 2, 1)
 
 

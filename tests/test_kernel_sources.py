@@ -139,9 +139,9 @@ def test_variant_selection_respects_capability_shared_memory_and_alignment(monke
     assert select_fp32(64, align=2).variant == "warp"
     _device(monkeypatch, 70, 96)                                       # V100: no TF32 tensor cores
     assert select_fp32(64).variant == "tiled128"
-    _device(monkeypatch, 90, 227)                                      # H100, H200: wgmma (sm_90a)
-    assert [f.name for f in registry.families_for("float32")][:2] == ["wgmma", "tf32x3"]
-    assert all(select_fp32(d).variant == "wgmma" for d in HEAD_DIMS)
+    _device(monkeypatch, 90, 227)                                      # H100, H200: wgmma_ws (sm_90a)
+    assert [f.name for f in registry.families_for("float32")][:3] == ["wgmma_ws", "wgmma", "tf32x3"]
+    assert all(select_fp32(d).variant == "wgmma_ws" for d in HEAD_DIMS)
     assert select_fp32(64, align=2).variant == "warp"
     _device(monkeypatch, 89, 99)                                       # L40S / RTX 4090: no wgmma
     assert all(select_fp32(d).variant == "tf32x3" for d in HEAD_DIMS)

@@ -109,18 +109,23 @@ def test_wgmma_kernel_has_fp32_accuracy(head_dim, causal, variant, monkeypatch):
 @pytest.mark.parametrize("head_dim", [32, 64, 96, 128])
 def test_the_warp_specialized_wgmma_gives_the_bits_of_the_all_thread_form(head_dim, causal, monkeypatch):
     """wgmma_ws runs wgmma's products in wgmma's order, its tiles split by a producer warpgroup into a ring of
-    stages: the same output, bit for bit (several tiles a block, ragged ends, stages reused many times)."""
-    from hilbert_hpc.kernels import selection
+    stages: with the same tile shape (BK, WG, PARTS) the same output, bit for bit, whatever the number of stages
+    (several tiles a block, ragged ends, stages reused many times)."""
+    from hilbert_hpc.kernels import registry, selection
 
     skip_unless_runs("wgmma_ws", head_dim)
     rng = np.random.default_rng(head_dim + 5 * causal)
     q, k, v = (rng.standard_normal((6000, 3, head_dim)).astype(np.float32) for _ in range(3))
     pats = [(1000, 1), (3000, 3), (6000, 2)]
+    bk, wg, parts, stages = registry.WGMMA_WS.defaults[head_dim]
+    shape = f"{bk},{wg},{parts}"
+    forced = [f"wgmma:{shape}", f"wgmma_ws:{shape},{stages}", f"wgmma_ws:{shape},1"]
     outs = {}
-    for name in ("wgmma", "wgmma_ws"):
+    for name in forced:
         monkeypatch.setenv(selection.FP32_ENV, name)
         outs[name] = dilated_attention(q, k, v, patterns=pats, causal=causal, backend="cuda-fp32")
-    assert np.array_equal(outs["wgmma"], outs["wgmma_ws"])
+    for name in forced[1:]:
+        assert np.array_equal(outs[forced[0]], outs[name]), name
 
 
 @pytest.mark.parametrize("variant", [None, *TENSOR_CORE_VARIANTS])

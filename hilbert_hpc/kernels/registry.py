@@ -8,7 +8,8 @@ needs (threads, queries, shared memory), which rows it can read (alignment), whi
 capability range, architecture-specific target such as ``sm_90a``), and per head dimension the default
 configuration and the alternatives CI compiles and ``tests/scripts/*_probe.py --sweep`` time.
 
-FP32 families (float32 inputs): ``wgmma`` (split-TF32 warpgroup MMA, Hopper), ``tf32x3`` (split-TF32
+FP32 families (float32 inputs): ``wgmma_ws`` (split-TF32 warpgroup MMA fed by a producer warpgroup, Hopper),
+``wgmma`` (the same products, every thread staging and splitting the tiles, Hopper), ``tf32x3`` (split-TF32
 ``mma.sync``, compute capability 8.0+), ``tiled128`` / ``tiled64`` (register-tiled FP32 FMA) and ``warp``
 (FP32 FMA, any row alignment). 16-bit families (bfloat16, float16): ``tma16`` (warp-specialized, TMA loads,
 Hopper), ``wgmma16`` (Hopper) and ``mma16`` (``mma.sync``, compute capability 8.0+). Backward families
@@ -199,13 +200,15 @@ def _tiled_shared(d: int, cfg: Config) -> int:
     return 4 * (d * bq + max(d * TILED_KEYS, TILED_KEYS * bq) + TILED_KEYS * d)
 
 
+def _wgmma_floats(d: int, keys: int, warpgroups: int) -> tuple[int, int, int, int]:
+    """Floats of the wgmma blocks' parts (WgmmaSmem in dilated_fwd_wgmma_tf32.cu): one of Q hi / lo, one of K hi /
+    lo / raw K staging, one of V^T hi / lo (8-row groups padded by 16 bytes), the raw V staging ([key][D + 4])."""
+    return 64 * warpgroups * d, keys * d, (d // 8) * (32 * keys + 16) // 4, keys * (d + 4)
+
+
 def wgmma_shared_bytes(head_dim: int, keys: int, warpgroups: int) -> int:
     """Dynamic shared memory of the wgmma variant (WgmmaSmem in dilated_fwd_wgmma_tf32.cu)."""
-    d = head_dim
-    q = 64 * warpgroups * d                       # Q hi, Q lo
-    kv = keys * d                                 # K hi, K lo, raw K staging
-    vt = (d // 8) * (32 * keys + 16) // 4         # V^T hi, V^T lo: 8-row groups padded by 16 bytes
-    vs = keys * (d + 4)                           # raw V staging, [key][D + 4]
+    q, kv, vt, vs = _wgmma_floats(head_dim, keys, warpgroups)
     return 4 * (2 * q + 3 * kv + 2 * vt + vs)
 
 
@@ -238,25 +241,22 @@ WGMMA = KernelFamily(
     min_cc=90, max_cc=90, arch=HOPPER_ARCH, max_shared=HOPPER_SHARED,
     valid=lambda c: c[0] % 16 == 0 and c[1] in (1, 2) and c[2] in (1, 2))
 
+
 def wgmma_ws_shared_bytes(head_dim: int, keys: int, warpgroups: int, stages: int) -> int:
     """Dynamic shared memory of a warp-specialized wgmma block (WgmmaStages in dilated_fwd_wgmma_tf32.cu): Q hi/lo,
     ``stages`` split stages (K hi/lo, V^T hi/lo), the producer's raw K and V staging, 2 ``stages`` mbarriers."""
-    d = head_dim
-    q = 64 * warpgroups * d
-    kv = keys * d
-    vt = (d // 8) * (32 * keys + 16) // 4
-    vs = keys * (d + 4)
+    q, kv, vt, vs = _wgmma_floats(head_dim, keys, warpgroups)
     return 4 * (2 * q + stages * (2 * kv + 2 * vt) + kv + vs) + 16 * stages
 
 
-#: wgmma_ws: wgmma with a producer warpgroup splitting the tiles into STAGES stages for WG consumer warpgroups (BK,
-#: WG, PARTS as wgmma's); last of the FP32 families (taken when forced, HILBERT_HPC_FP32_KERNEL=wgmma_ws) until timed
+#: wgmma_ws: wgmma fed by a producer warpgroup splitting the tiles into STAGES stages for WG consumer warpgroups (BK,
+#: WG, PARTS as wgmma's); first on Hopper: 1.11-1.16x wgmma at every head dim (docs/performance.md sweep)
 WGMMA_WS = KernelFamily(
     "wgmma_ws", "dilated_fwd_wgmma_tf32.cu", (FLOAT32,),
     lambda t, d, c, o: f"dilated_fwd_wgmma_tf32<{d},{c[0]},{c[1]},{c[2]},{c[3]}>",
     ("BK", "WG", "PARTS", "STAGES"), lambda d, c: wgmma_ws_shared_bytes(d, c[0], c[1], c[3]),
     lambda c: 128 * (c[1] + 1), lambda d, c: 64 * c[1], 4,
-    defaults={32: (64, 2, 1, 3), 64: (64, 2, 1, 2), 96: (32, 2, 1, 2), 128: (32, 1, 2, 2)},
+    defaults={32: (128, 2, 1, 2), 64: (64, 2, 1, 2), 96: (32, 2, 2, 2), 128: (32, 2, 2, 1)},
     min_cc=90, max_cc=90, arch=HOPPER_ARCH, max_shared=HOPPER_SHARED,
     valid=lambda c: c[0] % 16 == 0 and c[1] in (1, 2) and c[2] in (1, 2) and c[3] >= 1)
 
@@ -483,7 +483,7 @@ FMA_BWD = KernelFamily(
 
 #: every family: the forward ones (FP32 fastest first, measured on an H200, docs/performance.md; then the 16-bit
 #: ones), then the backward ones, preferred first (the backward choice takes the first that runs)
-FAMILIES = {f.name: f for f in (WGMMA, TF32X3, TILED128, TILED64, WARP, WGMMA_WS, WGMMA16, TMA16, MMA16, WGMMA16_BWD, MMA16_BWD,
+FAMILIES = {f.name: f for f in (WGMMA_WS, WGMMA, TF32X3, TILED128, TILED64, WARP, WGMMA16, TMA16, MMA16, WGMMA16_BWD, MMA16_BWD,
                                 TF32X3_BWD, FMA_BWD)}
 
 

@@ -59,6 +59,10 @@ CASES = {
     "longnet-4m": (torch.bfloat16, 1 << 22, 8, 64, False, longnet(1 << 22)),
     "fp32-d64": (torch.float32, 262144, 12, 64, False, ANCHOR),
     "fp32-d128": (torch.float32, 262144, 8, 128, False, ANCHOR),
+    "fp32-d64-causal": (torch.float32, 262144, 12, 64, True, ANCHOR),
+    "fp32-d128-causal": (torch.float32, 262144, 8, 128, True, ANCHOR),
+    "fp32-d96": (torch.float32, 262144, 8, 96, False, ANCHOR),
+    "fp32-d32": (torch.float32, 262144, 16, 32, False, ANCHOR),
 }
 
 
