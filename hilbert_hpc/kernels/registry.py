@@ -456,15 +456,16 @@ def tf32x3_bwd_shared_bytes(head_dim: int, keys: int) -> int:
 
 
 #: tf32x3_bwd per head dim: keys per block BK (a warp per 16 keys), template argument of
-#: dilated_bwd_tf32x3<D, BK>; no spills with ptxas for sm_90. Measured on an H200 (N = 262,144, patterns
-#: (2048,1) (4096,2) (8192,4), ms BK = 128 / 64, fma_bwd in the same run): D = 64 (H = 12) 218.7 / 233.9, causal
-#: 116.4 / 120.5 (fma_bwd 348.9, 179.2); D = 128 (H = 8) 317.9 / 574.8, causal 168.2 / 295.5 (fma_bwd 506.5,
-#: 256.1). The backward choice takes the first configuration that fits the GPU's shared memory (D = 128 at
-#: BK = 128 needs 221,696 bytes: Hopper only).
+#: dilated_bwd_tf32x3<D, BK>. Measured on an H200 with the one-instruction TF32 rounding (N = 262,144, patterns
+#: (2048,1) (4096,2) (8192,4), ms BK = 128 / 64; docs/performance.md): D = 32 (H = 16) 152.8 / 111.7 (three
+#: blocks a SM); D = 64 (H = 12) 181.6 / 181.4; D = 96 (H = 8) 182.2 / 190.0; D = 128 (H = 8) 227.1 / 367.5. The
+#: backward choice takes the first configuration that fits the GPU's shared memory (D = 128 at BK = 128 needs
+#: 221,696 bytes: Hopper only).
 TF32X3_BWD = KernelFamily(
     "tf32x3_bwd", "dilated_bwd_tf32x3.cu", (FLOAT32,), lambda t, d, c, o: f"dilated_bwd_tf32x3<{d},{c[0]}>",
     ("BK",), lambda d, c: tf32x3_bwd_shared_bytes(d, c[0]), lambda c: 2 * c[0], lambda d, c: c[0], 4,
-    defaults={d: (128,) for d in HEAD_DIMS}, alternatives={d: ((64,),) for d in HEAD_DIMS},
+    defaults={32: (64,), 64: (128,), 96: (128,), 128: (128,)},
+    alternatives={32: ((128,),), 64: ((64,),), 96: ((64,),), 128: ((64,),)},
     min_cc=80, valid=lambda c: c[0] in (64, 128), dependent_launch=True, direction=BACKWARD)
 
 #: per head dim: (keys per block BK, query tile BQ), template arguments of dilated_bwd_fma<T, D, BK, BQ>: dK and

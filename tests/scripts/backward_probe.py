@@ -47,6 +47,8 @@ CASES = {
     "fp32-d64-causal": (torch.float32, 262144, 12, 64, True),
     "fp32-d128": (torch.float32, 262144, 8, 128, False),
     "fp32-d128-causal": (torch.float32, 262144, 8, 128, True),
+    "fp32-d32": (torch.float32, 262144, 16, 32, False),
+    "fp32-d96": (torch.float32, 262144, 8, 96, False),
 }
 
 
