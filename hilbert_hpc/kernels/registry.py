@@ -250,7 +250,7 @@ def wgmma_ws_shared_bytes(head_dim: int, keys: int, warpgroups: int, stages: int
 
 
 #: wgmma_ws: wgmma fed by a producer warpgroup splitting the tiles into STAGES stages for WG consumer warpgroups (BK,
-#: WG, PARTS as wgmma's); first on Hopper: 1.11-1.16x wgmma at every head dim (docs/performance.md sweep)
+#: WG, PARTS as wgmma's); first on Hopper: 1.10-1.16x wgmma at every head dim (docs/performance.md sweep)
 WGMMA_WS = KernelFamily(
     "wgmma_ws", "dilated_fwd_wgmma_tf32.cu", (FLOAT32,),
     lambda t, d, c, o: f"dilated_fwd_wgmma_tf32<{d},{c[0]},{c[1]},{c[2]},{c[3]}>",
@@ -455,12 +455,11 @@ def tf32x3_bwd_shared_bytes(head_dim: int, keys: int) -> int:
     return 8 * (head_dim + 4) * (keys + 64) + 4 * keys * 36 + 16 * 32
 
 
-#: tf32x3_bwd per head dim: keys per block BK (a warp per 16 keys), template argument of
-#: dilated_bwd_tf32x3<D, BK>. Measured on an H200 with the one-instruction TF32 rounding (N = 262,144, patterns
-#: (2048,1) (4096,2) (8192,4), ms BK = 128 / 64; docs/performance.md): D = 32 (H = 16) 152.8 / 111.7 (three
-#: blocks a SM); D = 64 (H = 12) 181.6 / 181.4; D = 96 (H = 8) 182.2 / 190.0; D = 128 (H = 8) 227.1 / 367.5. The
-#: backward choice takes the first configuration that fits the GPU's shared memory (D = 128 at BK = 128 needs
-#: 221,696 bytes: Hopper only).
+#: tf32x3_bwd per head dim: keys per block BK (a warp per 16 keys) of dilated_bwd_tf32x3<D, BK>. On an H200 with the
+#: one-instruction TF32 rounding (N = 262,144, the anchor's patterns, ms BK = 128 / 64; docs/performance.md): D = 32
+#: (H = 16) 152.8 / 111.7 (three blocks a SM); D = 64 (H = 12) 181.6 / 181.4; D = 96 (H = 8) 182.2 / 190.0; D = 128
+#: (H = 8) 227.1 / 367.5. The backward choice takes the first configuration that fits the GPU's shared memory (D = 128
+#: at BK = 128 needs 221,696 bytes: Hopper only).
 TF32X3_BWD = KernelFamily(
     "tf32x3_bwd", "dilated_bwd_tf32x3.cu", (FLOAT32,), lambda t, d, c, o: f"dilated_bwd_tf32x3<{d},{c[0]}>",
     ("BK",), lambda d, c: tf32x3_bwd_shared_bytes(d, c[0]), lambda c: 2 * c[0], lambda d, c: c[0], 4,

@@ -84,7 +84,7 @@ class Setup:
 
     ranks: int = entry("1", "ranks the case ran on")
     transport: str = entry("-", "transport used (none on one rank)")
-    kernel: str = entry("-", "GPU kernel variant (cuda-fp32 and cuda: wgmma, tf32x3, tiled128, tiled64, warp or wgmma_ws; "
+    kernel: str = entry("-", "GPU kernel variant (cuda-fp32 and cuda: wgmma_ws, wgmma, tf32x3, tiled128, tiled64 or warp; "
                              "cuda 16-bit: wgmma16, tma16 or mma16; else none)")
     backward_kernel: str = entry("-", "GPU backward kernel of a forward+backward case (cuda-fp32 and cuda: tf32x3_bwd "
                                       "or fma_bwd; cuda 16-bit: wgmma16_bwd, mma16_bwd or fma_bwd; else none)")
