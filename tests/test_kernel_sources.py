@@ -197,3 +197,17 @@ def test_wgmma_launch_geometry():
         assert v.shared_bytes <= 227 * 1024
     assert all(not registry.family(n).variant(64).arch and registry.family(n).variant(64).runs_on(120)
                for n in ("tf32x3", "tiled128", "tiled64", "warp"))
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("family", ["tf32x3", "tf32x3_bwd"])
+def test_tf32_rounding_is_one_instruction_on_hopper_and_cvt_rna_before(family):
+    """The split-TF32 kernels round FP32 to TF32 with cvt.rn on compute capability 9.0 (one instruction) and with
+    cvt.rna before it, where cvt.rn for TF32 does not exist: the sm_80 path is unchanged."""
+    from hilbert_hpc.kernels.check import compile_templates
+
+    v = registry.family(family).variant(64, "float32")
+    for arch, used, unused in (("compute_80", "cvt.rna.tf32.f32", "cvt.rn.tf32.f32"),
+                               ("compute_90", "cvt.rn.tf32.f32", "cvt.rna.tf32.f32")):
+        ptx = compile_templates(arch, v.source, [v.name])[1]
+        assert used in ptx and unused not in ptx, (family, arch)
