@@ -326,9 +326,9 @@ dilated_fwd_wgmma_tf32(DILATED_FWD_PARAMS)
     const int open_end = unmasked_key_end(kend, causal, qblock, causal_shift);
 
     for (int kt = 0, it = 0; kt < kend; kt += BK, ++it) {
-        const int s = WS ? stage_of<L::NST>(it) : 0;
+        const int slot = WS ? stage_of<L::NST>(it) : 0;
         if (WS) {
-            mbar_wait(bars + 8 * s, phase_of<L::NST>(it));   // tile it split into stage s
+            mbar_wait(bars + 8 * slot, phase_of<L::NST>(it));   // tile it split into stage slot
         } else {
             cp_async_wait_all();
             __syncthreads();                 // tile kt staged; every warpgroup is done with the last tile
@@ -339,14 +339,14 @@ dilated_fwd_wgmma_tf32(DILATED_FWD_PARAMS)
             if (kt + BK < kend)
                 load_kv_async<D, BK, THREADS>(tid, sKst, sVst, k, v, koff, k_row, voff, v_row, kt + BK, kend);
         }
-        const desc_t at = STAGE16 * s;
+        const desc_t at = STAGE16 * slot;
         const desc_t dKhi = dKhi0 + at, dKlo = dKlo0 + at, dVhi = dVhi0 + at, dVlo = dVlo0 + at;
 
-        float s_[NS];
+        float s[NS];
         float cs[2][NS];
-        pin(s_);
+        pin(s);
         wgmma_fence();
-        qk_group<BK, WGMMA_GROUP>(s_, dQhi, dQlo, dKhi, dKlo);
+        qk_group<BK, WGMMA_GROUP>(s, dQhi, dQlo, dKhi, dKlo);
         wgmma_commit();
 #pragma unroll
         for (int u = 1; u < US; ++u) {
@@ -357,27 +357,27 @@ dilated_fwd_wgmma_tf32(DILATED_FWD_PARAMS)
             wgmma_commit();
             if (u >= 2) {
                 wgmma_wait<1>();             // groups up to u - 1 are done
-                pin(s_);
+                pin(s);
                 pin(cs[(u - 1) & 1]);
-                add_to(s_, cs[(u - 1) & 1]);
+                add_to(s, cs[(u - 1) & 1]);
             }
         }
         wgmma_wait<0>();
-        pin(s_);
+        pin(s);
         if (US >= 2) {
             pin(cs[(US - 1) & 1]);
-            add_to(s_, cs[(US - 1) & 1]);
+            add_to(s, cs[(US - 1) & 1]);
         }
 
-        online_softmax_tile<NB, D / 2>(s_, o, m, l, kt + BK > open_end, kt, kend, causal, causal_shift, row0, t, 1.0f);
+        online_softmax_tile<NB, D / 2>(s, o, m, l, kt + BK > open_end, kt, kend, causal, causal_shift, row0, t, 1.0f);
 
         unsigned ph[NB][4], pl[NB][4];
 #pragma unroll
         for (int b = 0; b < NB; ++b) {
-            split_tf32(s_[4 * b + 0], ph[b][0], pl[b][0]);
-            split_tf32(s_[4 * b + 2], ph[b][1], pl[b][1]);
-            split_tf32(s_[4 * b + 1], ph[b][2], pl[b][2]);
-            split_tf32(s_[4 * b + 3], ph[b][3], pl[b][3]);
+            split_tf32(s[4 * b + 0], ph[b][0], pl[b][0]);
+            split_tf32(s[4 * b + 2], ph[b][1], pl[b][1]);
+            split_tf32(s[4 * b + 1], ph[b][2], pl[b][2]);
+            split_tf32(s[4 * b + 3], ph[b][3], pl[b][3]);
         }
 
         float co[2][NP];
@@ -398,7 +398,7 @@ dilated_fwd_wgmma_tf32(DILATED_FWD_PARAMS)
         wgmma_wait<0>();
         pin(co[(UO - 1) & 1]);
         add_to(o + ((UO - 1) % NSPLIT) * NP, co[(UO - 1) & 1]);
-        if (WS) mbar_release(bars + 8 * (STAGES + s));   // every product of the tile completed
+        if (WS) mbar_release(bars + 8 * (STAGES + slot));   // every product of the tile completed
     }
 
     // merge into the running output and log-sum-exp (natural-log units)
