@@ -218,9 +218,10 @@ def _dtype_name(x: Any) -> str:
 def forward_accumulators(qs: Any, vs: Any, patterns: Sequence[Pattern]) -> tuple[Any, Any]:
     """The running output (N, H, Dv) and -inf log-sum-exp (N, H) that fused kernels merge ``patterns`` into: torch
     tensors on the input's device for a tensor input (the output in its dtype, the log-sum-exp float32), else the
-    accumulators of its array module (core.dilated.empty_accumulators). The output starts at zero unless the patterns give every row a result
-    (:func:`~hilbert_hpc.core.patterns.merges_every_row`): the kernels read a row's old output only where its
-    log-sum-exp is finite, so it is then left uninitialized rather than filled for nothing."""
+    accumulators of its array module (core.dilated.empty_accumulators). The output starts at zero unless the
+    patterns give every row a result (:func:`~hilbert_hpc.core.patterns.merges_every_row`): the kernels read a
+    row's old output only where its log-sum-exp is finite, so it is then left uninitialized rather than filled for
+    nothing."""
     n, heads, dv = int(qs.shape[0]), int(qs.shape[1]), int(vs.shape[-1])
     zeros = not merges_every_row(patterns, n)
     if not is_tensor(qs):

@@ -187,12 +187,12 @@ __device__ __forceinline__ void split_queries(int tid, float* sQhi, float* sQlo,
 //
 // STAGES = 0: every thread stages each tile's raw K and V rows by cp.async, and splits it between two block
 // barriers into the one split stage; the next tile's rows load while this one is computed.
-// STAGES >= 1 (warp-specialized): warpgroup 0 is a producer (with WG > 1 setmaxnreg.dec to PREG registers) whose 128 threads
-// stage tile it's rows into the staging buffer, wait for split stage it % STAGES to be free (empty[s]), split the
-// tile into it, make the stores visible to the tensor cores' proxy and arrive on full[s] (128 arrivals), then stage
-// the next tile's rows; warpgroups 1 .. WG consume (with WG > 1 setmaxnreg.inc to CREG): each splits its own 64 queries once,
-// then for every tile waits full[s] (phase (it / STAGES) & 1), computes it and releases the stage (empty[s]: one
-// arrival per consumer warp once its products completed). Named barriers: 1 = the producer, 2 + w = consumer w.
+// STAGES >= 1 (warp-specialized): warpgroup 0 is a producer (with WG > 1 setmaxnreg.dec to PREG registers) whose
+// 128 threads stage tile it's rows into the staging buffer, wait for split stage it % STAGES to be free (empty[s]),
+// split the tile into it, make the stores visible to the tensor cores' proxy and arrive on full[s] (128 arrivals),
+// then stage the next tile's rows; warpgroups 1 .. WG consume (with WG > 1 setmaxnreg.inc to CREG): each splits its
+// own 64 queries once, then for every tile waits full[s] (phase (it / STAGES) & 1), computes it and releases the
+// stage (empty[s]: one arrival per consumer warp once its products completed). Named barriers: 1 = the producer, 2 + w = consumer w.
 // Both forms run the same products in the same order, so they give the same bits.
 //
 // Per tile and computing warpgroup (64 queries):
@@ -255,7 +255,8 @@ dilated_fwd_wgmma_tf32(DILATED_FWD_PARAMS)
     float* stages = sQlo + B::Q;             // stage s: K hi, K lo, V^T hi, V^T lo at stages + s * L::STAGE
     float* sKst = stages + L::NST * L::STAGE;
     float* sVst = sKst + B::K;
-    const unsigned bars = (unsigned)__cvta_generic_to_shared(smem + L::BARS);   // full[s]: + 8 s; empty[s]: + 8 (STAGES + s)
+    // the mbarriers: full[s] at bars + 8 s, empty[s] at bars + 8 (STAGES + s)
+    const unsigned bars = (unsigned)__cvta_generic_to_shared(smem + L::BARS);
 
     const int tid = threadIdx.x, wg = tid >> 7;
     const int qblock = blockIdx.y * BQ;
@@ -288,7 +289,8 @@ dilated_fwd_wgmma_tf32(DILATED_FWD_PARAMS)
                 mbar_arrive(bars + 8 * s);
                 tf32_warpgroup_sync(0);      // the staging read by all before it is refilled
                 if (it + 1 < ntiles)
-                    load_kv_async<D, BK, WG_THREADS>(tid, sKst, sVst, k, v, koff, k_row, voff, v_row, (it + 1) * BK, kend);
+                    load_kv_async<D, BK, WG_THREADS>(tid, sKst, sVst, k, v, koff, k_row, voff, v_row, (it + 1) * BK,
+                                                     kend);
             }
             return;
         }
@@ -308,7 +310,8 @@ dilated_fwd_wgmma_tf32(DILATED_FWD_PARAMS)
         split_queries<D, THREADS>(tid, sQhi, sQlo, 0, BQ, q, qoff, q_row, qblock, mq, scale * LOG2E);
     }
 
-    // descriptors (k-step ks of Q K^T: + 16 * ks; 8-key block b of P V: + 16 * b; stage s: + STAGE16 * s; 16-byte units)
+    // descriptors (16-byte units; k-step ks of Q K^T: + 16 * ks; 8-key block b of P V: + 16 * b; stage s:
+    // + STAGE16 * s)
     const desc_t dQhi = smem_desc(sQhi + WG_QUERIES * D * w, 128, QK_SBO);
     const desc_t dQlo = smem_desc(sQlo + WG_QUERIES * D * w, 128, QK_SBO);
     const desc_t dKhi0 = smem_desc(stages, 128, QK_SBO);

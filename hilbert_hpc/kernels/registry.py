@@ -483,8 +483,8 @@ FMA_BWD = KernelFamily(
 
 #: every family: the forward ones (FP32 fastest first, measured on an H200, docs/performance.md; then the 16-bit
 #: ones), then the backward ones, preferred first (the backward choice takes the first that runs)
-FAMILIES = {f.name: f for f in (WGMMA_WS, WGMMA, TF32X3, TILED128, TILED64, WARP, WGMMA16, TMA16, MMA16, WGMMA16_BWD, MMA16_BWD,
-                                TF32X3_BWD, FMA_BWD)}
+FAMILIES = {f.name: f for f in (WGMMA_WS, WGMMA, TF32X3, TILED128, TILED64, WARP, WGMMA16, TMA16, MMA16,
+                                WGMMA16_BWD, MMA16_BWD, TF32X3_BWD, FMA_BWD)}
 
 
 def family(name: str) -> KernelFamily:
